@@ -1,0 +1,36 @@
+# The two commands of the README:
+#   make demo   -- set up everything, then run the main job on an embedded default
+#   make test   -- set up everything, then run ruff and the whole test suite
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint venv bench-venv clean
+
+$(STAMP): pyproject.toml setup.py src/manyfiles/_dents.c
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	MANYFILES_REQUIRE_C_EXTENSION=1 $(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m manyfiles.demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	MANYFILES_REQUIRE_C_EXTENSION=1 $(PY) -m pytest -q
+
+# Benchmark peers (awscli pins botocore exactly, so it lives in its own venv).
+bench-venv:
+	test -x .venv-bench/bin/python || $(PYTHON) -m venv .venv-bench
+	.venv-bench/bin/pip install -q -r benchmarks/requirements.txt
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info src/manyfiles/*.so demo

@@ -1,0 +1,3 @@
+from manyfiles.cli import main
+
+main()

@@ -1,0 +1,104 @@
+"""Filesystem mutations shared by shard, remove and s3pull, each one traced.
+
+Only the primitives live here (one syscall each, plus the error mapping the
+callers share); planning and retries live with the callers.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from manyfiles import iotrace
+
+PathLike = str | bytes
+
+
+def traced(op: str, path: PathLike, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn(*args, **kwargs)`` and record it in the I/O log as ``op`` on ``path``."""
+    tr = iotrace.TRACER
+    if tr is None:
+        return fn(*args, **kwargs)
+    t0 = time.monotonic_ns()
+    try:
+        result = fn(*args, **kwargs)
+    except OSError as exc:
+        tr.record(op, path, 0, 0, t0, time.monotonic_ns() - t0, exc.errno or -1)
+        raise
+    tr.record(op, path, 0, 0, t0, time.monotonic_ns() - t0, 0)
+    return result
+
+
+def rename(src: PathLike, dst: PathLike, *, src_dir_fd: int | None = None, dst_dir_fd: int | None = None) -> None:
+    traced("rename", src, os.rename, src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+
+def unlink(path: PathLike, *, dir_fd: int | None = None) -> None:
+    traced("unlink", path, os.unlink, path, dir_fd=dir_fd)
+
+
+def rmdir(path: PathLike, *, dir_fd: int | None = None) -> None:
+    traced("rmdir", path, os.rmdir, path, dir_fd=dir_fd)
+
+
+def mkdir(path: PathLike, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+    traced("mkdir", path, os.mkdir, path, mode, dir_fd=dir_fd)
+
+
+def fsync(fd: int, path: PathLike = "") -> None:
+    traced("fsync", path, os.fsync, fd)
+
+
+def fsync_dir(path: PathLike) -> None:
+    """fsync a directory so that renames/creates inside it survive a crash."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fsync(fd, path)
+    finally:
+        os.close(fd)
+
+
+def makedirs(path: PathLike) -> None:
+    """``os.makedirs(exist_ok=True)`` with each created level traced."""
+    try:
+        mkdir(path)
+    except FileExistsError:
+        return
+    except FileNotFoundError:
+        parent = os.path.dirname(path)
+        if not parent or parent == path:
+            raise
+        makedirs(parent)
+        try:
+            mkdir(path)
+        except FileExistsError:
+            pass
+
+
+def rmdir_if_empty(path: PathLike, *, dir_fd: int | None = None) -> bool:
+    """Remove an empty directory; False (not an error) if it is not empty or already gone."""
+    try:
+        rmdir(path, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+            return False
+        raise
+    return True
+
+
+def prune_empty_parents(path: PathLike, stop_at: PathLike) -> int:
+    """Remove ``path``'s now-empty ancestor directories up to (not including) ``stop_at``.
+
+    Returns how many were removed.  A racing writer that re-populates a level makes
+    rmdir fail with ENOTEMPTY, which simply stops the pruning.
+    """
+    stop = os.path.abspath(stop_at)
+    current = os.path.dirname(os.path.abspath(path))
+    removed = 0
+    while current != stop and current.startswith(stop) and rmdir_if_empty(current):
+        removed += 1
+        current = os.path.dirname(current)
+    return removed

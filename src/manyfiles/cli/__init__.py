@@ -1,0 +1,52 @@
+"""The ``manyfiles`` command: a click group whose subcommands load lazily.
+
+Each verb lives in its own module (``ls``, ``shard``, ``s3pull``, ``rm``, ``trace``)
+and is also installed as a standalone script (``fastls``, ``shard``, ...).  The
+CLI only parses, calls the library and renders; exit codes: 0 ok, 1 something
+failed, 2 usage error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from manyfiles import __version__
+from manyfiles.cli._common import run_main
+
+# subcommand name -> module under manyfiles.cli that defines ``command``
+SUBCOMMANDS = {
+    "ls": "ls",
+    "shard": "shard",
+    "pull": "s3pull",
+    "rm": "rm",
+    "trace": "trace",
+}
+
+
+class LazyGroup(click.Group):
+    """Imports a subcommand's module only when it is run (keeps start-up fast)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        module = SUBCOMMANDS.get(name)
+        if module is None:
+            return None
+        try:
+            return importlib.import_module(f"manyfiles.cli.{module}").command
+        except ModuleNotFoundError:
+            return None
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="manyfiles")
+def group() -> None:
+    """Move data when there are too many files."""
+
+
+def main() -> None:
+    """Entry point of the ``manyfiles`` script."""
+    run_main(group, "manyfiles")

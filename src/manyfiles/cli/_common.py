@@ -1,0 +1,71 @@
+"""Options and error handling shared by every command.
+
+``instrumented`` adds ``--profile FILE`` (viztracer) and ``--trace FILE`` (I/O
+operation log) to a command; ``run_main`` maps manyfiles errors to one-line
+messages and exit codes the same way for every standalone script.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from manyfiles.errors import ManyfilesError
+
+
+def instrumented(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator: give a click command ``--profile FILE`` and ``--trace FILE``."""
+
+    @click.option("--profile", "profile_file", type=click.Path(dir_okay=False), default=None,
+                  help="Write a viztracer profile (open with vizviewer or Perfetto).")
+    @click.option("--trace", "trace_file", type=click.Path(dir_okay=False), default=None,
+                  help="Log every I/O operation to FILE (see `manyfiles trace summary`).")
+    @functools.wraps(fn)
+    def wrapper(*args: Any, profile_file: str | None, trace_file: str | None, **kwargs: Any) -> Any:
+        with contextlib.ExitStack() as stack:
+            if trace_file:
+                from manyfiles.iotrace import tracing
+
+                stack.enter_context(tracing(trace_file))
+            if profile_file:
+                from manyfiles.profiling import profile
+
+                stack.enter_context(profile(profile_file))
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def fail(prog: str, message: str, code: int = 1) -> None:
+    """Print ``prog: message`` on stderr and exit with ``code``."""
+    click.echo(f"{prog}: {message}", err=True)
+    sys.exit(code)
+
+
+def run_main(command: click.Command, prog: str) -> None:
+    """Run a click command as a standalone script with manyfiles' error mapping."""
+    try:
+        # standalone_mode=False returns the callback's value (our commands return
+        # their exit code) or the code of a click Exit.
+        code = command.main(prog_name=prog, standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo(f"{prog}: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except ManyfilesError as exc:
+        fail(prog, str(exc), exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo(f"{prog}: interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        # `fastls | head`: the reader went away; that is not an error of ours.
+        sys.stderr.close()
+        sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
