@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BUILD = HERE / "_build"          # compiled C peers (git-ignored)
+BUILD = HERE / "_build"  # compiled C peers (git-ignored)
 
 
 def make_flat(path: str | os.PathLike, n: int, *, size: int = 0, prefix: str = "f") -> Path:
@@ -55,7 +55,7 @@ def make_hashed_tree(path: str | os.PathLike, n: int, *, levels: int = 2, width:
     for i in range(n):
         name = f"f{i:08d}"
         h = hashlib.md5(name.encode()).hexdigest()
-        sub = "/".join(h[k * width:(k + 1) * width] for k in range(levels))
+        sub = "/".join(h[k * width : (k + 1) * width] for k in range(levels))
         if sub not in made:
             os.makedirs(root / sub, exist_ok=True)
             made.add(sub)
@@ -75,7 +75,9 @@ def drop_caches() -> bool:
         return False
 
 
-def median_time(fn: Callable[[], object], repeat: int = 5, setup: Callable[[], object] | None = None) -> float:
+def median_time(
+    fn: Callable[[], object], repeat: int = 5, setup: Callable[[], object] | None = None
+) -> float:
     """Median wall time of ``fn()`` over ``repeat`` runs, ``setup()`` untimed before each."""
     times = []
     for _ in range(repeat):
@@ -107,12 +109,19 @@ def compile_c(source: Path, name: str | None = None) -> Path:
 
 def machine_line() -> str:
     """One line describing this machine, for the results header."""
-    return (f"{os.cpu_count()} CPU, {platform.machine()}, Linux {platform.release()}, "
-            f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}")
+    return (
+        f"{os.cpu_count()} CPU, {platform.machine()}, Linux {platform.release()}, "
+        f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
+    )
 
 
-def print_table(title: str, rows: list[tuple[str, float]], baseline: str, unit_count: int | None = None,
-                unit: str = "entry") -> None:
+def print_table(
+    title: str,
+    rows: list[tuple[str, float]],
+    baseline: str,
+    unit_count: int | None = None,
+    unit: str = "entry",
+) -> None:
     """Print a markdown table: name, median seconds, ns per unit, ratio to ``baseline``."""
     base = dict(rows)[baseline]
     print(f"\n### {title}\n")

@@ -39,7 +39,7 @@ _EXPORTS: dict[str, str] = {
     "UsageError": "manyfiles.errors",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = [*sorted(_EXPORTS), "__version__"]
 
 
 def __getattr__(name: str) -> Any:

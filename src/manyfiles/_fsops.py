@@ -6,6 +6,7 @@ callers share); planning and retries live with the callers.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import time
@@ -32,7 +33,9 @@ def traced(op: str, path: PathLike, fn: Callable[..., Any], *args: Any, **kwargs
     return result
 
 
-def rename(src: PathLike, dst: PathLike, *, src_dir_fd: int | None = None, dst_dir_fd: int | None = None) -> None:
+def rename(
+    src: PathLike, dst: PathLike, *, src_dir_fd: int | None = None, dst_dir_fd: int | None = None
+) -> None:
     traced("rename", src, os.rename, src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
 
 
@@ -72,10 +75,8 @@ def makedirs(path: PathLike) -> None:
         if not parent or parent == path:
             raise
         makedirs(parent)
-        try:
+        with contextlib.suppress(FileExistsError):
             mkdir(path)
-        except FileExistsError:
-            pass
 
 
 def rmdir_if_empty(path: PathLike, *, dir_fd: int | None = None) -> bool:
@@ -102,3 +103,69 @@ def prune_empty_parents(path: PathLike, stop_at: PathLike) -> int:
         removed += 1
         current = os.path.dirname(current)
     return removed
+
+
+# -- added by shard (issue 3): no-clobber rename and filesystem sync --------------------------------
+
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+_libc: Any = None
+_noreplace_ok = True  # cleared on the first filesystem that rejects RENAME_NOREPLACE (NFS, some FUSE)
+
+
+def _load_libc() -> Any:
+    global _libc
+    if _libc is None:
+        import ctypes
+
+        _libc = ctypes.CDLL(None, use_errno=True)
+        for fn in ("renameat2", "syncfs"):
+            if hasattr(_libc, fn):
+                getattr(_libc, fn).restype = ctypes.c_int
+    return _libc
+
+
+def _renameat2(src: bytes, dst: bytes, src_dir_fd: int, dst_dir_fd: int) -> None:
+    import ctypes
+
+    if _libc.renameat2(src_dir_fd, src, dst_dir_fd, dst, _RENAME_NOREPLACE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), src)
+
+
+def rename_noreplace(src: bytes, dst: bytes, *, src_dir_fd: int | None = None,
+                     dst_dir_fd: int | None = None) -> None:
+    """Rename ``src`` to ``dst`` but never replace an existing ``dst`` (FileExistsError instead).
+
+    Uses renameat2(RENAME_NOREPLACE), atomic on ext4/xfs/btrfs/tmpfs.  Filesystems that
+    reject the flag (NFS, many FUSE servers) get lstat + rename, which can only clobber a
+    file created by someone else in the microseconds between the two calls.
+    """
+    global _noreplace_ok
+    sfd = _AT_FDCWD if src_dir_fd is None else src_dir_fd
+    dfd = _AT_FDCWD if dst_dir_fd is None else dst_dir_fd
+    if _noreplace_ok:
+        lib = _libc if _libc is not None else _load_libc()
+        if hasattr(lib, "renameat2"):
+            try:
+                traced("rename", src, _renameat2, src, dst, sfd, dfd)
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+        _noreplace_ok = False
+    try:
+        os.lstat(dst, dir_fd=dst_dir_fd)
+    except FileNotFoundError:
+        rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        return
+    raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
+
+
+def syncfs(fd: int, path: PathLike = "") -> None:
+    """Flush the whole filesystem holding ``fd`` (one call instead of an fsync per directory)."""
+    lib = _load_libc()
+    if not hasattr(lib, "syncfs"):
+        traced("fsync", path, os.sync)
+        return
+    traced("fsync", path, lambda: lib.syncfs(fd))

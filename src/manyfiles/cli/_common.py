@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,10 +22,20 @@ from manyfiles.errors import ManyfilesError
 def instrumented(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator: give a click command ``--profile FILE`` and ``--trace FILE``."""
 
-    @click.option("--profile", "profile_file", type=click.Path(dir_okay=False), default=None,
-                  help="Write a viztracer profile (open with vizviewer or Perfetto).")
-    @click.option("--trace", "trace_file", type=click.Path(dir_okay=False), default=None,
-                  help="Log every I/O operation to FILE (see `manyfiles trace summary`).")
+    @click.option(
+        "--profile",
+        "profile_file",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="Write a viztracer profile (open with vizviewer or Perfetto).",
+    )
+    @click.option(
+        "--trace",
+        "trace_file",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="Log every I/O operation to FILE (see `manyfiles trace summary`).",
+    )
     @functools.wraps(fn)
     def wrapper(*args: Any, profile_file: str | None, trace_file: str | None, **kwargs: Any) -> Any:
         with contextlib.ExitStack() as stack:
@@ -69,3 +80,67 @@ def run_main(command: click.Command, prog: str) -> None:
         sys.stderr.close()
         sys.exit(0)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+_SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str, minimum: int = 0) -> int:
+    """Parse ``64K``/``1M``/``4096`` into bytes; ValueError if malformed or below ``minimum``."""
+    value = text.strip().upper().removesuffix("IB").removesuffix("B")
+    suffix = value[-1:] if value[-1:] in _SIZE_SUFFIXES else ""
+    try:
+        size = int(value[: len(value) - len(suffix)]) * _SIZE_SUFFIXES[suffix]
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (use e.g. 4096, 64K, 1M)") from None
+    if size < minimum:
+        raise ValueError(f"{text!r} is below the minimum of {minimum} bytes")
+    return size
+
+
+class Size(click.ParamType):
+    """A byte count option: ``4096``, ``64K``, ``1M``, ``1GiB`` (usage error, exit 2, if malformed)."""
+
+    name = "size"
+
+    def __init__(self, minimum: int = 0) -> None:
+        self.minimum = minimum
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(str(value), self.minimum)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+@contextlib.contextmanager
+def progress_reporter(enabled: bool, description: str, unit: str = "items", total: int | None = None):
+    """Yield a ``callback(done)`` drawing a rich progress bar on stderr, or None.
+
+    Progress only appears when asked for and stderr is a terminal, so pipes and
+    logs never receive control sequences.
+    """
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = [
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+    ]
+    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
+        task = bar.add_task(description, total=total, rate="")
+        start = time.monotonic()
+
+        def update(done: int) -> None:
+            elapsed = max(time.monotonic() - start, 1e-9)
+            bar.update(task, completed=done, rate=f"{done / elapsed:,.0f} {unit}/s")
+
+        yield update

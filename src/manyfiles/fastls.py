@@ -1,0 +1,241 @@
+"""The ``fastls`` job: list one or more directories to a file descriptor.
+
+``run(request, out_fd)`` is what the CLI calls; notebooks usually want
+:mod:`manyfiles.listing` directly.  The plan is chosen once per request:
+
+* flat listing, names only, no sort: the C core writes names straight to ``out_fd``
+  (no Python object per entry), the fastest possible path;
+* everything else streams :class:`~manyfiles.listing.DirListing` records from
+  :func:`~manyfiles.listing.walk` and formats them here.
+
+Failed paths are collected in the report (``fastls: PATH: reason``); the job goes on.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from manyfiles import listing
+from manyfiles.listing import DEFAULT_BUFSIZE, DirListing, Filter
+
+FORMATS = ("names", "json", "long")
+
+
+@dataclass(frozen=True)
+class ListRequest:
+    """What to list and how to print it (the CLI's options, parsed)."""
+
+    paths: tuple[str, ...] = (".",)
+    recursive: bool = False
+    max_depth: int | None = None
+    follow_symlinks: bool = False
+    count_only: bool = False
+    sort: bool = False
+    format: str = "names"
+    stat: bool = False
+    sep: bytes = b"\n"
+    filter: Filter = field(default_factory=Filter)
+    bufsize: int = DEFAULT_BUFSIZE
+    threads: int = 8
+    backend: str | None = None
+
+
+@dataclass
+class ListReport:
+    """What a run did: entries printed, directories listed, and the failures."""
+
+    entries: int = 0
+    directories: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    failures: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+Progress = Callable[[ListReport], None]
+
+
+def run(request: ListRequest, out_fd: int, progress: Progress | None = None) -> ListReport:
+    """List ``request.paths`` to ``out_fd`` (counts only, with ``count_only``)."""
+    report = ListReport()
+    t0 = time.perf_counter()
+    writer = _Output(out_fd)
+    for path in request.paths:
+        try:
+            _run_one(request, path, writer, report, progress)
+        except OSError as exc:
+            report.failures.append((path, _reason(exc)))
+    writer.flush()
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _uses_fast_path(request: ListRequest) -> bool:
+    return (
+        not request.recursive
+        and not request.sort
+        and request.format == "names"
+        and (request.backend or listing.default_backend()) == "dents"
+    )
+
+
+def _run_one(
+    request: ListRequest, path: str, writer: _Output, report: ListReport, progress: Progress | None
+) -> None:
+    # one path of several: print full paths so the output stays unambiguous
+    prefix = os.fsencode(os.path.join(path, "")) if len(request.paths) > 1 or request.recursive else b""
+    if request.count_only and not request.recursive:
+        n = listing.count(path, bufsize=request.bufsize, backend=request.backend, filter=request.filter)
+        _add_count(report, path, n)
+        return
+    if _uses_fast_path(request) and progress is None:
+        writer.flush()
+        n = listing.write_names(
+            path, writer.fd, sep=request.sep, prefix=prefix, bufsize=request.bufsize, filter=request.filter
+        )
+        _add_count(report, path, n)
+        report.directories += 1
+        return
+    listings = _listings(request, path)
+    records = _sorted(listings) if request.sort else listings
+    n = 0
+    for d in records:
+        if d.error is not None:
+            report.failures.append((os.fsdecode(d.path), _reason(d.error)))
+            continue
+        report.directories += 1
+        n += len(d.entries)
+        if not request.count_only:
+            writer.write(_format(request, d, prefix if d.depth == 0 and not request.recursive else None))
+        if progress is not None:
+            report.entries += len(d.entries)
+            progress(report)
+            report.entries -= len(d.entries)
+    _add_count(report, path, n)
+
+
+def _add_count(report: ListReport, path: str, n: int) -> None:
+    report.counts[path] = report.counts.get(path, 0) + n
+    report.entries += n
+
+
+def _listings(request: ListRequest, path: str) -> Iterator[DirListing]:
+    max_depth = request.max_depth if request.recursive else 0
+    walk = listing.walk(
+        path,
+        threads=request.threads if request.recursive else 1,
+        max_depth=max_depth,
+        follow_symlinks=request.follow_symlinks,
+        stat=request.stat or request.format == "long",
+        bufsize=request.bufsize,
+        backend=request.backend,
+        filter=request.filter,
+    )
+    if not request.recursive:
+        # the root's own failure is the path's failure
+        for d in walk:
+            if d.error is not None and d.depth == 0:
+                raise d.error
+            yield d
+        return
+    yield from walk
+
+
+def _sorted(listings: Iterator[DirListing]) -> Iterator[DirListing]:
+    """Sort by full path (bytes order, like `LC_ALL=C ls`); this holds every name in memory."""
+    everything = list(listings)
+    for d in everything:
+        order = sorted(range(len(d.entries)), key=lambda i, d=d: os.fsencode(d.entries[i].name))
+        d.entries[:] = [d.entries[i] for i in order]
+        if d.stats is not None:
+            d.stats[:] = [d.stats[i] for i in order]
+    everything.sort(key=lambda d: os.fsencode(d.path))
+    if any(d.depth > 0 for d in everything):
+        # interleave so that a tree prints in path order, not directory by directory
+        yield from _merge_paths(everything)
+    else:
+        yield from everything
+
+
+def _merge_paths(listings: list[DirListing]) -> Iterator[DirListing]:
+    rows = []
+    for d in listings:
+        for i, e in enumerate(d.entries):
+            rows.append((os.fsencode(os.path.join(d.path, e.name)), d, i))
+    rows.sort(key=lambda r: r[0])
+    for _, d, i in rows:
+        stats = [d.stats[i]] if d.stats is not None else None
+        yield DirListing(d.path, d.depth, [d.entries[i]], None, stats)
+
+
+def _format(request: ListRequest, d: DirListing, prefix: bytes | None) -> bytes:
+    base = os.fsencode(os.path.join(d.path, "")) if prefix is None else prefix
+    if request.format == "json":
+        return b"".join(_json_line(d, i, base) for i in range(len(d.entries)))
+    if request.format == "long":
+        return b"".join(_long_line(d, i, base, request.sep) for i in range(len(d.entries)))
+    sep = request.sep
+    return b"".join(base + os.fsencode(e.name) + sep for e in d.entries)
+
+
+def _json_line(d: DirListing, i: int, base: bytes) -> bytes:
+    e = d.entries[i]
+    raw = base + os.fsencode(e.name)
+    record: dict = {"path": os.fsdecode(raw), "name": os.fsdecode(e.name), "type": e.type, "inode": e.inode}
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        # JSON cannot carry raw bytes: the exact name travels base64-encoded too
+        record["path_b64"] = base64.b64encode(raw).decode("ascii")
+    st = d.stats[i] if d.stats is not None else None
+    if st is not None:
+        record["size"] = st.st_size
+        record["mtime"] = st.st_mtime
+    return json.dumps(record, ensure_ascii=True).encode() + b"\n"
+
+
+def _long_line(d: DirListing, i: int, base: bytes, sep: bytes) -> bytes:
+    e = d.entries[i]
+    st = d.stats[i] if d.stats is not None else None
+    size = str(st.st_size) if st is not None else "?"
+    mtime = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(st.st_mtime)) if st is not None else "?"
+    return f"{e.type} {size:>12} {mtime} ".encode() + base + os.fsencode(e.name) + sep
+
+
+class _Output:
+    """Buffered writes to a raw fd (sys.stdout's text layer would re-encode names)."""
+
+    def __init__(self, fd: int, limit: int = 1 << 18) -> None:
+        self.fd = fd
+        self.limit = limit
+        self.chunks: list[bytes] = []
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self.chunks.append(data)
+        self.size += len(data)
+        if self.size >= self.limit:
+            self.flush()
+
+    def flush(self) -> None:
+        data = b"".join(self.chunks)
+        self.chunks.clear()
+        self.size = 0
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+
+def decode_json_path(record: dict) -> bytes:
+    """The exact path bytes of a ``--json`` record (inverse of the output format)."""
+    if "path_b64" in record:
+        return base64.b64decode(record["path_b64"])
+    return os.fsencode(record["path"])
