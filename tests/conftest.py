@@ -24,3 +24,43 @@ def run_cli(tmp_path: Path):
                               env=full_env, cwd=cwd, timeout=timeout)
 
     return run
+
+
+UNPRIVILEGED = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def _run_unprivileged(cmd: list[str], check: bool = True):
+    """Run ``cmd`` as user nobody when we are root (root ignores permission bits).
+
+    Returns the stdout text when ``check`` (asserting exit 0), else the CompletedProcess.
+    """
+    import subprocess
+
+    prefix = UNPRIVILEGED if os.geteuid() == 0 else []
+    proc = subprocess.run(prefix + cmd, capture_output=True, text=True, timeout=300)
+    if not check:
+        return proc
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture
+def run_unprivileged():
+    """``run_unprivileged(cmd, check=True)``: see :func:`_run_unprivileged`."""
+    return _run_unprivileged
+
+
+@pytest.fixture
+def world_readable_tmp(tmp_path_factory: pytest.TempPathFactory):
+    """A scratch dir that user nobody can reach (pytest's tmp dirs are 0700); permissions
+    are restored afterwards so cleanup works."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="manyfiles-test-", dir="/tmp"))
+    root.chmod(0o777)
+    yield root
+    for dirpath, dirnames, _ in os.walk(root):
+        for d in dirnames:
+            os.chmod(os.path.join(dirpath, d), 0o755)
+    shutil.rmtree(root, ignore_errors=True)

@@ -67,6 +67,8 @@ def run(request: ListRequest, out_fd: int, progress: Progress | None = None) -> 
     for path in request.paths:
         try:
             _run_one(request, path, writer, report, progress)
+        except BrokenPipeError:
+            raise  # the reader went away: stop everything, not just this path
         except OSError as exc:
             report.failures.append((path, _reason(exc)))
     writer.flush()
@@ -177,9 +179,10 @@ def _merge_paths(listings: list[DirListing]) -> Iterator[DirListing]:
 
 
 def _format(request: ListRequest, d: DirListing, prefix: bytes | None) -> bytes:
-    base = os.fsencode(os.path.join(d.path, "")) if prefix is None else prefix
+    full = os.fsencode(os.path.join(d.path, ""))
+    base = full if prefix is None else prefix
     if request.format == "json":
-        return b"".join(_json_line(d, i, base) for i in range(len(d.entries)))
+        return b"".join(_json_line(d, i, full) for i in range(len(d.entries)))
     if request.format == "long":
         return b"".join(_long_line(d, i, base, request.sep) for i in range(len(d.entries)))
     sep = request.sep

@@ -1,0 +1,156 @@
+"""The fastls command, run as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from manyfiles.fastls import decode_json_path
+
+ODD_NAMES = [b"plain", b"with\nnewline", b"bad\xff\xfebytes", b"-dash", b"x" * 255, b"tab\there"]
+
+
+@pytest.fixture
+def odd(tmp_path: Path) -> Path:
+    for n in ODD_NAMES:
+        with open(os.path.join(os.fsencode(tmp_path), n), "wb") as f:
+            f.write(b"abc")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "inner").write_bytes(b"12345")
+    os.symlink("plain", tmp_path / "link")
+    return tmp_path
+
+
+def nul_split(data: bytes) -> list[bytes]:
+    assert data.endswith(b"\0") or data == b""
+    return data.split(b"\0")[:-1]
+
+
+@pytest.mark.parametrize("backend", ["dents", "scandir", "getdents"])
+def test_names_nul_separated_match_os_listdir(odd: Path, run_cli, backend: str) -> None:
+    proc = run_cli("fastls", "-0", "--backend", backend, str(odd))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(nul_split(proc.stdout)) == sorted(os.listdir(os.fsencode(odd)))
+
+
+def test_recursive_lists_full_paths(odd: Path, run_cli) -> None:
+    proc = run_cli("fastls", "-r", "-0", str(odd))
+    assert proc.returncode == 0
+    want = set()
+    for dirpath, dirnames, filenames in os.walk(os.fsencode(odd)):
+        want.update(os.path.join(dirpath, n) for n in dirnames + filenames)
+    assert set(nul_split(proc.stdout)) == want
+
+
+def test_sort_is_bytes_order(odd: Path, run_cli) -> None:
+    proc = run_cli("fastls", "--sort", "-0", str(odd))
+    names = nul_split(proc.stdout)
+    assert names == sorted(os.listdir(os.fsencode(odd)))
+
+
+def test_json_round_trips_every_name(odd: Path, run_cli) -> None:
+    proc = run_cli("fastls", "--json", "-l", str(odd))
+    assert proc.returncode == 0
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    paths = {decode_json_path(r) for r in records}
+    assert paths == {os.path.join(os.fsencode(odd), n) for n in os.listdir(os.fsencode(odd))}
+    by_name = {r["name"]: r for r in records}
+    assert by_name["plain"]["size"] == 3 and by_name["plain"]["type"] == "f"
+    assert by_name["sub"]["type"] == "d" and by_name["link"]["type"] == "l"
+    assert "path_b64" in next(r for r in records if r["name"].startswith("bad"))
+
+
+def test_count_flat_and_recursive(odd: Path, run_cli) -> None:
+    assert run_cli("fastls", "--count", str(odd)).stdout == f"{len(ODD_NAMES) + 2}\n".encode()
+    assert run_cli("fastls", "-r", "--count", str(odd)).stdout == f"{len(ODD_NAMES) + 3}\n".encode()
+
+
+def test_type_and_glob_filters(odd: Path, run_cli) -> None:
+    assert run_cli("fastls", "--type", "d", str(odd)).stdout == b"sub\n"
+    assert run_cli("fastls", "--type", "l", str(odd)).stdout == b"link\n"
+    got = run_cli("fastls", "--glob", "p*", "--glob", "t*", str(odd)).stdout.split(b"\n")
+    assert sorted(got[:-1]) == [b"plain", b"tab\there"]
+    got = run_cli("fastls", "-r", "--exclude", "*", "--count", str(odd)).stdout
+    assert got == b"0\n"
+
+
+def test_dt_unknown_source_lists_everything(odd: Path, run_cli) -> None:
+    """With every d_type reported as DT_UNKNOWN (as on sshfs) nothing is dropped and
+    --type still works through the fstatat fallback."""
+    env = {"MANYFILES_TEST_DT_UNKNOWN": "1"}
+    proc = run_cli("fastls", "-0", str(odd), env=env)
+    assert sorted(nul_split(proc.stdout)) == sorted(os.listdir(os.fsencode(odd)))
+    assert run_cli("fastls", "--type", "d", str(odd), env=env).stdout == b"sub\n"
+    assert run_cli("fastls", "-r", "--count", str(odd), env=env).stdout == f"{len(ODD_NAMES) + 3}\n".encode()
+
+
+def test_long_format_shows_size(odd: Path, run_cli) -> None:
+    lines = run_cli("fastls", "-l", str(odd / "sub")).stdout.decode().splitlines()
+    assert len(lines) == 1
+    kind, size, *_, name = lines[0].split()
+    assert (kind, size, name) == ("f", "5", "inner")
+
+
+def test_missing_path_is_reported_and_others_listed(odd: Path, run_cli, tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope")
+    proc = run_cli("fastls", missing, str(odd / "sub"))
+    assert proc.returncode == 1
+    assert proc.stderr.decode() == f"fastls: {missing}: No such file or directory\n"
+    assert proc.stdout == os.fsencode(str(odd / "sub" / "inner")) + b"\n"
+
+
+def test_not_a_directory(odd: Path, run_cli) -> None:
+    proc = run_cli("fastls", str(odd / "plain"))
+    assert proc.returncode == 1
+    assert b"Not a directory" in proc.stderr
+
+
+def test_usage_errors_exit_2(odd: Path, run_cli) -> None:
+    assert run_cli("fastls", "--bufsize", "12", str(odd)).returncode == 2
+    assert run_cli("fastls", "--no-such-option").returncode == 2
+    assert run_cli("fastls", "--type", "x", str(odd)).returncode == 2
+
+
+def test_leading_dash_directory(tmp_path: Path, run_cli) -> None:
+    (tmp_path / "-weird").mkdir()
+    (tmp_path / "-weird" / "f").touch()
+    proc = run_cli("fastls", "--", "-weird", cwd=tmp_path)
+    assert (proc.returncode, proc.stdout) == (0, b"f\n")
+
+
+def test_symlink_loop_not_followed_by_default_and_detected_with_L(tmp_path: Path, run_cli) -> None:
+    (tmp_path / "a").mkdir()
+    os.symlink("..", tmp_path / "a" / "up")
+    assert run_cli("fastls", "-r", "--count", str(tmp_path)).returncode == 0
+    proc = run_cli("fastls", "-r", "-L", "--count", str(tmp_path))
+    assert proc.returncode == 1
+    assert b"File system loop detected" in proc.stderr
+
+
+def test_permission_denied_deep_in_tree(world_readable_tmp: Path, run_unprivileged) -> None:
+    root = world_readable_tmp
+    (root / "ok" / "deep").mkdir(parents=True)
+    (root / "ok" / "deep" / "file").touch()
+    (root / "locked").mkdir()
+    (root / "locked" / "hidden").touch()
+    (root / "locked").chmod(0)
+    fastls = str(Path(sys.executable).parent / "fastls")
+    proc = run_unprivileged([fastls, "-r", str(root)], check=False)
+    assert proc.returncode == 1
+    assert proc.stderr == f"fastls: {root / 'locked'}: Permission denied\n"
+    assert str(root / "ok" / "deep" / "file") in proc.stdout.splitlines()
+
+
+def test_closed_pipe_is_not_an_error(tmp_path: Path) -> None:
+    for i in range(20000):
+        (tmp_path / f"f{i}").touch()
+    fastls = str(Path(sys.executable).parent / "fastls")
+    proc = subprocess.run(f"'{fastls}' '{tmp_path}' | head -1", shell=True, capture_output=True, timeout=60)
+    assert proc.returncode == 0
+    assert proc.stderr == b""
+    assert len(proc.stdout.splitlines()) == 1
