@@ -182,7 +182,7 @@ def test_walk_max_depth_and_stat(tmp_path: Path) -> None:
     assert depths == {0, 1}
     (tmp_path / "file0").write_bytes(b"12345")
     root = next(d for d in mf.walk(str(tmp_path), max_depth=0, stat=True))
-    sizes = {e.name: st.st_size for e, st in zip(root.entries, root.stats)}
+    sizes = {e.name: st.st_size for e, st in zip(root.entries, root.stats, strict=True)}
     assert sizes["file0"] == 5
 
 
