@@ -240,6 +240,10 @@ static int parse_into(Reader *r, const Filter *f, long n, int as_bytes, int want
             PyTuple_SET_ITEM(item, 0, name);
             PyTuple_SET_ITEM(item, 1, Py_NewRef(type_letters[type]));
             PyTuple_SET_ITEM(item, 2, ino);
+            /* Only a str and two ints inside: it can never be part of a cycle, so keep it
+             * away from the cyclic GC, which otherwise walks every entry of a huge listing
+             * again and again (CPython untracks such tuples itself, but only later). */
+            PyObject_GC_UnTrack(item);
         }
         int rc = PyList_Append(out, item);
         Py_DECREF(item);
