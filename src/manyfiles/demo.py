@@ -26,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", type=int, default=200_000, help="files in the demo folder")
     args = parser.parse_args(argv)
     root = Path(args.dir).resolve()
-    steps: list[Callable[[Path, int], None]] = [step_generate, step_fastls]
+    steps: list[Callable[[Path, int], None]] = [
+        step_generate, step_fastls, step_shard, step_fastrm, step_s3pull, step_trace,
+    ]
     for step in steps:
         step(root, args.files)
     print("\ndemo finished: every step above ran for real on", root)
@@ -94,6 +96,55 @@ def step_fastls(root: Path, files: int) -> None:
     print(f"manyfiles.listdir {t_mf * 1e3:.0f} ms, os.listdir {t_os * 1e3:.0f} ms "
           f"(x{t_os / t_mf:.2f}), manyfiles.count {t_count * 1e3:.0f} ms; local disks gain little, "
           "network mounts gain 20x+ (docs/benchmarks.md)")
+
+
+
+def step_shard(root: Path, files: int) -> None:
+    flat = str(flat_dir(root))
+    banner("shard: flat folder -> hashed prefix tree (ab/cd/<name>), in place, and back")
+    run("shard", "apply", "--plan", flat)
+    run("shard", "apply", flat)
+    run("shard", "verify", flat)
+    run("shard", "status", flat)
+    run("fastls", flat)
+    run("shard", "revert", flat)
+    run("fastls", "--count", flat)
+
+
+def step_fastrm(root: Path, files: int) -> None:
+    trash = root / "trash"
+    banner("fastrm: parallel deletion, one worker per directory")
+    n = min(files, 50_000)
+    trash.mkdir(exist_ok=True)
+    for i in range(n):
+        (trash / f"t{i:06d}").touch()
+    run("shard", "apply", str(trash))
+    run("fastls", "-r", "--count", str(trash))
+    run("fastrm", "--verbose", str(trash))
+    print("exists afterwards:", trash.exists())
+
+
+def step_s3pull(root: Path, files: int) -> None:
+    from manyfiles.s3.localserver import local_s3
+
+    dest = root / "s3"
+    banner("s3pull: an in-process S3 server (moto), seeded, then pulled")
+    with local_s3() as srv:
+        os.environ.update(srv.env)
+        url = f"s3://{srv.bucket}/"
+        print(f"(server {srv.endpoint_url}: {srv.objects} objects, {srv.bytes / 1e6:.1f} MB)")
+        run("s3pull", url, str(dest), "--dry-run", quiet=True)
+        run("s3pull", url, str(dest))
+        print("a second run skips what is already there:")
+        run("s3pull", url, str(dest))
+    run("fastls", "-r", "--count", str(dest))
+
+
+def step_trace(root: Path, files: int) -> None:
+    trace = root / "listing.mftrace"
+    banner("tracing: the I/O operation log of a command, summarized")
+    run("fastls", "--trace", str(trace), "--count", str(flat_dir(root)))
+    run("manyfiles", "trace", "summary", str(trace))
 
 
 if __name__ == "__main__":

@@ -106,7 +106,8 @@ def _run_one(
         _add_count(report, path, n)
         report.directories += 1
         return
-    listings = _listings(request, path)
+    # Walk with a bytes path: names stay bytes end to end, no per-name encoding.
+    listings = _listings(request, os.fsencode(path))
     records = _sorted(listings) if request.sort else listings
     n = 0
     for d in records:
@@ -129,7 +130,7 @@ def _add_count(report: ListReport, path: str, n: int) -> None:
     report.entries += n
 
 
-def _listings(request: ListRequest, path: str) -> Iterator[DirListing]:
+def _listings(request: ListRequest, path: bytes) -> Iterator[DirListing]:
     max_depth = request.max_depth if request.recursive else 0
     walk = listing.walk(
         path,
@@ -155,11 +156,11 @@ def _sorted(listings: Iterator[DirListing]) -> Iterator[DirListing]:
     """Sort by full path (bytes order, like `LC_ALL=C ls`); this holds every name in memory."""
     everything = list(listings)
     for d in everything:
-        order = sorted(range(len(d.entries)), key=lambda i, d=d: os.fsencode(d.entries[i].name))
+        order = sorted(range(len(d.entries)), key=lambda i, d=d: d.entries[i].name)
         d.entries[:] = [d.entries[i] for i in order]
         if d.stats is not None:
             d.stats[:] = [d.stats[i] for i in order]
-    everything.sort(key=lambda d: os.fsencode(d.path))
+    everything.sort(key=lambda d: d.path)
     if any(d.depth > 0 for d in everything):
         # interleave so that a tree prints in path order, not directory by directory
         yield from _merge_paths(everything)
@@ -171,7 +172,7 @@ def _merge_paths(listings: list[DirListing]) -> Iterator[DirListing]:
     rows = []
     for d in listings:
         for i, e in enumerate(d.entries):
-            rows.append((os.fsencode(os.path.join(d.path, e.name)), d, i))
+            rows.append((os.path.join(d.path, e.name), d, i))
     rows.sort(key=lambda r: r[0])
     for _, d, i in rows:
         stats = [d.stats[i]] if d.stats is not None else None
@@ -179,19 +180,22 @@ def _merge_paths(listings: list[DirListing]) -> Iterator[DirListing]:
 
 
 def _format(request: ListRequest, d: DirListing, prefix: bytes | None) -> bytes:
-    full = os.fsencode(os.path.join(d.path, ""))
+    full = os.path.join(d.path, b"")
     base = full if prefix is None else prefix
     if request.format == "json":
         return b"".join(_json_line(d, i, full) for i in range(len(d.entries)))
     if request.format == "long":
         return b"".join(_long_line(d, i, base, request.sep) for i in range(len(d.entries)))
     sep = request.sep
-    return b"".join(base + os.fsencode(e.name) + sep for e in d.entries)
+    if not d.entries:
+        return b""
+    # one C-level join per directory instead of a concatenation per name
+    return base + (sep + base).join([e.name for e in d.entries]) + sep
 
 
 def _json_line(d: DirListing, i: int, base: bytes) -> bytes:
     e = d.entries[i]
-    raw = base + os.fsencode(e.name)
+    raw = base + e.name
     record: dict = {"path": os.fsdecode(raw), "name": os.fsdecode(e.name), "type": e.type, "inode": e.inode}
     try:
         raw.decode("utf-8")
@@ -210,7 +214,7 @@ def _long_line(d: DirListing, i: int, base: bytes, sep: bytes) -> bytes:
     st = d.stats[i] if d.stats is not None else None
     size = str(st.st_size) if st is not None else "?"
     mtime = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(st.st_mtime)) if st is not None else "?"
-    return f"{e.type} {size:>12} {mtime} ".encode() + base + os.fsencode(e.name) + sep
+    return f"{e.type} {size:>12} {mtime} ".encode() + base + e.name + sep
 
 
 class _Output:

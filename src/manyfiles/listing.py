@@ -440,9 +440,7 @@ class _Walker:
         try:
             if self.follow and not self._first_visit(path):
                 raise OSError(errno.ELOOP, "File system loop detected", path)
-            entries = list(
-                iter_entries(path, bufsize=self.bufsize, backend=self.backend, resolve_unknown=True)
-            )
+            entries = _all_entries(path, self.bufsize, self.backend)
         except OSError as exc:
             if exc.filename is None:
                 exc.filename = path
@@ -474,6 +472,21 @@ class _Walker:
                 return False
             self.seen.add(key)
         return True
+
+
+def _all_entries(path: str | bytes, bufsize: int, backend: str | None) -> list[Entry]:
+    """Every entry of one directory, types resolved (the walk needs them to recurse)."""
+    if _resolve_backend(backend) != "dents":
+        return list(iter_entries(path, bufsize=bufsize, backend=backend, resolve_unknown=True))
+    fd = _open_dir(path)
+    try:
+        batches = _batches_list()
+        as_bytes = isinstance(path, bytes)
+        entries = _dents.entries(fd, bufsize, as_bytes, resolve=True, path=path, batches=batches)
+    finally:
+        os.close(fd)
+    _trace_batches(path, batches)
+    return entries
 
 
 def _lstat_all(path: str | bytes, entries: Sequence[Entry]) -> list[os.stat_result | None]:
