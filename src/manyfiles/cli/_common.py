@@ -47,7 +47,13 @@ def instrumented(fn: Callable[..., Any]) -> Callable[..., Any]:
                 from manyfiles.profiling import profile
 
                 stack.enter_context(profile(profile_file))
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+        if trace_file and profile_file and profile_file.endswith(".json"):
+            # Both asked: put the I/O operations into the profile too, one timeline.
+            from manyfiles.trace import export_chrome, load
+
+            export_chrome(load([trace_file]), profile_file, merge=profile_file)
+        return result
 
     return wrapper
 

@@ -1,0 +1,45 @@
+"""Reading I/O traces written by ``--trace FILE`` / :func:`manyfiles.tracing`.
+
+Example:
+    >>> from manyfiles import trace
+    >>> ts = trace.load(["run.mftrace"])          # doctest: +SKIP  (+ run.mftrace.worker-* files)
+    >>> s = trace.summarize(ts)                    # doctest: +SKIP
+    >>> [(o.op, o.count, o.p99_ns) for o in s.ops] # doctest: +SKIP
+    [('rename', 200000, 41000), ...]
+    >>> trace.export_chrome(ts, "run.json")        # doctest: +SKIP
+
+The writer lives in :mod:`manyfiles.iotrace`, the file format in :mod:`manyfiles.trace._format`.
+Names are loaded lazily so that starting a trace imports only the format module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "export_chrome": "chrome",
+    "to_chrome": "chrome",
+    "Record": "reader",
+    "TraceSet": "reader",
+    "load": "reader",
+    "worker_files": "reader",
+    "OpStats": "summary",
+    "Summary": "summary",
+    "summarize": "summary",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'manyfiles.trace' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"manyfiles.trace.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
