@@ -169,3 +169,46 @@ def syncfs(fd: int, path: PathLike = "") -> None:
         traced("fsync", path, os.sync)
         return
     traced("fsync", path, lambda: lib.syncfs(fd))
+
+
+# --- removal primitives (fastrm, and shard's prune/revert) -------------------------
+
+_OPEN_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_dir(name: PathLike, *, dir_fd: int | None = None) -> int:
+    """Open directory ``name`` (relative to ``dir_fd``) without following a symlink.
+
+    A symlink (even one to a directory) fails with ELOOP or ENOTDIR, so a walk that
+    descends through these fds can never leave the tree it started in.
+    """
+    return traced("open", name, os.open, name, _OPEN_DIR_FLAGS, dir_fd=dir_fd)
+
+
+def unlink_nondir(name: PathLike, *, dir_fd: int | None = None) -> bool:
+    """Unlink ``name`` if it is not a directory; return False if it is one.
+
+    No stat on the fast path: Linux answers unlink(2) on a directory with EISDIR;
+    POSIX also allows EPERM, which on Linux means "immutable" or "sticky directory",
+    so only then do we look (fstatat, no follow) to tell the two apart.
+    """
+    try:
+        unlink(name, dir_fd=dir_fd)
+    except IsADirectoryError:
+        return False
+    except PermissionError as exc:
+        if exc.errno == errno.EPERM and is_dir_nofollow(name, dir_fd=dir_fd):
+            return False
+        raise
+    return True
+
+
+def is_dir_nofollow(name: PathLike, *, dir_fd: int | None = None) -> bool:
+    """True if ``name`` is a directory (a symlink to one is not); False if missing."""
+    import stat
+
+    try:
+        st = traced("stat", name, os.stat, name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode)

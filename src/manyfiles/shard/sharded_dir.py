@@ -1,0 +1,360 @@
+"""``ShardedDir``: read and write files in a hashed prefix tree by name.
+
+Example:
+    >>> d = ShardedDir("/data/images")            # doctest: +SKIP
+    >>> d.put("cat.jpg", b"...")                  # temp file + atomic rename into ab/cd/
+    >>> d.path_for("cat.jpg")                     # '/data/images/ab/cd/cat.jpg'
+    >>> sum(1 for _ in d), d.estimate()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import random
+import statistics
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+from manyfiles import _fsops, listing
+from manyfiles.errors import ManyfilesError, UsageError
+from manyfiles.shard.layout import RESERVED_PREFIX, Layout, check_name
+
+DESCRIPTOR = b".manyfiles-shard.json"
+TMP_PREFIX = b".manyfiles-tmp-"
+_RETRIES = 50  # attempts when a concurrent remove() prunes the directory we are writing into
+
+
+class MigrationInProgress(ManyfilesError):
+    """A shard migration journal exists: finish it (rerun the command) first."""
+
+
+def _makedirs(path: bytes) -> None:
+    """makedirs that survives a concurrent remove() pruning the levels it just made."""
+    for _ in range(_RETRIES):
+        try:
+            _fsops.makedirs(path)
+            return
+        except FileNotFoundError:
+            continue
+    raise ManyfilesError(f"{os.fsdecode(path)}: bucket keeps disappearing")
+
+
+# -- descriptor ----------------------------------------------------------------------------------
+
+
+def read_descriptor(rootfd: int, root: bytes = b"") -> Layout | None:
+    """The layout recorded at the root, or None if the directory is not sharded."""
+    try:
+        fd = os.open(DESCRIPTOR, os.O_RDONLY | os.O_CLOEXEC, dir_fd=rootfd)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        data = f.read()
+    try:
+        return Layout.from_json(data)
+    except (ValueError, KeyError, TypeError, UsageError) as exc:
+        where = os.fsdecode(os.path.join(root, DESCRIPTOR))
+        raise ManyfilesError(f"{where}: unreadable shard descriptor ({exc})") from None
+
+
+def create_descriptor(rootfd: int, layout: Layout, root: bytes = b"") -> Layout:
+    """Record ``layout`` at the root exclusively; returns the layout that is recorded.
+
+    The content goes to an O_EXCL temp file that is fsync'd and then link(2)ed to the final
+    name: link fails with EEXIST like O_EXCL does, and nobody ever sees a half-written
+    descriptor, even after kill -9.  If one already exists it must match ``layout``.
+    """
+    tmp = DESCRIPTOR + b".%d-%s.tmp" % (os.getpid(), os.urandom(4).hex().encode())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644, dir_fd=rootfd)
+    try:
+        os.write(fd, layout.to_json())
+        _fsops.fsync(fd, tmp)
+    finally:
+        os.close(fd)
+    try:
+        _fsops.traced("open", DESCRIPTOR, os.link, tmp, DESCRIPTOR, src_dir_fd=rootfd, dst_dir_fd=rootfd)
+        made = True
+    except FileExistsError:
+        made = False
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        made = _create_without_link(rootfd, layout)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            _fsops.unlink(tmp, dir_fd=rootfd)
+    if made:
+        _fsops.traced("fsync", root, os.fsync, rootfd)
+        return layout
+    existing = read_descriptor(rootfd, root)
+    if existing != layout:
+        raise UsageError(f"{os.fsdecode(root)}: already sharded with {existing.describe()}, "  # type: ignore[union-attr]
+                         f"not {layout.describe()}")
+    return layout
+
+
+def _create_without_link(rootfd: int, layout: Layout) -> bool:
+    # filesystems without hard links (some FUSE): plain O_EXCL on the final name
+    try:
+        fd = os.open(DESCRIPTOR, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644, dir_fd=rootfd)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, layout.to_json())
+        _fsops.fsync(fd, DESCRIPTOR)
+    finally:
+        os.close(fd)
+    return True
+
+
+def remove_descriptor(rootfd: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        _fsops.unlink(DESCRIPTOR, dir_fd=rootfd)
+    _fsops.traced("fsync", DESCRIPTOR, os.fsync, rootfd)
+
+
+def open_dir(path: bytes) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+# -- statistics ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BucketStats:
+    """Files per leaf bucket (only buckets that exist are counted)."""
+
+    files: int
+    buckets: int
+    min: int
+    max: int
+    mean: float
+    stddev: float
+
+    @classmethod
+    def from_counts(cls, counts: list[int]) -> BucketStats:
+        if not counts:
+            return cls(0, 0, 0, 0, 0.0, 0.0)
+        return cls(sum(counts), len(counts), min(counts), max(counts), statistics.fmean(counts),
+                   statistics.pstdev(counts))
+
+
+def estimate_files(root: bytes, layout: Layout, samples: int = 4, *, rng: random.Random | None = None) -> int:
+    """Estimate the files under ``root`` by walking ``samples`` random paths down the tree.
+
+    Each sample multiplies the number of buckets seen at each level by the files in the
+    leaf it reaches; the result is the mean of the samples (exact for a uniform tree).
+    """
+    rng = rng or random.Random()
+    guesses = []
+    for _ in range(samples):
+        path, product = root, 1
+        for level in range(len(layout.levels)):
+            try:
+                subdirs = [e.name for e in listing.iter_entries(path)
+                           if e.type == "d" and layout.is_bucket(e.name, level)]
+            except (FileNotFoundError, NotADirectoryError):
+                subdirs = []
+            if not subdirs:
+                product = 0
+                break
+            product *= len(subdirs)
+            path = os.path.join(path, rng.choice(subdirs))
+        if product:
+            try:
+                product *= sum(1 for e in listing.iter_entries(path)
+                               if e.type != "d" and not e.name.startswith(RESERVED_PREFIX))
+            except FileNotFoundError:
+                product = 0
+        guesses.append(product)
+    return round(statistics.fmean(guesses)) if guesses else 0
+
+
+# -- the sharded directory -------------------------------------------------------------------------
+
+
+class ShardedDir:
+    """A directory whose files live at ``layout.relpath(name)`` under ``root``.
+
+    The layout comes from the root's descriptor; for a new or unsharded directory it is
+    ``layout`` (default: md5, levels 2:2), recorded on the first write.  Thread- and
+    process-safe: writes go through temp files and renames, and a write racing with the
+    pruning of an empty bucket retries instead of failing.
+    """
+
+    def __init__(self, root: str | bytes | os.PathLike, layout: Layout | None = None) -> None:
+        self.root = os.fspath(root)
+        self._rootb = os.fsencode(self.root)
+        found = None
+        try:
+            fd = open_dir(self._rootb)
+        except FileNotFoundError:
+            fd = None
+        except NotADirectoryError:
+            raise ManyfilesError(f"{self.root!r}: not a directory") from None
+        if fd is not None:
+            try:
+                found = read_descriptor(fd, self._rootb)
+                if os.path.lexists(os.path.join(self._rootb, b".manyfiles-shard.journal")):
+                    raise MigrationInProgress(f"{os.fsdecode(self._rootb)}: a shard migration is in "
+                                              "progress or was interrupted; rerun it to finish")
+            finally:
+                os.close(fd)
+        if found is not None and layout is not None and found != layout:
+            raise UsageError(f"{os.fsdecode(self._rootb)}: sharded with {found.describe()}, "
+                             f"not {layout.describe()}")
+        self.layout: Layout = found or layout or Layout()
+        self._described = found is not None
+
+    def __repr__(self) -> str:
+        return f"ShardedDir({self.root!r}, {self.layout!r})"
+
+    # -- names -> paths ------------------------------------------------------------------------------
+
+    def path_for(self, name: str | bytes) -> Any:
+        """Full path of ``name`` (str or bytes like the root); pure, touches nothing."""
+        rel = self.layout.relpath(name)
+        if isinstance(self.root, bytes):
+            return os.path.join(self._rootb, os.fsencode(rel))
+        return os.path.join(self.root, os.fsdecode(rel))
+
+    def exists(self, name: str | bytes) -> bool:
+        return os.path.lexists(self.path_for(name))
+
+    # -- writing -----------------------------------------------------------------------------------
+
+    def _ensure_described(self) -> None:
+        if self._described:
+            return
+        _fsops.makedirs(self._rootb)
+        fd = open_dir(self._rootb)
+        try:
+            create_descriptor(fd, self.layout, self._rootb)
+        finally:
+            os.close(fd)
+        self._described = True
+
+    def _leaf_for(self, raw: bytes) -> bytes:
+        check_name(raw)
+        return os.path.join(self._rootb, self.layout.bucket_rel(raw))
+
+    def open(self, name: str | bytes, mode: str = "rb", **kwargs: Any) -> IO[Any]:
+        """``open()`` the file for ``name``; write modes create its bucket (not atomic: see put)."""
+        path = self.path_for(name)
+        if not any(c in mode for c in "wax+"):
+            return open(path, mode, **kwargs)
+        self._ensure_described()
+        leaf = self._leaf_for(os.fsencode(name))
+        for _ in range(_RETRIES):
+            _makedirs(leaf)
+            try:
+                return open(path, mode, **kwargs)
+            except FileNotFoundError:
+                continue  # the bucket was pruned between makedirs and open: make it again
+        raise ManyfilesError(f"{path!r}: bucket keeps disappearing")
+
+    @contextlib.contextmanager
+    def writer(self, name: str | bytes, *, fsync: bool = False) -> Iterator[IO[bytes]]:
+        """Write ``name`` atomically: yields a temp file that replaces ``name`` on success.
+
+        On an exception the temp file is removed and ``name`` is untouched.  ``fsync=True``
+        makes the content durable against power loss (kill -9 is covered either way).
+        """
+        self._ensure_described()
+        raw = os.fsencode(name)
+        leaf = self._leaf_for(raw)
+        fd, tmp = self._make_temp(leaf)
+        ok = False
+        try:
+            with os.fdopen(fd, "wb") as f:
+                yield f
+                f.flush()
+                if fsync:
+                    _fsops.fsync(f.fileno(), tmp)
+            # same directory: the temp file keeps the bucket non-empty, so no prune can race us
+            _fsops.rename(tmp, os.path.join(leaf, raw))
+            ok = True
+        finally:
+            if not ok:
+                with contextlib.suppress(FileNotFoundError):
+                    _fsops.unlink(tmp)
+
+    def put(self, name: str | bytes, data: bytes | bytearray | memoryview | IO[bytes] | Iterable[bytes],
+            *, fsync: bool = False) -> Any:
+        """Store ``data`` (bytes, a binary file object or an iterable of chunks) as ``name``.
+
+        Returns the final path.  Readers see the old file or the complete new one, never a part.
+        """
+        with self.writer(name, fsync=fsync) as f:
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                f.write(data)
+            elif hasattr(data, "read"):
+                while chunk := data.read(1 << 20):  # type: ignore[union-attr]
+                    f.write(chunk)
+            else:
+                for chunk in data:  # type: ignore[union-attr]
+                    f.write(chunk)
+        return self.path_for(name)
+
+    def _make_temp(self, leaf: bytes) -> tuple[int, bytes]:
+        for _ in range(_RETRIES):
+            tmp = os.path.join(leaf, TMP_PREFIX + os.urandom(8).hex().encode())
+            try:
+                fd = _fsops.traced("open", tmp, os.open, tmp,
+                                   os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                return fd, tmp
+            except FileNotFoundError:
+                _makedirs(leaf)  # first write to this bucket, or a prune won the race
+        raise ManyfilesError(f"{os.fsdecode(leaf)}: bucket keeps disappearing")
+
+    def remove(self, name: str | bytes, *, missing_ok: bool = False) -> None:
+        """Delete ``name`` and prune bucket directories that became empty."""
+        path = os.fsencode(self.path_for(name))
+        try:
+            _fsops.unlink(path)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
+            return
+        _fsops.prune_empty_parents(path, self._rootb)
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    def _leaves(self, threads: int = 8) -> Iterator[tuple[bytes, list[listing.Entry]]]:
+        """(leaf path, entries) for every leaf bucket, via the parallel walk."""
+        depth = len(self.layout.levels)
+        if not os.path.isdir(self._rootb):
+            return
+        for d in listing.walk(self._rootb, threads=threads, max_depth=depth):
+            if d.depth != depth or d.error is not None:
+                continue
+            rel = os.path.relpath(d.path, self._rootb).split(b"/")
+            if all(self.layout.is_bucket(p, i) for i, p in enumerate(rel)):
+                yield d.path, d.entries
+
+    def __iter__(self) -> Iterator[Any]:
+        """Every stored name (str or bytes like the root), in no particular order."""
+        as_str = not isinstance(self.root, bytes)
+        for _, entries in self._leaves():
+            for e in entries:
+                if e.type != "d" and not e.name.startswith(RESERVED_PREFIX):
+                    yield os.fsdecode(e.name) if as_str else e.name
+
+    def _counts(self) -> list[int]:
+        return [sum(1 for e in entries if e.type != "d" and not e.name.startswith(RESERVED_PREFIX))
+                for _, entries in self._leaves()]
+
+    def count(self) -> int:
+        """Exact number of stored files (lists every bucket, in parallel)."""
+        return sum(self._counts())
+
+    def estimate(self, samples: int = 4, *, rng: random.Random | None = None) -> int:
+        """Approximate file count from a few random buckets, like git's objects/17 trick."""
+        return estimate_files(self._rootb, self.layout, samples, rng=rng)
+
+    def stats(self) -> BucketStats:
+        """Files per leaf bucket: count, min, max, mean, standard deviation."""
+        return BucketStats.from_counts(self._counts())

@@ -1,0 +1,253 @@
+"""apply / revert / reshard / plan / verify on real directories: every edge case of issue 3."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from shardkit import EDGE_NAMES, assert_flat_clean, assert_sharded_clean, make_dataset, snapshot, top_level
+
+from manyfiles import iotrace
+from manyfiles.errors import ManyfilesError, UsageError
+from manyfiles.shard import Layout, ShardedDir, apply, plan, reshard, revert, verify
+from manyfiles.shard.journal import Lock
+
+OURS = {b".manyfiles-shard.json", b".manyfiles-shard.journal", b".manyfiles-shard.lock",
+        b".manyfiles-shard.aside"}
+
+
+def test_round_trip_with_bucket_named_files_odd_names_and_symlinks(tmp_path: Path) -> None:
+    root = make_dataset(tmp_path / "d", 500)
+    before = snapshot(root)
+    rep = apply(root, workers=3)
+    assert rep.ok and rep.moved == len(before) and rep.set_aside == 4  # ab 00 ff e3
+    assert_sharded_clean(root, before)
+    sd = ShardedDir(root)
+    for name in EDGE_NAMES:  # a file named "ab" sits in its own bucket, not confused with bucket ab/
+        assert os.path.isfile(sd.path_for(name)), name
+    # symlinks moved as links (a link to "." is not followed into a loop), targets untouched
+    link = os.fsencode(sd.path_for(b"link-to-dir"))
+    assert os.path.islink(link) and os.readlink(link) == b"."
+    rep = revert(root, workers=3)
+    assert rep.ok and rep.moved == len(before)
+    assert_flat_clean(root, before)
+
+
+def test_subdirectories_are_left_alone_and_reported(tmp_path: Path) -> None:
+    root = make_dataset(tmp_path / "d", 50, edge=False, symlinks=False)
+    (root / "images").mkdir()
+    (root / "images" / "f0000001").write_bytes(b"same name, other dir")
+    rep = apply(root)
+    assert rep.ok and (b"images", "subdirectory left in place") in rep.skipped
+    assert (root / "images" / "f0000001").read_bytes() == b"same name, other dir"
+    v = verify(root)
+    assert v.ok and v.foreign == [b"images"] and v.files == 50
+    assert revert(root).ok
+    assert (root / "images" / "f0000001").read_bytes() == b"same name, other dir"
+    assert len(top_level(root)) == 51
+
+
+def test_subdirectory_named_like_a_bucket_is_refused_before_anything_moves(tmp_path: Path) -> None:
+    root = make_dataset(tmp_path / "d", 50, edge=False, symlinks=False)
+    (root / "ab").mkdir()
+    before = snapshot(root)
+    with pytest.raises(ManyfilesError, match="named like shard buckets"):
+        apply(root)
+    assert snapshot(root) == before and not (top_level(root) & OURS)
+    assert plan(root).blocking == [b"ab"]
+
+
+def test_empty_folder(tmp_path: Path) -> None:
+    rep = apply(tmp_path)
+    assert rep.ok and rep.moved == 0
+    assert top_level(tmp_path) == {b".manyfiles-shard.json"}
+    assert verify(tmp_path).ok and verify(tmp_path).files == 0
+    assert revert(tmp_path).ok and top_level(tmp_path) == set()
+
+
+def test_already_sharded_is_a_no_op_and_other_levels_are_refused(tmp_path: Path) -> None:
+    make_dataset(tmp_path, 100, edge=False, symlinks=False)
+    apply(tmp_path)
+    before = snapshot(tmp_path)
+    again = apply(tmp_path)
+    assert again.nothing_to_do and again.moved == 0 and snapshot(tmp_path) == before
+    with pytest.raises(UsageError, match="reshard"):
+        apply(tmp_path, Layout(levels=(1,)))
+    # a stray flat file (written after the migration) is picked up by a rerun
+    (tmp_path / "late").write_bytes(b"late")
+    assert apply(tmp_path).moved == 1 and verify(tmp_path).ok
+
+
+def test_files_appearing_during_migration_are_not_lost(fast_tmp: Path) -> None:
+    root = make_dataset(fast_tmp / "d", 3000, edge=False, symlinks=False)
+    created: list[str] = []
+
+    def progress(done: int, total: int) -> None:
+        if not created:  # while the workers run: new files land in the flat folder
+            for i in range(40):
+                name = f"new{i}"
+                (root / name).write_bytes(name.encode())
+                created.append(name)
+
+    rep = apply(root, workers=2, progress=progress)
+    assert created and rep.ok and rep.appeared == 40
+    sd = ShardedDir(root)
+    assert all(sd.open(n).read() == n.encode() for n in created)
+    assert verify(root, expected=3040).ok
+
+
+def test_same_name_flat_and_in_tree_is_a_conflict_and_both_are_kept(tmp_path: Path) -> None:
+    sd = ShardedDir(tmp_path)
+    sd.put("x", b"in the tree")
+    (tmp_path / "x").write_bytes(b"flat copy")
+    rep = apply(tmp_path)
+    assert not rep.ok and rep.conflicts == [b"x"]
+    assert (tmp_path / "x").read_bytes() == b"flat copy" and sd.open("x").read() == b"in the tree"
+    v = verify(tmp_path)
+    assert not v.ok and v.duplicates == [b"x"] and v.flat == [b"x"]
+
+
+def test_workers_never_share_a_bucket_directory(fast_tmp: Path) -> None:
+    make_dataset(fast_tmp, 2000, edge=False, symlinks=False)
+    tops = {Layout().buckets(n)[0] for n in os.listdir(os.fsencode(fast_tmp))}
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.by_top: dict[bytes, set[int]] = defaultdict(set)
+
+        def record(self, op, path, offset, length, start_ns, dur_ns, result) -> None:
+            if op in ("mkdir", "rmdir") and isinstance(path, bytes) and b"/" in path:
+                self.by_top[path.split(b"/")[0]].add(threading.get_ident())
+
+    for op in (apply, revert):
+        rec = Recorder()
+        iotrace.TRACER = rec
+        try:
+            op(fast_tmp, workers=4)
+        finally:
+            iotrace.TRACER = None
+        assert set(rec.by_top) == tops
+        assert all(len(threads) == 1 for threads in rec.by_top.values())
+        assert len(set().union(*rec.by_top.values())) > 1  # and more than one worker did work
+
+
+def test_prefix_key_and_reshard(fast_tmp: Path) -> None:
+    import uuid
+
+    names = [uuid.UUID(int=i * 7919 + 1).hex for i in range(400)]
+    for n in names:
+        (fast_tmp / n).write_bytes(n.encode())
+    before = snapshot(fast_tmp)
+    assert apply(fast_tmp, Layout(levels=(2,), key="prefix")).ok
+    assert (fast_tmp / names[5][:2] / names[5]).is_file()
+    assert verify(fast_tmp).ok
+    rep = reshard(fast_tmp, Layout(levels=(1, 2)))
+    assert rep.ok and verify(fast_tmp).layout == Layout(levels=(1, 2)) and verify(fast_tmp).ok
+    assert snapshot(fast_tmp) == before
+    assert revert(fast_tmp).ok and snapshot(fast_tmp) == before
+
+
+def test_an_interrupted_operation_must_be_finished_first(fast_tmp: Path, shard_bin: str) -> None:
+    make_dataset(fast_tmp, 2000, edge=False, symlinks=False)
+    env = dict(os.environ, MANYFILES_SHARD_KILL_AT="move:500")
+    r = subprocess.run([shard_bin, "apply", str(fast_tmp), "-q"], env=env, capture_output=True)
+    assert r.returncode == -9
+    with pytest.raises(ManyfilesError, match="shard apply"):
+        revert(fast_tmp)
+    with pytest.raises(UsageError, match="same options"):
+        apply(fast_tmp, Layout(levels=(1,)))
+    assert apply(fast_tmp).resumed and verify(fast_tmp, expected=2000).ok
+
+
+def test_verify_finds_misplaced_temp_and_stray_files(tmp_path: Path) -> None:
+    sd = ShardedDir(tmp_path)
+    for i in range(50):
+        sd.put(f"n{i}", b"x")
+    assert verify(tmp_path).ok
+    wrong = Path(sd.path_for("n1")).parent.parent / "00"
+    wrong.mkdir(exist_ok=True)
+    os.rename(sd.path_for("n1"), wrong / "n1")
+    (Path(sd.path_for("n2")).parent / ".manyfiles-tmp-0123").write_bytes(b"")
+    (tmp_path / "stray").write_bytes(b"")
+    v = verify(tmp_path)
+    assert not v.ok
+    assert [w for w, _ in v.misplaced] == [os.path.relpath(wrong / "n1", tmp_path).encode()]
+    assert len(v.temp_files) == 1 and v.flat == [b"stray"]
+    assert not verify(tmp_path, expected=50).ok  # 49 in place
+
+
+def test_plan_moves_nothing_and_writes_the_csv(tmp_path: Path) -> None:
+    import csv
+
+    root = make_dataset(tmp_path / "d", 200, symlinks=False)
+    before = snapshot(root)
+    p = plan(root)
+    out = tmp_path / "moves.csv"
+    p.write_csv(str(out))
+    assert snapshot(root) == before and not (top_level(root) & OURS)
+    with open(out, newline="", encoding="utf-8", errors="surrogateescape") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["source", "destination"] and len(rows) == 1 + len(before)
+    assert {os.fsencode(r[0]) for r in rows[1:]} == set(before)  # newline/non-UTF-8 names survive
+    assert all(r[1] == Layout().relpath(r[0]) for r in rows[1:])
+    assert p.stats.files == len(before) and len(p.collisions) == 4
+
+
+def test_lock_refuses_a_second_migration(tmp_path: Path) -> None:
+    make_dataset(tmp_path, 10, edge=False, symlinks=False)
+    fd = os.open(tmp_path, os.O_RDONLY)
+    lock = Lock(fd, os.fsencode(tmp_path))
+    lock.acquire()
+    try:
+        with pytest.raises(ManyfilesError, match="another shard command is running"):
+            apply(tmp_path)
+    finally:
+        lock.release()
+        os.close(fd)
+    assert apply(tmp_path).moved == 10
+
+
+def test_read_only_folder_is_a_clear_error_and_nothing_moves(tmp_path: Path, shard_bin: str) -> None:
+    root = make_dataset(tmp_path / "ro", 20, edge=False, symlinks=False)
+    before = snapshot(root)
+    root.chmod(0o555)
+    try:
+        cmd = [shard_bin, "apply", str(root)]
+        if os.geteuid() == 0:  # root ignores permission bits: drop the override capabilities
+            cmd = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--", *cmd]
+        r = subprocess.run(cmd, capture_output=True)
+    finally:
+        root.chmod(0o755)
+    assert r.returncode == 1
+    assert r.stderr.decode().strip() == f"shard: {root}: Permission denied (nothing was moved)"
+    assert snapshot(root) == before and not (top_level(root) & OURS)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or sys.platform != "linux", reason="needs root to mount a tmpfs")
+def test_cross_device_bucket_is_refused(tmp_path: Path) -> None:
+    sd = ShardedDir(tmp_path)
+    top = Layout().relpath("moved")[:2]
+    (tmp_path / top).mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(tmp_path / top)]).returncode != 0:
+        pytest.skip("mount not permitted here")
+    try:
+        sd.put("other", b"")  # make it look sharded
+        (tmp_path / "moved").write_bytes(b"stay")
+        with pytest.raises(ManyfilesError, match="another filesystem"):
+            apply(tmp_path)
+        assert (tmp_path / "moved").read_bytes() == b"stay"
+    finally:
+        subprocess.run(["umount", str(tmp_path / top)])
+
+
+def test_default_workers_follow_the_filesystem(tmp_path: Path, fast_tmp: Path) -> None:
+    from manyfiles.shard.migrate import default_workers
+
+    for path in (tmp_path, fast_tmp):
+        fstype = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True).stdout
+        assert default_workers(os.fsencode(path)) == (1 if fstype.strip() in ("tmpfs", "ramfs") else 4)
