@@ -6,7 +6,6 @@ callers share); planning and retries live with the callers.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import time
@@ -64,19 +63,24 @@ def fsync_dir(path: PathLike) -> None:
         os.close(fd)
 
 
-def makedirs(path: PathLike) -> None:
-    """``os.makedirs(exist_ok=True)`` with each created level traced."""
-    try:
-        mkdir(path)
-    except FileExistsError:
-        return
-    except FileNotFoundError:
-        parent = os.path.dirname(path)
-        if not parent or parent == path:
-            raise
-        makedirs(parent)
-        with contextlib.suppress(FileExistsError):
+def makedirs(path: PathLike, *, attempts: int = 8) -> None:
+    """``os.makedirs(exist_ok=True)`` with each created level traced.
+
+    A level that a concurrent prune (``ShardedDir.remove``, fastrm) removes between our
+    mkdirs is made again, up to ``attempts`` times.
+    """
+    for _ in range(attempts):
+        try:
             mkdir(path)
+            return
+        except FileExistsError:
+            return
+        except FileNotFoundError:
+            parent = os.path.dirname(path)
+            if not parent or parent == path:
+                raise
+            makedirs(parent, attempts=attempts)
+    raise FileNotFoundError(errno.ENOENT, "directory keeps disappearing (concurrent removal)", path)
 
 
 def rmdir_if_empty(path: PathLike, *, dir_fd: int | None = None) -> bool:

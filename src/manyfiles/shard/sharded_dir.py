@@ -31,17 +31,6 @@ class MigrationInProgress(ManyfilesError):
     """A shard migration journal exists: finish it (rerun the command) first."""
 
 
-def _makedirs(path: bytes) -> None:
-    """makedirs that survives a concurrent remove() pruning the levels it just made."""
-    for _ in range(_RETRIES):
-        try:
-            _fsops.makedirs(path)
-            return
-        except FileNotFoundError:
-            continue
-    raise ManyfilesError(f"{os.fsdecode(path)}: bucket keeps disappearing")
-
-
 # -- descriptor ----------------------------------------------------------------------------------
 
 
@@ -249,7 +238,7 @@ class ShardedDir:
         self._ensure_described()
         leaf = self._leaf_for(os.fsencode(name))
         for _ in range(_RETRIES):
-            _makedirs(leaf)
+            _fsops.makedirs(leaf)
             try:
                 return open(path, mode, **kwargs)
             except FileNotFoundError:
@@ -307,7 +296,7 @@ class ShardedDir:
                                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
                 return fd, tmp
             except FileNotFoundError:
-                _makedirs(leaf)  # first write to this bucket, or a prune won the race
+                _fsops.makedirs(leaf)  # first write to this bucket, or a prune won the race
         raise ManyfilesError(f"{os.fsdecode(leaf)}: bucket keeps disappearing")
 
     def remove(self, name: str | bytes, *, missing_ok: bool = False) -> None:
