@@ -215,7 +215,9 @@ class ShardedDir:
 
     # -- writing -----------------------------------------------------------------------------------
 
-    def _ensure_described(self) -> None:
+    def ensure_described(self) -> None:
+        """Create the root and its layout descriptor if missing (writers that place files
+        at ``path_for(name)`` themselves call this first; put/open do it for you)."""
         if self._described:
             return
         _fsops.makedirs(self._rootb)
@@ -235,7 +237,7 @@ class ShardedDir:
         path = self.path_for(name)
         if not any(c in mode for c in "wax+"):
             return open(path, mode, **kwargs)
-        self._ensure_described()
+        self.ensure_described()
         leaf = self._leaf_for(os.fsencode(name))
         for _ in range(_RETRIES):
             _fsops.makedirs(leaf)
@@ -252,7 +254,7 @@ class ShardedDir:
         On an exception the temp file is removed and ``name`` is untouched.  ``fsync=True``
         makes the content durable against power loss (kill -9 is covered either way).
         """
-        self._ensure_described()
+        self.ensure_described()
         raw = os.fsencode(name)
         leaf = self._leaf_for(raw)
         fd, tmp = self._make_temp(leaf)

@@ -1,0 +1,304 @@
+"""s3pull against its peers on a fast local S3 server (versitygw), direct and behind added latency.
+
+One run measures, on the same server and the same data: s3pull --strategy auto and each forced
+engine, s5cmd, the aws cli, and a plain aioboto3 script with default settings.  Each tool
+downloads the whole bucket into an empty folder; the median of --repeat runs is reported, with
+ratios against s5cmd and (for auto) against the best forced engine measured in the same run.
+
+Needs: versitygw (and toxiproxy for --latency) built into .cache/go/bin (see docs/s3pull.md),
+and the peers from `make bench-venv`.  Data lives in /work/bench-data/s3pull (outside the repo).
+
+    .venv/bin/python benchmarks/s3pull.py                       # all shapes, direct
+    .venv/bin/python benchmarks/s3pull.py --latency 0,5,20 --shapes 1k,1m
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine_line
+
+ROOT = Path(__file__).resolve().parent.parent
+GOBIN = ROOT / ".cache" / "go" / "bin"
+BENCH_VENV = ROOT / ".venv-bench" / "bin"
+DATA = Path(os.environ.get("S3PULL_BENCH_DATA", "/work/bench-data/s3pull"))
+KEY, SECRET = "benchkey", "benchsecret"
+KiB, MiB = 1 << 10, 1 << 20
+
+# shape -> list of (count, size)
+SHAPES = {
+    "1k": [(2000, 1 * KiB)],
+    "1m": [(200, 1 * MiB)],
+    "50m": [(20, 50 * MiB)],
+    "1g": [(1, 1024 * MiB)],
+    "mixed": [(1000, 1 * KiB), (50, 1 * MiB), (4, 50 * MiB), (1, 256 * MiB)],
+}
+ENGINES = ["auto", "lean", "http", "async", "threads", "processes", "ranged", "sync"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing listening on 127.0.0.1:{port}")
+
+
+def start_versitygw() -> tuple[subprocess.Popen, int]:
+    exe = GOBIN / "versitygw"
+    if not exe.exists():
+        sys.exit(f"{exe} missing: GOBIN={GOBIN} go install github.com/versity/versitygw/cmd/versitygw@latest")
+    port = free_port()
+    (DATA / "gw").mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "ROOT_ACCESS_KEY": KEY, "ROOT_SECRET_KEY": SECRET}
+    proc = subprocess.Popen([str(exe), "--port", f"127.0.0.1:{port}", "--keep-alive", "--quiet",
+                             "posix", str(DATA / "gw")], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_port(port)
+    return proc, port
+
+
+class Toxiproxy:
+    """toxiproxy-server in front of the S3 server, adding ``latency`` ms to every response."""
+
+    def __init__(self, upstream_port: int) -> None:
+        exe = GOBIN / "toxiproxy-server"
+        if not exe.exists():
+            sys.exit(f"{exe} missing (go install github.com/Shopify/toxiproxy/v2/cmd/server@v2.5.0)")
+        self.api_port = free_port()
+        self.proc = subprocess.Popen([str(exe), "-host", "127.0.0.1", "-port", str(self.api_port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.api_port)
+        self.port = free_port()
+        self._api("POST", "/proxies", {"name": "s3", "listen": f"127.0.0.1:{self.port}",
+                                       "upstream": f"127.0.0.1:{upstream_port}", "enabled": True})
+
+    def _api(self, method: str, path: str, body: dict | None = None) -> None:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.api_port}{path}", method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req).read()
+
+    def set_latency(self, ms: int) -> None:
+        with contextlib.suppress(Exception):   # no toxic yet
+            self._api("DELETE", "/proxies/s3/toxics/lat")
+        if ms:
+            self._api("POST", "/proxies/s3/toxics", {"name": "lat", "type": "latency", "stream": "downstream",
+                                                     "attributes": {"latency": ms, "jitter": 0}})
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def env_for(endpoint: str) -> dict[str, str]:
+    return {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint, "S3_ENDPOINT_URL": endpoint,
+            "AWS_REQUEST_CHECKSUM_CALCULATION": "when_required"}
+
+
+def seed(shape: str, endpoint: str) -> tuple[int, int]:
+    """Upload the shape's objects once (bucket ``bench-<shape>``); returns (objects, bytes)."""
+    import boto3
+
+    bucket = f"bench-{shape}"
+    n_total = sum(n for n, _ in SHAPES[shape])
+    b_total = sum(n * s for n, s in SHAPES[shape])
+    c = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=KEY,
+                     aws_secret_access_key=SECRET)
+    with contextlib.suppress(c.exceptions.ClientError):
+        c.create_bucket(Bucket=bucket)
+    have = sum(1 for p in c.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+               for _ in p.get("Contents", ()))
+    if have == n_total:
+        return n_total, b_total
+    src = DATA / "src" / shape
+    shutil.rmtree(src, ignore_errors=True)
+    for gi, (n, size) in enumerate(SHAPES[shape]):
+        d = src / f"g{gi}-{size}"
+        d.mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            with open(d / f"obj-{i:06d}.bin", "wb") as f:
+                left = size
+                while left:
+                    chunk = os.urandom(min(left, 8 * MiB))
+                    f.write(chunk)
+                    left -= len(chunk)
+    subprocess.run([str(BENCH_VENV / "s5cmd"), "--endpoint-url", endpoint, "cp", f"{src}/*", f"s3://{bucket}/"],
+                   env=env_for(endpoint), check=True, stdout=subprocess.DEVNULL)
+    shutil.rmtree(src, ignore_errors=True)
+    return n_total, b_total
+
+
+def tools(bucket: str, dest: Path, endpoint: str, only: set[str] | None) -> dict[str, list[str]]:
+    py = str(Path(sys.executable))
+    s3pull = str(Path(sys.executable).parent / "s3pull")
+    out = {f"s3pull {e}": [s3pull, f"s3://{bucket}/", str(dest), "--strategy", e, "-q"] for e in ENGINES}
+    out["s5cmd"] = [str(BENCH_VENV / "s5cmd"), "--endpoint-url", endpoint, "cp", f"s3://{bucket}/*",
+                    f"{dest}/"]
+    out["aws cli"] = [str(BENCH_VENV / "aws"), "s3", "cp", "--recursive", "--quiet", "--endpoint-url",
+                      endpoint, f"s3://{bucket}/", str(dest)]
+    out["aioboto3 default"] = [py, __file__, "--peer-aioboto3", bucket, str(dest)]
+    if only:
+        out = {k: v for k, v in out.items() if k in only or k.removeprefix("s3pull ") in only}
+    return out
+
+
+def check(dest: Path, n: int, nbytes: int) -> None:
+    cnt = size = 0
+    for dirpath, dirnames, filenames in os.walk(dest):
+        dirnames[:] = [d for d in dirnames if d != ".s3pull"]
+        for f in filenames:
+            cnt += 1
+            size += os.path.getsize(os.path.join(dirpath, f))
+    if (cnt, size) != (n, nbytes):
+        raise RuntimeError(f"{dest}: got {cnt} files / {size} bytes, expected {n} / {nbytes}")
+
+
+def measure(shape: str, endpoint: str, repeat: int, only: set[str] | None, label: str) -> dict[str, float]:
+    n, nbytes = SHAPES_TOTALS[shape]
+    dest = DATA / "dest"
+    cmds = tools(f"bench-{shape}", dest, endpoint, only)
+    times: dict[str, list[float]] = {k: [] for k in cmds}
+    env = env_for(endpoint)
+    for _ in range(repeat):
+        for name, cmd in cmds.items():          # interleaved: noise spreads over every tool
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir(parents=True)
+            t0 = time.perf_counter()
+            r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            dt = time.perf_counter() - t0
+            if r.returncode != 0:
+                raise RuntimeError(f"{name} failed ({r.returncode}): {r.stderr.decode()[-500:]}")
+            check(dest, n, nbytes)
+            times[name].append(dt)
+            print(f"  {label} {shape} {name}: {dt:.2f} s", file=sys.stderr, flush=True)
+    shutil.rmtree(dest, ignore_errors=True)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+SHAPES_TOTALS: dict[str, tuple[int, int]] = {}
+
+
+def print_shape(shape: str, label: str, med: dict[str, float]) -> list[str]:
+    n, nbytes = SHAPES_TOTALS[shape]
+    desc = " + ".join(f"{c} x {s // MiB} MiB" if s >= MiB else f"{c} x {s // KiB} KiB"
+                      for c, s in SHAPES[shape])
+    lines = [f"\n### {desc} ({label})\n", "| tool | median s | objects/s | MB/s | speed vs s5cmd |",
+             "|---|---:|---:|---:|---:|"]
+    base = med.get("s5cmd")
+    for name, secs in sorted(med.items(), key=lambda kv: kv[1]):
+        ratio = f"{base / secs:.2f}" if base else "-"
+        lines.append(f"| {name} | {secs:.2f} | {n / secs:.0f} | {nbytes / secs / 1e6:.0f} | {ratio} |")
+    forced = {k: v for k, v in med.items() if k.startswith("s3pull ") and k != "s3pull auto"}
+    notes = []
+    if "s3pull auto" in med and forced:
+        best = min(forced, key=forced.get)
+        notes.append(f"auto / best forced ({best}): {med['s3pull auto'] / forced[best]:.2f}x the time "
+                     f"(target <= 1.10)")
+    if "s3pull auto" in med:
+        for peer in ("aioboto3 default", "aws cli", "s5cmd"):
+            if peer in med:
+                notes.append(f"auto vs {peer}: {med[peer] / med['s3pull auto']:.2f}x as fast")
+    if notes:
+        lines.append("")
+        lines += [f"- {x}" for x in notes]
+    print("\n".join(lines), flush=True)
+    return lines
+
+
+def peer_aioboto3(bucket: str, dest: str) -> None:
+    """What a user writes with aioboto3 and default settings: list, then gather every GET."""
+    import asyncio
+
+    import aioboto3
+
+    async def main() -> None:
+        session = aioboto3.Session()
+        async with session.client("s3") as s3:
+            keys = []
+            paginator = s3.get_paginator("list_objects_v2")
+            async for page in paginator.paginate(Bucket=bucket):
+                keys += [o["Key"] for o in page.get("Contents", ())]
+
+            async def one(key: str) -> None:
+                resp = await s3.get_object(Bucket=bucket, Key=key)
+                data = await resp["Body"].read()
+                path = os.path.join(dest, key)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(data)
+
+            await asyncio.gather(*(one(k) for k in keys))
+
+    asyncio.run(main())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--latency", default="0", help="comma-separated added latencies in ms (0 = direct)")
+    ap.add_argument("--latency-shapes", default="1k,1m,mixed", help="shapes measured behind latency")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tools", default="", help="comma-separated subset (e.g. auto,http,s5cmd)")
+    ap.add_argument("--clean", action="store_true", help="delete the server's data at the end")
+    ap.add_argument("--peer-aioboto3", nargs=2, metavar=("BUCKET", "DEST"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.peer_aioboto3:
+        peer_aioboto3(*args.peer_aioboto3)
+        return
+    only = set(args.tools.split(",")) if args.tools else None
+    gw, port = start_versitygw()
+    direct = f"http://127.0.0.1:{port}"
+    toxi = None
+    print(f"Machine: {machine_line()}; server: versitygw posix backend on 127.0.0.1 (same 2 cores); "
+          f"median of {args.repeat}; command: {' '.join(sys.argv)}", flush=True)
+    try:
+        shapes = args.shapes.split(",")
+        for shape in shapes:
+            SHAPES_TOTALS[shape] = seed(shape, direct)
+        for ms in (int(x) for x in args.latency.split(",")):
+            endpoint = direct
+            label = "direct"
+            todo = shapes
+            if ms:
+                if toxi is None:
+                    toxi = Toxiproxy(port)
+                toxi.set_latency(ms)
+                endpoint = f"http://127.0.0.1:{toxi.port}"
+                label = f"+{ms} ms latency"
+                todo = [s for s in shapes if s in args.latency_shapes.split(",")]
+            for shape in todo:
+                med = measure(shape, endpoint, args.repeat, only, label)
+                print_shape(shape, label, med)
+    finally:
+        if toxi is not None:
+            toxi.stop()
+        gw.terminate()
+        gw.wait()
+        if args.clean:
+            shutil.rmtree(DATA, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

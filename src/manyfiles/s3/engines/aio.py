@@ -1,0 +1,136 @@
+"""The ``async`` engine: aioboto3 on an event loop in its own thread.
+
+aiobotocore's connection pool defaults to 10, which silently caps any
+concurrency above it; here the pool is sized to the number of worker
+coroutines.  Objects are fetched whole (one GET each) and written to their temp
+file from the loop thread: small writes into the page cache cost less than a
+hop to a thread.  The blocking twin of each coroutine is in
+:mod:`manyfiles.s3.transfer`, in the same order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from manyfiles.s3.engines.base import Ctx, Engine
+from manyfiles.s3.engines.threads import finish, open_target
+from manyfiles.s3.retry import TransferError, classify
+from manyfiles.s3.transfer import CHUNK, Job, Verifier, _trace
+
+
+async def aget_whole(client, bucket: str, job: Job, target, *, verify_md5: bool = True, on_bytes=None) -> int:
+    """Async twin of :func:`manyfiles.s3.transfer.get_whole`."""
+    kw = {"Bucket": bucket, "Key": job.key}
+    if job.etag:
+        kw["IfMatch"] = f'"{job.etag}"'
+    t0 = time.monotonic_ns()
+    status = 0
+    ver = Verifier(job, verify_md5)
+    try:
+        resp = await client.get_object(**kw)
+        status = resp["ResponseMetadata"]["HTTPStatusCode"]
+        length = resp.get("ContentLength")
+        body = resp["Body"]
+        try:
+            while True:
+                chunk = await body.read(CHUNK)
+                if not chunk:
+                    break
+                target.append(chunk)
+                ver.update(chunk)
+                if on_bytes is not None:
+                    on_bytes(len(chunk))
+        finally:
+            body.close()
+        ver.check(length)
+    except Exception as exc:
+        err = classify(exc)
+        _trace("s3.get", bucket, job.key, 0, ver.n, t0, err.status or status or -1)
+        raise err from exc
+    _trace("s3.get", bucket, job.key, 0, ver.n, t0, status)
+    if job.size is None:
+        job.size = ver.n
+    return ver.n
+
+
+class AsyncEngine(Engine):
+    name = "async"
+
+    def __init__(self, ctx: Ctx, workers: int) -> None:
+        self.ctx, self.workers = ctx, max(1, workers)
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.thread = threading.Thread(target=self._thread, name="s3pull-async", daemon=True)
+        self.thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def submit(self, job: Job) -> None:
+        self.loop.call_soon_threadsafe(self.q.put_nowait, job)
+
+    def close(self) -> None:
+        for _ in range(self.workers):
+            self.loop.call_soon_threadsafe(self.q.put_nowait, None)
+        self.thread.join()
+
+    def kill(self) -> None:
+        self.ctx.cancel.set()
+        self.close()
+
+    def _thread(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._main())
+        finally:
+            self.loop.close()
+
+    async def _main(self) -> None:
+        self.q: asyncio.Queue = asyncio.Queue()
+        try:
+            cm = self.ctx.options.settings.aio_client(pool=self.workers)
+            client = await cm.__aenter__()
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            await asyncio.gather(*(self._worker(client) for _ in range(self.workers)))
+        finally:
+            await cm.__aexit__(None, None, None)
+
+    async def _worker(self, client) -> None:
+        ctx, opts = self.ctx, self.ctx.options
+        while True:
+            job = await self.q.get()
+            if job is None:
+                return
+            if ctx.cancel.is_set():
+                ctx.failed(job, "cancelled")
+                continue
+            target = open_target(ctx, job, resumable=False)
+            if target is None:
+                continue
+            error = None
+            for attempt in range(opts.retry.attempts):
+                try:
+                    await aget_whole(client, opts.bucket, job, target, verify_md5=opts.verify_md5,
+                                     on_bytes=ctx.bytes)
+                    error = None
+                    break
+                except TransferError as err:
+                    error = err
+                except OSError as exc:
+                    error = classify(exc)
+                except Exception as exc:
+                    error = classify(exc)
+                if not error.retryable or attempt + 1 >= opts.retry.attempts:
+                    break
+                ctx.retried(job, str(error))
+                target.reset()
+                await asyncio.sleep(opts.retry.delay(attempt))
+            finish(ctx, job, target, self.name, error)

@@ -1,0 +1,183 @@
+"""The ``processes`` engine: N worker processes, each running its own async or threads engine.
+
+botocore spends about a millisecond of CPU per GetObject, so one Python process
+tops out near a thousand small GETs a second whatever its concurrency; worker
+processes multiply that by the number of free cores.  Jobs travel in batches
+over one shared queue; each worker reports outcomes back as events, and the
+parent keeps the state file and the report.  Workers are forked before the
+planner starts any thread, die with the parent (PR_SET_PDEATHSIG), and ignore
+SIGINT so that Ctrl-C is handled once, by the parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import queue
+import signal
+import threading
+
+from manyfiles.s3.engines.base import Ctx, Engine, Options
+
+BATCH = 64
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class _WorkerCtx(Ctx):
+    """Forwards events to the parent; byte counts are batched to keep the pipe quiet."""
+
+    def __init__(self, options: Options, sink, out) -> None:
+        super().__init__(options, sink)
+        self.out = out
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def bytes(self, n: int) -> None:
+        with self._lock:
+            self._bytes += n
+            if self._bytes < (4 << 20):
+                return
+            n, self._bytes = self._bytes, 0
+        self.out.put(("bytes", None, n))
+
+    def _flush_bytes(self) -> None:
+        with self._lock:
+            n, self._bytes = self._bytes, 0
+        if n:
+            self.out.put(("bytes", None, n))
+
+    def retried(self, job, reason: str) -> None:
+        self.out.put(("retry", job, reason))
+
+    def done(self, job, engine: str) -> None:
+        self._flush_bytes()
+        self.out.put(("done", job, "processes"))
+
+    def failed(self, job, reason: str) -> None:
+        self.out.put(("failed", job, reason))
+
+
+def _worker_main(options: Options, sub: str, workers: int, inq, outq) -> None:
+    from manyfiles._worker import instrumented_worker
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    with instrumented_worker():
+        from manyfiles.s3.sink import FolderSink
+
+        sink = FolderSink(options.dest, layout=options.layout, fsync=options.fsync).open(load_state=False)
+        ctx = _WorkerCtx(options, sink, outq)
+        engine = _make_sub(ctx, sub, workers)
+        try:
+            while True:
+                batch = inq.get()
+                if batch is None:
+                    break
+                for job in batch:
+                    engine.submit(job)
+        finally:
+            engine.close()
+            ctx._flush_bytes()
+            outq.put(("exit", None, os.getpid()))
+
+
+def _make_sub(ctx: Ctx, sub: str, workers: int) -> Engine:
+    if sub == "async":
+        from manyfiles.s3.engines.aio import AsyncEngine
+
+        return AsyncEngine(ctx, workers)
+    if sub == "http":
+        from manyfiles.s3.engines.http import HttpEngine
+
+        return HttpEngine(ctx, workers)
+    from manyfiles.s3.engines.threads import ThreadsEngine
+
+    return ThreadsEngine(ctx, workers)
+
+
+class ProcessesEngine(Engine):
+    name = "processes"
+
+    def __init__(self, ctx: Ctx, processes: int, workers_per_process: int, sub: str = "async") -> None:
+        if ctx.options.dest is None:
+            raise ValueError("the processes engine writes files; use threads or async for memory")
+        self.ctx = ctx
+        self.n = max(1, processes)
+        mpctx = mp.get_context("fork")
+        self.inq = mpctx.Queue()
+        self.outq = mpctx.Queue()
+        self.procs = [mpctx.Process(target=_worker_main, name=f"s3pull-worker-{i}",
+                                    args=(ctx.options, sub, workers_per_process, self.inq, self.outq),
+                                    daemon=True)
+                      for i in range(self.n)]
+        for p in self.procs:
+            p.start()
+        self._batch: list = []
+        self._pending: dict[str, object] = {}
+        self._lock = threading.Lock()
+        self.reader = threading.Thread(target=self._read, name="s3pull-processes-reader", daemon=True)
+        self.reader.start()
+
+    def submit(self, job) -> None:
+        with self._lock:
+            self._pending[job.key] = job
+        self._batch.append(job)
+        if len(self._batch) >= BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._batch:
+            self.inq.put(self._batch)
+            self._batch = []
+
+    def close(self) -> None:
+        self.flush()
+        for _ in self.procs:
+            self.inq.put(None)
+        for p in self.procs:
+            p.join()
+        self.reader.join()
+        with self._lock:
+            lost = list(self._pending.values())
+            self._pending.clear()
+        for job in lost:
+            self.ctx.failed(job, "worker process died")
+
+    def kill(self) -> None:
+        self.ctx.cancel.set()
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+        for p in self.procs:
+            p.join(5)
+        self.outq.put(("stop", None, None))
+        self.reader.join(5)
+
+    def _read(self) -> None:
+        exited = 0
+        ctx = self.ctx
+        while exited < self.n:
+            try:
+                ev = self.outq.get(timeout=1.0)
+            except queue.Empty:
+                if all(not p.is_alive() for p in self.procs):
+                    return
+                continue
+            kind, job, _value = ev
+            if kind == "exit":
+                exited += 1
+                continue
+            if kind == "stop":
+                return
+            if kind in ("done", "failed"):
+                with self._lock:
+                    self._pending.pop(job.key, None)
+            ctx.events.put(ev)

@@ -1,0 +1,119 @@
+"""S3 URLs, key patterns and the key -> local path mapping.  Pure functions, no I/O.
+
+S3 keys are arbitrary UTF-8 strings chosen by whoever wrote the bucket, so they are
+never trusted as paths: :func:`local_relpath` either returns a relative path that
+cannot leave the destination or raises :class:`UnsafeKey` with a one-line reason.
+
+Example:
+    >>> parse_url("s3://bucket/data/*.json")
+    S3Url(bucket='bucket', prefix='data/', pattern='data/*.json', base='data/')
+    >>> local_relpath("data/a/b.json", "data/")
+    'a/b.json'
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+
+from manyfiles.errors import UsageError
+
+NAME_MAX = 255          # bytes per path segment (Linux)
+PATH_MAX = 4095         # bytes for the relative path
+STATE_DIR = ".s3pull"   # our bookkeeping under DEST; keys may not write into it
+
+_WILDCARD = re.compile(r"[*?\[]")
+
+
+class UnsafeKey(ValueError):
+    """A key that cannot be written under the destination; str() is the reason."""
+
+
+@dataclass(frozen=True)
+class S3Url:
+    """A parsed ``s3://bucket/prefix`` source.
+
+    ``prefix`` is what the listing asks S3 for (everything before the first
+    wildcard), ``pattern`` the full glob keys must match (None without wildcards),
+    ``base`` the part stripped from keys to form local paths (up to the last ``/``
+    before any wildcard, like ``aws s3 cp --recursive`` and s5cmd).
+    """
+
+    bucket: str
+    prefix: str
+    pattern: str | None
+    base: str
+
+    def matches(self, key: str) -> bool:
+        if not key.startswith(self.prefix):
+            return False
+        return self.pattern is None or fnmatch.fnmatchcase(key, self.pattern)
+
+
+def parse_url(url: str) -> S3Url:
+    """Parse ``s3://bucket[/prefix]``; raises UsageError for anything else."""
+    if not url.startswith("s3://"):
+        raise UsageError(f"{url}: not an s3:// URL")
+    rest = url[5:]
+    bucket, _, path = rest.partition("/")
+    if not bucket or _WILDCARD.search(bucket):
+        raise UsageError(f"{url}: missing or invalid bucket name")
+    m = _WILDCARD.search(path)
+    if m is None:
+        prefix, pattern = path, None
+    else:
+        prefix, pattern = path[: m.start()], path
+    base = prefix[: prefix.rfind("/") + 1]
+    return S3Url(bucket, prefix, pattern, base)
+
+
+def local_relpath(key: str, base: str = "") -> str:
+    """Map ``key`` (minus ``base``) to a safe relative path, or raise UnsafeKey.
+
+    Rejected: empty names, absolute keys, ``.``/``..`` and empty segments, keys
+    ending in ``/`` (directory markers), NUL bytes, segments over NAME_MAX bytes,
+    paths over PATH_MAX bytes, and anything inside our ``.s3pull`` state folder.
+    Nothing is silently rewritten, so two keys can never map to the same path.
+    """
+    rel = key[len(base):] if base and key.startswith(base) else key
+    if not rel:
+        raise UnsafeKey("empty name")
+    if "\0" in rel:
+        raise UnsafeKey("NUL byte in key")
+    if rel.startswith("/"):
+        raise UnsafeKey("absolute key")
+    if rel.endswith("/"):
+        raise UnsafeKey("key ends with '/' (directory marker)")
+    parts = rel.split("/")
+    for seg in parts:
+        if seg == "":
+            raise UnsafeKey("empty path segment ('//')")
+        if seg in (".", ".."):
+            raise UnsafeKey(f"'{seg}' path segment")
+        if len(seg.encode("utf-8", "surrogateescape")) > NAME_MAX:
+            raise UnsafeKey(f"path segment longer than {NAME_MAX} bytes")
+    if len(rel.encode("utf-8", "surrogateescape")) > PATH_MAX:
+        raise UnsafeKey(f"path longer than {PATH_MAX} bytes")
+    if parts[0] == STATE_DIR:
+        raise UnsafeKey(f"'{STATE_DIR}' is reserved for s3pull's state")
+    return rel
+
+
+def make_filter(include: tuple[str, ...] | list[str] = (), exclude: tuple[str, ...] | list[str] = ()):
+    """A predicate on relative paths: must match one ``include`` (if any), no ``exclude``.
+
+    Patterns are shell globs (``*`` also matches ``/``) tested on the path relative
+    to the source prefix, like ``aws s3 cp --include/--exclude``.
+    """
+    inc = [re.compile(fnmatch.translate(p)) for p in include]
+    exc = [re.compile(fnmatch.translate(p)) for p in exclude]
+    if not inc and not exc:
+        return None
+
+    def keep(rel: str) -> bool:
+        if inc and not any(r.match(rel) for r in inc):
+            return False
+        return not any(r.match(rel) for r in exc)
+
+    return keep

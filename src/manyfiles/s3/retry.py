@@ -1,0 +1,87 @@
+"""Which errors are worth retrying, and full-jitter backoff.
+
+Retried: HTTP 5xx, SlowDown/throttling, connection resets and timeouts, bodies
+shorter than announced, a 200 where a 206 was asked.  Never retried: auth and
+permission errors, missing buckets/keys, an object that changed under us
+(IfMatch failed), local filesystem errors.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+RETRYABLE_CODES = frozenset({
+    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
+    "InternalError", "ServiceUnavailable", "RequestLimitExceeded", "BandwidthLimitExceeded",
+    "500", "502", "503", "504",
+})
+
+FATAL_CODES = frozenset({
+    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+    "NoSuchBucket", "AllAccessDisabled", "AuthorizationHeaderMalformed", "PermanentRedirect",
+})
+
+
+class TransferError(Exception):
+    """A transfer failed; ``retryable`` says whether trying again can help, ``status`` the HTTP status."""
+
+    def __init__(self, message: str, *, retryable: bool, status: int = 0) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status
+
+
+class ObjectChanged(TransferError):
+    """The object's ETag changed while we were reading it (IfMatch failed)."""
+
+    def __init__(self, message: str = "object changed during download (ETag mismatch)") -> None:
+        super().__init__(message, retryable=False, status=412)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 6          # tries per object or part, including the first
+    base: float = 0.1          # seconds
+    cap: float = 10.0
+
+    def delay(self, attempt: int) -> float:
+        """Full jitter (AWS architecture blog): uniform(0, min(cap, base * 2**attempt))."""
+        return random.uniform(0.0, min(self.cap, self.base * (2 ** attempt)))
+
+
+def classify(exc: BaseException) -> TransferError:
+    """Turn any exception raised while downloading into a TransferError."""
+    if isinstance(exc, TransferError):
+        return exc
+    from botocore.exceptions import ClientError, NoCredentialsError, NoRegionError, ParamValidationError
+
+    if isinstance(exc, (NoCredentialsError, NoRegionError, ParamValidationError)):
+        return TransferError(str(exc), retryable=False)
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {})
+        code = str(err.get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        msg = err.get("Message") or code or str(exc)
+        if code in ("PreconditionFailed", "412") or status == 412:
+            return ObjectChanged()
+        if code in ("NoSuchKey", "404") or status == 404:
+            return TransferError("no such key (deleted since listing?)", retryable=False, status=404)
+        if code in FATAL_CODES or status in (401, 403):
+            return TransferError(f"{code}: {msg}", retryable=False, status=status)
+        retryable = code in RETRYABLE_CODES or status >= 500 or status == 429
+        return TransferError(f"{code or status}: {msg}", retryable=retryable, status=status)
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
+                        FileExistsError)):
+        return TransferError(f"{exc.strerror or exc}", retryable=False)
+    name = type(exc).__name__
+    if isinstance(exc, OSError) and exc.errno is not None and name not in ("ConnectionResetError",
+                                                                             "BrokenPipeError",
+                                                                             "ConnectionAbortedError",
+                                                                             "ConnectionRefusedError",
+                                                                             "TimeoutError"):
+        # local disk errors (ENOSPC, EIO...): retrying would just fail again
+        return TransferError(f"{exc.strerror or exc}", retryable=False)
+    # botocore ConnectionError/ReadTimeout/ResponseStreamingError/IncompleteRead, urllib3
+    # ProtocolError, aiohttp ClientPayloadError/ServerDisconnectedError, asyncio timeouts...
+    return TransferError(f"{name}: {exc}".rstrip(": "), retryable=True)

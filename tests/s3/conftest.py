@@ -1,0 +1,71 @@
+"""A real S3 endpoint over HTTP (moto's server mode) and a fault-injecting HTTP proxy in front of it."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+from s3util import CREDS, FaultProxy
+
+from manyfiles.s3 import ClientSettings
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    old = {k: os.environ.get(k) for k in CREDS}
+    os.environ.update(CREDS)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def s3admin(moto_server):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1",
+                        aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+@pytest.fixture
+def bucket(s3admin):
+    """A fresh bucket per test: ``(name, put)`` where ``put(key, data)`` uploads and returns the data."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    s3admin.create_bucket(Bucket=name)
+
+    def put(key: str, data: bytes) -> bytes:
+        s3admin.put_object(Bucket=name, Key=key, Body=data)
+        return data
+
+    return name, put
+
+
+@pytest.fixture
+def settings(moto_server) -> ClientSettings:
+    return ClientSettings(endpoint_url=moto_server, region="us-east-1")
+
+
+@pytest.fixture
+def cli_env(moto_server) -> dict:
+    """Environment for s3pull subprocesses: moto via AWS_ENDPOINT_URL, fast retries."""
+    return {**CREDS, "AWS_ENDPOINT_URL": moto_server, "MANYFILES_RETRY_BASE": "0.01"}
+
+
+@pytest.fixture
+def proxy(moto_server):
+    p = FaultProxy(moto_server)
+    yield p
+    p.close()

@@ -1,0 +1,235 @@
+"""manyfiles.s3.pull against moto's server over real HTTP: every engine, re-runs, hostile keys."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+from s3util import FAST_RETRY, blob
+
+from manyfiles.s3 import get_objects, iter_objects, pull
+from manyfiles.s3.keys import STATE_DIR
+from manyfiles.s3.plan import STRATEGIES
+
+KiB = 1024
+PART = 64 * KiB     # tiny parts so a 200 KiB object is fetched as 4 ranged GETs
+
+
+def seed_mixed(put) -> dict[str, bytes]:
+    data = {}
+    for i in range(12):
+        data[f"data/small/{i:02d}.txt"] = put(f"data/small/{i:02d}.txt", blob(100 + i * 50, f"s{i}"))
+    data["data/medium.bin"] = put("data/medium.bin", blob(90 * KiB, "m"))
+    data["data/big.bin"] = put("data/big.bin", blob(200 * KiB + 123, "b"))
+    data["data/empty"] = put("data/empty", b"")
+    return data
+
+
+def files_under(root) -> dict[str, bytes]:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != STATE_DIR]
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, root)] = fh.read()
+    return out
+
+
+def small_cfg(**kw):
+    # auto: < 128 KiB whole in the lean pool, larger in 64 KiB parts
+    return {"ranged_min": 128 * KiB, "part_size": PART, "retry": FAST_RETRY,
+            "concurrency": 8, **kw}
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_engine_downloads_exact_bytes(strategy, bucket, settings, tmp_path):
+    name, put = bucket
+    data = seed_mixed(put)
+    dest = tmp_path / "out"
+    report = pull(f"s3://{name}/data/", str(dest), strategy=strategy, settings=settings,
+                  processes=2, **small_cfg())
+    assert report.failures == []
+    assert report.done == len(data)
+    assert files_under(dest) == {k.removeprefix("data/"): v for k, v in data.items()}
+    assert report.bytes == sum(len(v) for v in data.values())
+    if strategy == "auto":
+        assert set(report.engines) == {"lean", "ranged"}
+        assert report.engines["ranged"][0] == 1
+    else:
+        assert set(report.engines) == {strategy}
+    # nothing left behind in the temp folder
+    assert os.listdir(dest / STATE_DIR / "tmp") == []
+
+
+def test_rerun_skips_finished_objects_and_refetches_changed_ones(bucket, settings, tmp_path):
+    name, put = bucket
+    data = seed_mixed(put)
+    dest = tmp_path / "out"
+    first = pull(f"s3://{name}/data/", str(dest), settings=settings, **small_cfg())
+    assert first.done == len(data)
+    put("data/small/00.txt", b"new content")
+    os.remove(dest / "small" / "01.txt")
+    (dest / "small" / "02.txt").write_bytes(b"truncated")   # size differs from the state record
+    second = pull(f"s3://{name}/data/", str(dest), settings=settings, **small_cfg())
+    assert second.failures == []
+    assert second.done == 3 and second.skipped == len(data) - 3
+    assert (dest / "small" / "00.txt").read_bytes() == b"new content"
+    assert (dest / "small" / "01.txt").read_bytes() == data["data/small/01.txt"]
+    assert (dest / "small" / "02.txt").read_bytes() == data["data/small/02.txt"]
+
+
+def test_hostile_keys_never_escape_dest(bucket, settings, tmp_path):
+    name, put = bucket
+    hostile = ["../escape.txt", "a/../../escape2.txt", "/abs.txt", "a//b.txt", "x/./y.txt",
+               ".s3pull/state.jsonl", "n" * 300]
+    for k in hostile:
+        put(k, b"evil")
+    put("dirmarker/", b"")
+    put("ok/file.txt", b"fine")
+    put("weird name (1)/ünï ключ.txt", b"unicode")
+    dest = tmp_path / "inner" / "out"
+    report = pull(f"s3://{name}/", str(dest), settings=settings, **small_cfg())
+    failed = {k for k, _ in report.failures}
+    assert failed == set(hostile)
+    assert all("unsafe key" in reason for _, reason in report.failures)
+    assert report.skipped == 1            # the directory marker
+    assert report.done == 2
+    assert files_under(dest) == {"ok/file.txt": b"fine", "weird name (1)/ünï ключ.txt": b"unicode"}
+    # nothing was written next to or above DEST
+    assert sorted(os.listdir(tmp_path)) == ["inner"]
+    assert os.listdir(tmp_path / "inner") == ["out"]
+    failures = (dest / STATE_DIR / "failures.tsv").read_text()
+    assert "../escape.txt\tunsafe key" in failures
+
+
+def test_symlink_inside_dest_is_not_followed(bucket, settings, tmp_path):
+    name, put = bucket
+    put("sub/x.txt", b"data")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "out"
+    dest.mkdir()
+    os.symlink(outside, dest / "sub")
+    report = pull(f"s3://{name}/", str(dest), settings=settings, **small_cfg())
+    assert report.done == 0 and len(report.failures) == 1
+    assert "symlink" in report.failures[0][1]
+    assert os.listdir(outside) == []
+
+
+def test_wildcards_include_exclude(bucket, settings, tmp_path):
+    name, put = bucket
+    for k in ("logs/2026-01/a.json", "logs/2026-01/b.txt", "logs/2026-02/c.json", "logs/2025-12/d.json",
+              "logs/2026-02/tmp/e.json"):
+        put(k, k.encode())
+    dest = tmp_path / "out"
+    report = pull(f"s3://{name}/logs/2026-*/*.json", str(dest), settings=settings,
+                  exclude=["*/tmp/*"], **small_cfg())
+    assert report.failures == []
+    assert sorted(files_under(dest)) == ["2026-01/a.json", "2026-02/c.json"]
+    put("logs/../evil.json", b"filtered out before it could fail")
+    dest2 = tmp_path / "out2"
+    report = pull(f"s3://{name}/logs/", str(dest2), settings=settings, include=["*.txt"], **small_cfg())
+    assert report.failures == [] and report.listed == 1
+    assert sorted(files_under(dest2)) == ["2026-01/b.txt"]
+
+
+def test_downloads_start_while_listing_continues(bucket, settings, tmp_path):
+    """The source below refuses to go on until the first object is on disk: only a pipeline passes."""
+    import time
+
+    from manyfiles.s3.keys import parse_url
+    from manyfiles.s3.listing import list_objects
+    from manyfiles.s3.pull import PullConfig, execute
+
+    name, put = bucket
+    for i in range(12):
+        put(f"p/{i:03d}", b"x" * i)
+    url = parse_url(f"s3://{name}/p/")
+    dest = tmp_path / "o"
+
+    def gated():
+        for n, info in enumerate(list_objects(settings, url, page_size=5)):
+            if n == 5:   # second page: wait for a download of the first page to finish
+                deadline = time.monotonic() + 60
+                while not (dest / "000").exists() and not (dest / "004").exists():
+                    assert time.monotonic() < deadline, "no download started before the listing ended"
+                    time.sleep(0.01)
+            yield info
+
+    kinds = [ev.kind for ev in execute(url, gated(), str(dest), settings=settings,
+                                       cfg=PullConfig(retry=FAST_RETRY))]
+    assert kinds.count("done") == 12
+    assert kinds.index("done") < kinds.index("listed")
+
+
+def test_manifest_with_and_without_sizes(bucket, settings, tmp_path):
+    name, put = bucket
+    a = put("m/a.bin", blob(300, "a"))
+    b = put("m/b.bin", blob(200 * KiB, "b"))
+    put("m/not-listed", b"no")
+    manifest = tmp_path / "keys.txt"
+    manifest.write_text(f"m/a.bin\nm/b.bin\t{len(b)}\n\nm/missing\n")
+    report = pull(f"s3://{name}/m/", str(tmp_path / "o"), settings=settings, manifest=str(manifest),
+                  **small_cfg())
+    assert files_under(tmp_path / "o") == {"a.bin": a, "b.bin": b}
+    assert report.engines.get("ranged", [0])[0] == 1
+    assert [k for k, _ in report.failures] == ["m/missing"]
+    assert "no such key" in report.failures[0][1]
+
+
+def test_object_changed_since_listing_is_a_clear_failure(bucket, settings, tmp_path):
+    name, put = bucket
+    data = put("c/x.bin", blob(1000, "x"))
+    stale = hashlib.md5(b"something else").hexdigest()
+    manifest = tmp_path / "keys.txt"
+    manifest.write_text(f"c/x.bin\t{len(data)}\t{stale}\n")
+    report = pull(f"s3://{name}/c/", str(tmp_path / "o"), settings=settings, manifest=str(manifest),
+                  **small_cfg())
+    assert report.done == 0
+    assert "changed" in report.failures[0][1]
+    assert not (tmp_path / "o" / "x.bin").exists()
+
+
+def test_memory_api(bucket, settings):
+    name, put = bucket
+    data = seed_mixed(put)
+    got = get_objects(f"s3://{name}/data/", settings=settings, **small_cfg())
+    assert got == data
+    got = dict(iter_objects(f"s3://{name}/data/small/0*", settings=settings, strategy="threads",
+                            **small_cfg()))
+    assert set(got) == {k for k in data if k.startswith("data/small/0")}
+
+
+def test_dry_run_writes_nothing_and_reports_the_plan(bucket, settings, tmp_path):
+    name, put = bucket
+    data = seed_mixed(put)
+    plans = []
+    report = pull(f"s3://{name}/data/", str(tmp_path / "o"), settings=settings, dry_run=True,
+                  on_event=lambda e: plans.append((e.key, e.engine)) if e.kind == "plan" else None,
+                  **small_cfg())
+    assert not (tmp_path / "o").exists()
+    assert dict(plans)["data/big.bin"] == "ranged"
+    assert dict(plans)["data/small/00.txt"] == "lean"
+    assert dict(plans)["data/medium.bin"] == "lean"
+    assert sum(v[0] for v in report.planned.values()) == len(data)
+
+
+def test_sharded_layout_writes_through_the_shard_library(bucket, settings, tmp_path):
+    from manyfiles.shard import ShardedDir
+
+    name, put = bucket
+    data = seed_mixed(put)
+    put("data/100%/x.txt", b"percent")
+    data["data/100%/x.txt"] = b"percent"
+    dest = tmp_path / "sharded"
+    report = pull(f"s3://{name}/data/", str(dest), settings=settings, layout="sharded", **small_cfg())
+    assert report.failures == [] and report.done == len(data)
+    sd = ShardedDir(dest)
+    for key, body in data.items():
+        flat = key.removeprefix("data/").replace("%", "%25").replace("/", "%2F")
+        with open(sd.path_for(flat), "rb") as f:
+            assert f.read() == body
+    again = pull(f"s3://{name}/data/", str(dest), settings=settings, layout="sharded", **small_cfg())
+    assert again.done == 0 and again.skipped == len(data)
