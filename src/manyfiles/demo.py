@@ -106,7 +106,8 @@ def step_shard(root: Path, files: int) -> None:
     run("shard", "apply", flat)
     run("shard", "verify", flat)
     run("shard", "status", flat)
-    run("fastls", flat)
+    run("fastls", "-r", "--max-depth", "0", "--count", flat)
+    run("fastls", "-r", "--type", "f", "--count", flat)
     run("shard", "revert", flat)
     run("fastls", "--count", flat)
 
@@ -143,7 +144,7 @@ def step_s3pull(root: Path, files: int) -> None:
 def step_trace(root: Path, files: int) -> None:
     trace = root / "listing.mftrace"
     banner("tracing: the I/O operation log of a command, summarized")
-    run("fastls", "--trace", str(trace), "--count", str(flat_dir(root)))
+    run("fastls", "--trace", str(trace), "-r", "--count", str(root))
     run("manyfiles", "trace", "summary", str(trace))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -63,6 +64,8 @@ def local_s3(*, small: int = 300, medium: int = 8, large: int = 1, large_size: i
 
     for k, v in (("AWS_ACCESS_KEY_ID", "demo"), ("AWS_SECRET_ACCESS_KEY", "demo")):
         os.environ.setdefault(k, v)
+    # moto's server logs every request through werkzeug; a demo wants its own output
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
