@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from manyfiles import iotrace
 
@@ -133,6 +133,18 @@ def _batches_list() -> list | None:
     return [] if iotrace.TRACER is not None else None
 
 
+def _on_dir(path: str | bytes, c_function: Any, *args: Any, **kwargs: Any) -> Any:
+    """Open ``path``, run one whole-directory C call on it, report its batches to the I/O log."""
+    fd = _open_dir(path)
+    try:
+        batches = _batches_list()
+        result = c_function(fd, *args, path=path, batches=batches, **kwargs)
+    finally:
+        os.close(fd)
+    _trace_batches(path, batches)
+    return result
+
+
 # ---- one directory ----------------------------------------------------------------
 
 
@@ -153,22 +165,9 @@ def listdir(
             )
         ]
     _check_bufsize(bufsize)
-    fd = _open_dir(path)
-    try:
-        batches = _batches_list()
-        names = _dents.listdir(
-            fd,
-            bufsize,
-            isinstance(path, bytes),
-            path=path,
-            batches=batches,
-            resolve=bool(filter.types),
-            **filter.c_args(),
-        )
-    finally:
-        os.close(fd)
-    _trace_batches(path, batches)
-    return names
+    return _on_dir(
+        path, _dents.listdir, bufsize, isinstance(path, bytes), resolve=bool(filter.types), **filter.c_args()
+    )
 
 
 def iter_entries(
@@ -305,14 +304,7 @@ def count(
             )
         )
     _check_bufsize(bufsize)
-    fd = _open_dir(path)
-    try:
-        batches = _batches_list()
-        n = _dents.count(fd, bufsize, path=path, batches=batches, **filter.c_args())
-    finally:
-        os.close(fd)
-    _trace_batches(path, batches)
-    return n
+    return _on_dir(path, _dents.count, bufsize, **filter.c_args())
 
 
 def write_names(
@@ -331,16 +323,7 @@ def write_names(
     """
     _resolve_backend("dents")
     _check_bufsize(bufsize)
-    fd = _open_dir(path)
-    try:
-        batches = _batches_list()
-        n = _dents.write_names(
-            fd, out_fd, sep, prefix, bufsize, path=path, batches=batches, **filter.c_args()
-        )
-    finally:
-        os.close(fd)
-    _trace_batches(path, batches)
-    return n
+    return _on_dir(path, _dents.write_names, out_fd, sep, prefix, bufsize, **filter.c_args())
 
 
 # ---- trees ------------------------------------------------------------------------
@@ -478,15 +461,7 @@ def _all_entries(path: str | bytes, bufsize: int, backend: str | None) -> list[E
     """Every entry of one directory, types resolved (the walk needs them to recurse)."""
     if _resolve_backend(backend) != "dents":
         return list(iter_entries(path, bufsize=bufsize, backend=backend, resolve_unknown=True))
-    fd = _open_dir(path)
-    try:
-        batches = _batches_list()
-        as_bytes = isinstance(path, bytes)
-        entries = _dents.entries(fd, bufsize, as_bytes, resolve=True, path=path, batches=batches)
-    finally:
-        os.close(fd)
-    _trace_batches(path, batches)
-    return entries
+    return _on_dir(path, _dents.entries, bufsize, isinstance(path, bytes), resolve=True)
 
 
 def _lstat_all(path: str | bytes, entries: Sequence[Entry]) -> list[os.stat_result | None]:
