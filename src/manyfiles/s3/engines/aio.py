@@ -11,10 +11,9 @@ hop to a thread.  The blocking twin of each coroutine is in
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
-from manyfiles.s3.engines.base import Ctx, Engine
+from manyfiles.s3.engines.base import Ctx, LoopThreadEngine
 from manyfiles.s3.engines.threads import finish, open_target
 from manyfiles.s3.retry import TransferError, classify
 from manyfiles.s3.transfer import CHUNK, Job, Verifier, _trace
@@ -55,41 +54,15 @@ async def aget_whole(client, bucket: str, job: Job, target, *, verify_md5: bool 
     return ver.n
 
 
-class AsyncEngine(Engine):
+class AsyncEngine(LoopThreadEngine):
     name = "async"
+    thread_name = "s3pull-async"
 
     def __init__(self, ctx: Ctx, workers: int) -> None:
-        self.ctx, self.workers = ctx, max(1, workers)
-        self.loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self.thread = threading.Thread(target=self._thread, name="s3pull-async", daemon=True)
-        self.thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            raise self._error
-
-    def submit(self, job: Job) -> None:
-        self.loop.call_soon_threadsafe(self.q.put_nowait, job)
-
-    def close(self) -> None:
-        for _ in range(self.workers):
-            self.loop.call_soon_threadsafe(self.q.put_nowait, None)
-        self.thread.join()
-
-    def kill(self) -> None:
-        self.ctx.cancel.set()
-        self.close()
-
-    def _thread(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_until_complete(self._main())
-        finally:
-            self.loop.close()
+        super().__init__(ctx, workers)
+        self._start()
 
     async def _main(self) -> None:
-        self.q: asyncio.Queue = asyncio.Queue()
         try:
             cm = self.ctx.options.settings.aio_client(pool=self.workers)
             client = await cm.__aenter__()

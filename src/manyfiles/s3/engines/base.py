@@ -10,6 +10,7 @@ all submitted jobs.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 from dataclasses import dataclass
@@ -69,3 +70,50 @@ class Engine:
     def kill(self) -> None:
         """Stop as fast as possible (Ctrl-C): in-flight temp files are removed or kept for resume."""
         self.close()
+
+
+class LoopThreadEngine(Engine):
+    """An engine whose worker coroutines run on an event loop in one background thread.
+
+    Subclasses implement ``_main()``: it runs on the loop, sets ``self._ready`` once its
+    workers can take jobs (or stores ``self._error`` first), and returns when every
+    worker has taken its ``None`` from ``self.q``.
+    """
+
+    thread_name = "s3pull-loop"
+
+    def __init__(self, ctx: Ctx, workers: int) -> None:
+        self.ctx, self.workers = ctx, max(1, workers)
+
+    def _start(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.thread = threading.Thread(target=self._thread, name=self.thread_name, daemon=True)
+        self.thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def submit(self, job) -> None:
+        self.loop.call_soon_threadsafe(self.q.put_nowait, job)
+
+    def close(self) -> None:
+        for _ in range(self.workers):
+            self.loop.call_soon_threadsafe(self.q.put_nowait, None)
+        self.thread.join()
+
+    def kill(self) -> None:
+        self.ctx.cancel.set()
+        self.close()
+
+    def _thread(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.q: asyncio.Queue = asyncio.Queue()
+        try:
+            self.loop.run_until_complete(self._main())
+        finally:
+            self.loop.close()
+
+    async def _main(self) -> None:
+        raise NotImplementedError

@@ -17,12 +17,11 @@ import base64
 import hashlib
 import re
 import ssl
-import threading
 import time
 import zlib
 
 from manyfiles import iotrace
-from manyfiles.s3.engines.base import Ctx, Engine
+from manyfiles.s3.engines.base import Ctx, LoopThreadEngine
 from manyfiles.s3.engines.threads import finish, open_target
 from manyfiles.s3.retry import FATAL_CODES, RETRYABLE_CODES, ObjectChanged, TransferError, classify
 from manyfiles.s3.sigv4 import Endpoint, Signer, bucket_region, resolve_endpoint, uri_path
@@ -205,43 +204,23 @@ def _http_error(status: int, body: bytes) -> TransferError:
     return TransferError(text, retryable=False, status=status)
 
 
-class HttpEngine(Engine):
+class HttpEngine(LoopThreadEngine):
     name = "http"
+    thread_name = "s3pull-http"
 
     def __init__(self, ctx: Ctx, workers: int) -> None:
-        self.ctx, self.workers = ctx, max(1, workers)
+        super().__init__(ctx, workers)
         opts = ctx.options
         region = bucket_region(opts.settings, opts.bucket)
         self.signer = Signer(opts.settings, region)
         self.ep = resolve_endpoint(opts.settings, opts.bucket, region)
         self.ssl_ctx = ssl.create_default_context() if self.ep.scheme == "https" else None
         self.timeout = opts.settings.read_timeout
-        self.loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self.thread = threading.Thread(target=self._thread, name="s3pull-http", daemon=True)
-        self.thread.start()
-        self._ready.wait()
+        self._start()
 
-    def submit(self, job: Job) -> None:
-        self.loop.call_soon_threadsafe(self.q.put_nowait, job)
-
-    def close(self) -> None:
-        for _ in range(self.workers):
-            self.loop.call_soon_threadsafe(self.q.put_nowait, None)
-        self.thread.join()
-
-    def kill(self) -> None:
-        self.ctx.cancel.set()
-        self.close()
-
-    def _thread(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.q: asyncio.Queue = asyncio.Queue()
+    async def _main(self) -> None:
         self._ready.set()
-        try:
-            self.loop.run_until_complete(asyncio.gather(*(self._worker() for _ in range(self.workers))))
-        finally:
-            self.loop.close()
+        await asyncio.gather(*(self._worker() for _ in range(self.workers)))
 
     async def _worker(self) -> None:
         ctx, opts = self.ctx, self.ctx.options
