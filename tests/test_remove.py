@@ -1,0 +1,339 @@
+"""manyfiles.remove_tree / purge on real trees (library level)."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import manyfiles as mf
+from manyfiles import _fsops
+from manyfiles.errors import UsageError
+
+
+def make_tree(root: Path, n: int, levels: int = 2) -> tuple[int, int]:
+    """``n`` empty files in an md5 ``ab/cd/name`` tree; returns (files, directories below root)."""
+    dirs: set[str] = set()
+    for i in range(n):
+        name = f"f{i:06d}"
+        h = hashlib.md5(name.encode()).hexdigest()
+        parts = [h[2 * k : 2 * k + 2][:1] for k in range(levels)]  # 16-way to keep dirs small
+        for k in range(1, levels + 1):
+            dirs.add("/".join(parts[:k]))
+        d = root.joinpath(*parts)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / name).touch()
+    return n, len(dirs)
+
+
+def all_paths(root: Path) -> set[str]:
+    out = {os.fsdecode(root)}
+    for dirpath, dirnames, filenames in os.walk(root):
+        out.update(os.path.join(dirpath, n) for n in dirnames + filenames)
+    return out
+
+
+def not_root_cmd() -> list[str]:
+    """A prefix that makes a real permission check apply: as root, drop the DAC-override capabilities."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "running as root: setpriv (util-linux) is needed for the permission-denied tests"
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search,-fowner", "--"]
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_remove_tree_removes_everything_and_counts(tmp_path: Path, workers: int) -> None:
+    root = tmp_path / "tree"
+    files, dirs = make_tree(root, 600)
+    (root / "top-file").touch()
+    report = mf.remove_tree(root, workers=workers)
+    assert not root.exists()
+    assert report.ok and report.failures == []
+    assert report.files == files + 1
+    assert report.dirs == dirs + 1  # + the argument itself
+    assert report.bytes is None  # nothing is stat'ed, so sizes are unknown
+    assert os.listdir(tmp_path) == []
+
+
+def test_flat_directory_many_workers(tmp_path: Path) -> None:
+    root = tmp_path / "flat"
+    root.mkdir()
+    for i in range(12_000):  # above the inode-sort threshold
+        (root / f"x{i}").touch()
+    report = mf.remove_tree(str(root), workers=8)
+    assert (report.files, report.dirs, report.failures) == (12_000, 1, [])
+    assert not root.exists()
+
+
+def test_symlinks_are_removed_never_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "precious").write_text("keep me")
+    (outside / "sub" / "also").write_text("keep me too")
+    tree = tmp_path / "tree"
+    (tree / "d").mkdir(parents=True)
+    (tree / "d" / "to-dir").symlink_to(outside)
+    (tree / "to-file").symlink_to(outside / "precious")
+    (tree / "dangling").symlink_to(tmp_path / "nowhere")
+    (tree / "loop").symlink_to(tree)
+    report = mf.remove_tree(tree, workers=3)
+    assert report.ok, report.failures
+    assert not tree.exists()
+    assert (outside / "precious").read_text() == "keep me"
+    assert (outside / "sub" / "also").read_text() == "keep me too"
+    assert report.files == 4
+
+
+@pytest.mark.parametrize("spelling", ["link", "link/", "link//"])
+def test_argument_symlink_to_directory_removes_only_the_link(tmp_path: Path, spelling: str) -> None:
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "data").write_text("x")
+    (tmp_path / "link").symlink_to(target)
+    report = mf.remove_tree(os.path.join(tmp_path, spelling))
+    assert report.ok
+    assert not os.path.lexists(tmp_path / "link")
+    assert (target / "data").read_text() == "x"
+
+
+def test_dry_run_removes_nothing_and_lists_what_would_go(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    make_tree(root, 200)
+    before = all_paths(root)
+    listed: list[str] = []
+    report = mf.remove_tree(root, dry_run=True, on_removed=listed.extend)
+    assert all_paths(root) == before
+    assert set(listed) == before and len(listed) == len(before)
+    assert report.dry_run and report.files + report.dirs == len(before)
+    # the real run removes exactly what the dry run listed
+    removed: list[str] = []
+    real = mf.remove_tree(root, on_removed=removed.extend)
+    assert sorted(removed) == sorted(listed)
+    assert (real.files, real.dirs) == (report.files, report.dirs)
+
+
+def test_removed_paths_come_deepest_first(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    make_tree(root, 300, levels=3)
+    order: list[str] = []
+    mf.remove_tree(root, workers=4, on_removed=order.extend)
+    position = {p: i for i, p in enumerate(order)}
+    for p, i in position.items():
+        parent = os.path.dirname(p)
+        if parent in position:  # every entry goes before its directory
+            assert i < position[parent], (p, parent)
+
+
+def test_purge_removes_matches_only(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    (root / "a" / "cache.tmp" / "deep").mkdir(parents=True)
+    (root / "a" / "cache.tmp" / "deep" / "x.bin").touch()
+    (root / "a" / "one.tmp").touch()
+    (root / "a" / "one.txt").touch()
+    (root / "two.tmp").touch()
+    (root / "b").mkdir()
+    report = mf.purge(root, "*.tmp")
+    assert report.ok
+    assert sorted(os.path.relpath(p, root) for p in all_paths(root)) == [".", "a", "a/one.txt", "b"]
+    assert (report.files, report.dirs) == (3, 2)  # x.bin one.tmp two.tmp / deep cache.tmp
+
+
+def test_glob_with_slash_matches_relative_path_and_exclude_keeps(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    for rel in ["logs/a.log", "logs/keep.log", "other/a.log", "a.log"]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).touch()
+    report = mf.remove_tree(root, include=["logs/*.log"], exclude=["keep*"])
+    assert report.ok and report.files == 1
+    assert sorted(os.path.relpath(p, root) for p in all_paths(root)) == [
+        ".",
+        "a.log",
+        "logs",
+        "logs/keep.log",
+        "other",
+        "other/a.log",
+    ]
+
+
+def test_exclude_keeps_entries_and_their_ancestors_without_errors(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    make_tree(root, 100)
+    keep = root / "0" / "keep.me"
+    keep.parent.mkdir(exist_ok=True)
+    keep.write_text("k")
+    (root / "kept-dir").mkdir()
+    (root / "kept-dir" / "inside").touch()
+    report = mf.remove_tree(root, exclude=["keep.me", "kept-dir"])
+    assert report.ok, report.failures  # ancestors staying is not an error
+    assert report.kept == 2
+    assert sorted(os.path.relpath(p, root) for p in all_paths(root)) == [
+        ".",
+        "0",
+        "0/keep.me",
+        "kept-dir",
+        "kept-dir/inside",
+    ]
+
+
+def test_rmdir_retries_when_a_writer_adds_entries(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    hot = root / "hot"
+    hot.mkdir(parents=True)
+    for i in range(5):
+        (hot / f"f{i}").touch()
+    added: list[str] = []
+
+    def writer(batch: list[str]) -> None:
+        # a concurrent writer: once hot's files are gone (before its rmdir), add more
+        if not added and any(p.startswith(str(hot) + "/") for p in batch):
+            (hot / "late").touch()
+            (hot / "late-dir").mkdir()
+            (hot / "late-dir" / "x").touch()
+            added.append("yes")
+
+    report = mf.remove_tree(root, workers=2, on_removed=writer)
+    assert added and report.retries >= 1
+    assert report.ok, report.failures
+    assert not root.exists()
+    assert report.files == 7 and report.dirs == 3
+
+
+def test_rmdir_gives_up_after_retries_with_a_clear_reason(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    hot = root / "hot"
+    hot.mkdir(parents=True)
+    (hot / "f").touch()
+    counter = iter(range(1_000_000))
+
+    def writer(batch: list[str]) -> None:  # a writer that never stops
+        if any(p.startswith(str(hot) + "/") for p in batch):
+            (hot / f"new{next(counter)}").touch()
+
+    report = mf.remove_tree(root, retries=2, on_removed=writer)
+    assert [f.path for f in report.failures] == [str(hot)]  # the ancestor is not reported again
+    assert "Directory not empty" in report.failures[0].reason
+    assert "new" in report.failures[0].reason
+    assert report.retries == 2
+    assert root.exists() and hot.exists()
+    with pytest.raises(mf.errors.PartialFailure):
+        report.raise_for_failures()
+
+
+def test_permission_denied_deep_in_tree_rest_still_removed(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    make_tree(root, 300)
+    locked = root / "deep" / "locked"
+    locked.mkdir(parents=True)
+    (locked / "a").touch()
+    (locked / "b").touch()
+    (root / "deep" / "sibling").touch()
+    locked.chmod(0o555)
+    code = (
+        "import json, sys, manyfiles as mf; r = mf.remove_tree(sys.argv[1], workers=4); "
+        "print(json.dumps({'files': r.files, 'failures': [[f.path, f.errno] for f in r.failures]}))"
+    )
+    try:
+        out = subprocess.run(
+            [*not_root_cmd(), sys.executable, "-c", code, str(root)],
+            capture_output=True,
+            check=True,
+            timeout=120,
+        )
+    finally:
+        locked.chmod(0o755)
+    result = json.loads(out.stdout)
+    assert sorted(result["failures"]) == [[str(locked / "a"), 13], [str(locked / "b"), 13]]
+    assert result["files"] == 301
+    assert sorted(os.path.relpath(p, root) for p in all_paths(root)) == [
+        ".",
+        "deep",
+        "deep/locked",
+        "deep/locked/a",
+        "deep/locked/b",
+    ]
+
+
+def test_non_utf8_and_newline_names(tmp_path: Path) -> None:
+    root = os.fsencode(tmp_path / "odd")
+    os.mkdir(root)
+    names = [b"bad\xff\xfe", b"new\nline", b"tab\there", b" space ", b"-rf", b"\xe9t\xe9"]
+    os.mkdir(os.path.join(root, b"dir\nwith\xffnewline"))
+    for n in names:
+        open(os.path.join(root, n), "wb").close()
+        open(os.path.join(root, b"dir\nwith\xffnewline", n), "wb").close()
+    seen: list[str] = []
+    report = mf.remove_tree(root, on_removed=seen.extend)
+    assert report.ok and report.files == 2 * len(names) and report.dirs == 2
+    assert not os.path.exists(root)
+    assert os.path.join(root, b"new\nline") in {os.fsencode(p) for p in seen}
+
+
+def test_deeper_than_path_max(tmp_path: Path) -> None:
+    root = tmp_path / "deep"
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    name = "d" * 100
+    for _ in range(60):  # 60 x 101 bytes: well over PATH_MAX (4096)
+        os.mkdir(name, dir_fd=fd)
+        os.close(os.open("file", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+        nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    os.close(fd)
+    report = mf.remove_tree(root, workers=2)
+    assert report.ok, report.failures[:1]
+    assert (report.files, report.dirs) == (60, 61)
+    assert not root.exists()
+
+
+def test_missing_argument_is_reported_and_others_still_go(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x").touch()
+    (tmp_path / "f").touch()
+    report = mf.remove_tree([tmp_path / "missing", tmp_path / "a", tmp_path / "f"])
+    assert [(f.path, f.errno) for f in report.failures] == [(str(tmp_path / "missing"), 2)]
+    assert os.listdir(tmp_path) == []
+    assert mf.remove_tree(tmp_path / "missing", missing_ok=True).ok
+
+
+@pytest.mark.parametrize("path", ["/", "//", "/tmp/..", ".", "x/.."])
+def test_refuses_root_and_dot(path: str, tmp_path: Path) -> None:
+    with pytest.raises(UsageError):
+        mf.remove_tree(path, dry_run=True)
+    with pytest.raises(UsageError):  # forcing does not make '/' acceptable
+        mf.remove_tree(path, dry_run=True, force_root=True)
+
+
+def test_progress_callback_sees_growing_counts(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    make_tree(root, 300)
+    seen: list[mf.remove.RemoveProgress] = []
+    report = mf.remove_tree(root, progress=seen.append)
+    assert seen, "the final snapshot is always delivered"
+    assert seen[-1].files == report.files and seen[-1].found >= report.files
+    assert all(a.files <= b.files for a, b in itertools.pairwise(seen))
+
+
+def test_unlink_nondir_primitive(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "f").touch()
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert _fsops.unlink_nondir("d", dir_fd=fd) is False  # EISDIR: recurse, not an error
+        assert _fsops.unlink_nondir("f", dir_fd=fd) is True
+        with pytest.raises(FileNotFoundError):
+            _fsops.unlink_nondir("f", dir_fd=fd)
+        (tmp_path / "l").symlink_to(tmp_path / "d")
+        with pytest.raises(OSError):
+            os.close(_fsops.open_dir("l", dir_fd=fd))  # O_NOFOLLOW
+    finally:
+        os.close(fd)
+    assert (tmp_path / "d").is_dir() and not (tmp_path / "f").exists()
