@@ -247,3 +247,27 @@ def test_memory_does_not_grow_over_repeated_listings(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code, str(d)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout) < 10 * 1024  # KiB
+
+
+def test_unlink_files_removes_non_directories_only(tmp_path: Path) -> None:
+    """The C fast path behind fastrm: files and symlinks go (targets untouched), directories
+    come back, and a limit splits the work into resumable calls."""
+    target = tmp_path / "target"
+    target.write_text("keep me")
+    d = tmp_path / "d"
+    d.mkdir()
+    for i in range(3000):
+        (d / f"f{i}").touch()
+    (d / "sub").mkdir()
+    os.symlink(target, d / "link")
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        first = listing._dents.unlink_files(fd, 4096, 500)
+        rest = listing._dents.unlink_files(fd, 4096)
+    finally:
+        os.close(fd)
+    assert first[1] is False and first[0] >= 500
+    assert rest[1] is True
+    assert first[0] + rest[0] == 3001
+    assert first[2] + rest[2] == ["sub"] and first[3] == rest[3] == []
+    assert os.listdir(d) == ["sub"] and target.read_text() == "keep me"

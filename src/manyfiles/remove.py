@@ -359,27 +359,53 @@ class _Remover:
             self.finish_chain(node, blocked=node.blocked)
             return
         fd = node.fd
+        prefix = node.path + "/" if not node.path.endswith("/") else node.path
+        rel_prefix = node.rel + "/" if node.rel else ""
+        plain = node.remove_all and self.exclude is None and self.on_removed is None and not self.dry_run
+        # traced runs take the Python loop, which logs every unlink
+        in_c = plain and _use_fd_core and iotrace.TRACER is None
         try:
-            entries = _entries(fd, node.path, self.dry_run, _bufsize(node.size))
+            if in_c:
+                subdirs = self.unlink_all_c(node, prefix)
+            else:
+                entries = _entries(fd, node.path, self.dry_run, _bufsize(node.size))
         except OSError as exc:
             self.fail(node.path, exc)
             self.finish_chain(node, blocked=True)
             return
-        if len(entries) > INODE_SORT_THRESHOLD:
-            entries.sort(key=lambda e: e.inode)
-        prefix = node.path + "/" if not node.path.endswith("/") else node.path
-        rel_prefix = node.rel + "/" if node.rel else ""
-        self.count(found=len(entries))
-        if node.remove_all and self.exclude is None and self.on_removed is None and not self.dry_run:
-            subdirs = self.unlink_all(node, entries, prefix)
-        else:
-            subdirs = self.unlink_filtered(node, entries, prefix, rel_prefix)
+        if not in_c:
+            if len(entries) > INODE_SORT_THRESHOLD:
+                entries.sort(key=lambda e: e.inode)
+            self.count(found=len(entries))
+            if plain:
+                subdirs = self.unlink_all(node, entries, prefix)
+            else:
+                subdirs = self.unlink_filtered(node, entries, prefix, rel_prefix)
         if not subdirs:
             self.finish_chain(node)
             return
         children = [_Dir(node, name, prefix + name, rel_prefix + name, take) for name, take in subdirs]
         node.pending = len(children)
         self.push(children)
+
+    def unlink_all_c(self, node: _Dir, prefix: str) -> list[tuple[str, bool]]:
+        """The plain removal in the C core: it unlinks every non-directory with the GIL
+        released (so workers in different directories really run in parallel) and hands
+        back only the subdirectories and the failures, never a name per removed file."""
+        unlink_files = listing._dents.unlink_files
+        subdirs: list[tuple[str, bool]] = []
+        at_end = False
+        while not at_end:  # FLUSH_EVERY unlinks per call: progress keeps moving in big directories
+            removed, at_end, dirs, failures = unlink_files(
+                node.fd, _bufsize(node.size), FLUSH_EVERY, node.path
+            )
+            self.count(files=removed, found=removed + len(dirs) + len(failures))
+            subdirs.extend((name, True) for name in dirs)
+            for name, err in failures:
+                exc = OSError(err, os.strerror(err), prefix + name)
+                if self.unlink_failed(exc, node, name, prefix):
+                    subdirs.append((name, True))
+        return subdirs
 
     def unlink_all(self, node: _Dir, entries: list[listing.Entry], prefix: str) -> list[tuple[str, bool]]:
         """The common case (no filter, no output, not a dry run): the tightest loop we can write."""
