@@ -11,7 +11,7 @@ import contextlib
 import functools
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -122,31 +122,31 @@ class Size(click.ParamType):
 
 
 @contextlib.contextmanager
-def progress_reporter(enabled: bool, description: str, unit: str = "items", total: int | None = None):
-    """Yield a ``callback(done)`` drawing a rich progress bar on stderr, or None.
+def progress_reporter(enabled: bool, description: str, unit: str = "items") -> Iterator[Any]:
+    """Yield a ``callback(done, total=None)`` drawing a rich progress bar on stderr, or None.
 
     Progress only appears when asked for and stderr is a terminal, so pipes and
-    logs never receive control sequences.
+    logs never receive control sequences.  With a total it shows the ETA.
     """
     if not enabled or not sys.stderr.isatty():
         yield None
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     columns = [
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn(),
+        TimeRemainingColumn(),
     ]
-    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
-        task = bar.add_task(description, total=total, rate="")
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=None, rate="")
         start = time.monotonic()
 
-        def update(done: int) -> None:
+        def update(done: int, total: int | None = None) -> None:
             elapsed = max(time.monotonic() - start, 1e-9)
-            bar.update(task, completed=done, rate=f"{done / elapsed:,.0f} {unit}/s")
+            bar.update(task, completed=done, total=total or None, rate=f"{done / elapsed:,.0f} {unit}/s")
 
         yield update

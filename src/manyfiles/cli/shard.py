@@ -12,15 +12,12 @@ Examples:
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
-from collections.abc import Iterator
 from typing import Any
 
 import click
 
-from manyfiles.cli._common import instrumented, run_main
+from manyfiles.cli._common import instrumented, progress_reporter, run_main
 from manyfiles.shard import HASHES, KEYS, Layout, parse_levels
 from manyfiles.shard import migrate as mig
 
@@ -49,27 +46,6 @@ def _warn_list(title: str, items: list[Any], root: str) -> None:
             click.echo(f"{PROG}: {_show(os.path.join(os.fsencode(root), item))}: {title}", err=True)
     if len(items) > _SHOW:
         click.echo(f"{PROG}: ... and {len(items) - _SHOW} more ({title})", err=True)
-
-
-@contextlib.contextmanager
-def _progress(label: str, enabled: bool) -> Iterator[Any]:
-    """A rich progress bar on stderr (files/s, ETA) when stderr is a terminal, else None."""
-    if not enabled or not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[rate]} files/s"), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(label, total=None, rate="-")
-
-        def update(done: int, total: int) -> None:
-            speed = bar.tasks[0].speed
-            bar.update(task, completed=done, total=total or None, rate=f"{speed:,.0f}" if speed else "-")
-
-        yield update
 
 
 def _report(rep: mig.MigrationReport, quiet: bool) -> int:
@@ -127,7 +103,7 @@ def apply(directory: str, levels: str | None, hash_: str | None, key: str | None
         return _plan(directory, layout, csv_path)
     if csv_path:
         raise click.UsageError("--csv needs --plan")
-    with _progress("apply", not quiet) as progress:
+    with progress_reporter(not quiet, "apply", unit="files") as progress:
         rep = mig.apply(directory, layout, workers=workers, progress=progress)
     return _report(rep, quiet)
 
@@ -164,7 +140,7 @@ def _plan(directory: str, layout: Layout | None, csv_path: str | None) -> int:
 @instrumented
 def revert(directory: str, workers: int | None, quiet: bool) -> int:
     """Move every file of the tree back into DIRECTORY and remove the buckets (resumable)."""
-    with _progress("revert", not quiet) as progress:
+    with progress_reporter(not quiet, "revert", unit="files") as progress:
         rep = mig.revert(directory, workers=workers, progress=progress)
     return _report(rep, quiet)
 
@@ -180,7 +156,7 @@ def revert(directory: str, workers: int | None, quiet: bool) -> int:
 def reshard(directory: str, levels: str | None, hash_: str | None, key: str | None, workers: int | None,
             quiet: bool) -> int:
     """Change the layout of sharded DIRECTORY (revert + apply as one resumable operation)."""
-    with _progress("reshard", not quiet) as progress:
+    with progress_reporter(not quiet, "reshard", unit="files") as progress:
         rep = mig.reshard(directory, _layout(levels, hash_, key), workers=workers, progress=progress)
     return _report(rep, quiet)
 
