@@ -108,10 +108,17 @@ def test_wrong_credentials_fail_without_retries(run_cli, proxy, bucket, cli_env,
     assert proxy.applied == ["403-always"]   # one listing request, no retries
 
 
+def _ctrl_c_reaches_child() -> None:
+    # A shell running CI in the background starts its children with SIGINT ignored, and
+    # Python keeps an ignored SIGINT ignored; a terminal's Ctrl-C finds the default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(proxy_url, name, dest, *extra):
     env = {**os.environ, **CREDS, "AWS_ENDPOINT_URL": proxy_url, "MANYFILES_RETRY_BASE": "0.01"}
     return subprocess.Popen([S3PULL, f"s3://{name}/s/", str(dest), "-j", "2", *extra], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_ctrl_c_reaches_child)
 
 
 def _wait_for_files(dest: Path, n: int, proc) -> None:
