@@ -1,5 +1,6 @@
 """``shard``: move a flat folder into a hashed prefix tree (ab/cd/<name>) in place, and back.
 
+\b
 Examples:
     shard apply /data/images --plan --csv moves.csv   # what would move where; nothing moves
     shard apply /data/images --workers 4              # flat -> ab/cd/<name>, resumable after kill -9
