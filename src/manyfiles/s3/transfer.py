@@ -7,6 +7,7 @@ asyncio twins for aioboto3, in the same order.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 import time
@@ -136,3 +137,24 @@ def with_retries(fn, policy: RetryPolicy, on_retry=None, reset=None):
                 reset()
             time.sleep(policy.delay(attempt))
     raise AssertionError("unreachable")
+
+
+async def awith_retries(fn, policy: RetryPolicy, on_retry=None, reset=None):
+    """The coroutine twin of :func:`with_retries` (``fn`` returns an awaitable); any other
+    exception is classified into a TransferError first, so it is retried or reported too."""
+    for attempt in range(policy.attempts):
+        try:
+            return await fn()
+        except Exception as exc:
+            err = classify(exc)
+            if not err.retryable or attempt + 1 >= policy.attempts:
+                if err is exc:
+                    raise
+                raise err from exc
+            if on_retry is not None:
+                on_retry(str(err))
+            if reset is not None:
+                reset()
+            await asyncio.sleep(policy.delay(attempt))
+    raise AssertionError("unreachable")
+

@@ -16,7 +16,7 @@ import time
 from manyfiles.s3.engines.base import Ctx, LoopThreadEngine
 from manyfiles.s3.engines.threads import finish, open_target
 from manyfiles.s3.retry import TransferError, classify
-from manyfiles.s3.transfer import CHUNK, Job, Verifier, _trace
+from manyfiles.s3.transfer import CHUNK, Job, Verifier, _trace, awith_retries
 
 
 async def aget_whole(client, bucket: str, job: Job, target, *, verify_md5: bool = True, on_bytes=None) -> int:
@@ -89,21 +89,11 @@ class AsyncEngine(LoopThreadEngine):
             if target is None:
                 continue
             error = None
-            for attempt in range(opts.retry.attempts):
-                try:
-                    await aget_whole(client, opts.bucket, job, target, verify_md5=opts.verify_md5,
-                                     on_bytes=ctx.bytes)
-                    error = None
-                    break
-                except TransferError as err:
-                    error = err
-                except OSError as exc:
-                    error = classify(exc)
-                except Exception as exc:
-                    error = classify(exc)
-                if not error.retryable or attempt + 1 >= opts.retry.attempts:
-                    break
-                ctx.retried(job, str(error))
-                target.reset()
-                await asyncio.sleep(opts.retry.delay(attempt))
+            try:
+                await awith_retries(
+                    lambda job=job, target=target: aget_whole(
+                        client, opts.bucket, job, target, verify_md5=opts.verify_md5, on_bytes=ctx.bytes),
+                    opts.retry, on_retry=lambda why, job=job: ctx.retried(job, why), reset=target.reset)
+            except TransferError as err:
+                error = err
             finish(ctx, job, target, self.name, error)

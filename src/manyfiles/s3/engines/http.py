@@ -25,7 +25,7 @@ from manyfiles.s3.engines.base import Ctx, LoopThreadEngine
 from manyfiles.s3.engines.threads import finish, open_target
 from manyfiles.s3.retry import FATAL_CODES, RETRYABLE_CODES, ObjectChanged, TransferError, classify
 from manyfiles.s3.sigv4 import Endpoint, Signer, bucket_region, resolve_endpoint, uri_path
-from manyfiles.s3.transfer import CHUNK, Job, Verifier
+from manyfiles.s3.transfer import CHUNK, Job, Verifier, awith_retries
 
 _CODE = re.compile(rb"<Code>([^<]*)</Code>")
 _MSG = re.compile(rb"<Message>([^<]*)</Message>")
@@ -237,21 +237,14 @@ class HttpEngine(LoopThreadEngine):
                 if target is None:
                     continue
                 error = None
-                for attempt in range(opts.retry.attempts):
-                    try:
-                        await aget_lean(conn, self.signer, opts.bucket, job, target,
-                                        verify_md5=opts.verify_md5, timeout=self.timeout, on_bytes=ctx.bytes)
-                        error = None
-                        break
-                    except TransferError as err:
-                        error = err
-                    except OSError as exc:
-                        error = classify(exc)
-                    if not error.retryable or attempt + 1 >= opts.retry.attempts:
-                        break
-                    ctx.retried(job, str(error))
-                    target.reset()
-                    await asyncio.sleep(opts.retry.delay(attempt))
+                try:
+                    await awith_retries(
+                        lambda job=job, target=target: aget_lean(
+                            conn, self.signer, opts.bucket, job, target, verify_md5=opts.verify_md5,
+                            timeout=self.timeout, on_bytes=ctx.bytes),
+                        opts.retry, on_retry=lambda why, job=job: ctx.retried(job, why), reset=target.reset)
+                except TransferError as err:
+                    error = err
                 finish(ctx, job, target, self.name, error)
         finally:
             conn.close()
