@@ -14,9 +14,8 @@ import asyncio
 import time
 
 from manyfiles.s3.engines.base import Ctx, LoopThreadEngine
-from manyfiles.s3.engines.threads import finish, open_target
-from manyfiles.s3.retry import TransferError, classify
-from manyfiles.s3.transfer import CHUNK, Job, Verifier, _trace, awith_retries
+from manyfiles.s3.retry import classify
+from manyfiles.s3.transfer import CHUNK, Job, Verifier, _trace
 
 
 async def aget_whole(client, bucket: str, job: Job, target, *, verify_md5: bool = True, on_bytes=None) -> int:
@@ -77,23 +76,6 @@ class AsyncEngine(LoopThreadEngine):
             await cm.__aexit__(None, None, None)
 
     async def _worker(self, client) -> None:
-        ctx, opts = self.ctx, self.ctx.options
-        while True:
-            job = await self.q.get()
-            if job is None:
-                return
-            if ctx.cancel.is_set():
-                ctx.failed(job, "cancelled")
-                continue
-            target = open_target(ctx, job, resumable=False)
-            if target is None:
-                continue
-            error = None
-            try:
-                await awith_retries(
-                    lambda job=job, target=target: aget_whole(
-                        client, opts.bucket, job, target, verify_md5=opts.verify_md5, on_bytes=ctx.bytes),
-                    opts.retry, on_retry=lambda why, job=job: ctx.retried(job, why), reset=target.reset)
-            except TransferError as err:
-                error = err
-            finish(ctx, job, target, self.name, error)
+        opts = self.ctx.options
+        await self._serve(lambda job, target: aget_whole(
+            client, opts.bucket, job, target, verify_md5=opts.verify_md5, on_bytes=self.ctx.bytes))

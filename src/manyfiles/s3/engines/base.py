@@ -117,3 +117,27 @@ class LoopThreadEngine(Engine):
 
     async def _main(self) -> None:
         raise NotImplementedError
+
+    async def _serve(self, fetch) -> None:
+        """One worker coroutine: take jobs until its ``None``, run ``fetch(job, target)`` under the
+        retry policy, and report each outcome."""
+        # threads.py imports this module, so its helpers are imported here, at first use
+        from manyfiles.s3.engines.threads import finish, open_target
+        from manyfiles.s3.retry import TransferError
+        from manyfiles.s3.transfer import awith_retries
+
+        ctx, opts = self.ctx, self.ctx.options
+        while (job := await self.q.get()) is not None:
+            if ctx.cancel.is_set():
+                ctx.failed(job, "cancelled")
+                continue
+            target = open_target(ctx, job, resumable=False)
+            if target is None:
+                continue
+            error = None
+            try:
+                await awith_retries(lambda job=job, target=target: fetch(job, target), opts.retry,
+                                    on_retry=lambda why, job=job: ctx.retried(job, why), reset=target.reset)
+            except TransferError as err:
+                error = err
+            finish(ctx, job, target, self.name, error)

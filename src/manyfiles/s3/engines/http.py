@@ -22,10 +22,9 @@ import zlib
 
 from manyfiles import iotrace
 from manyfiles.s3.engines.base import Ctx, LoopThreadEngine
-from manyfiles.s3.engines.threads import finish, open_target
 from manyfiles.s3.retry import FATAL_CODES, RETRYABLE_CODES, ObjectChanged, TransferError, classify
 from manyfiles.s3.sigv4 import Endpoint, Signer, bucket_region, resolve_endpoint, uri_path
-from manyfiles.s3.transfer import CHUNK, Job, Verifier, awith_retries
+from manyfiles.s3.transfer import CHUNK, Job, Verifier
 
 _CODE = re.compile(rb"<Code>([^<]*)</Code>")
 _MSG = re.compile(rb"<Message>([^<]*)</Message>")
@@ -223,28 +222,11 @@ class HttpEngine(LoopThreadEngine):
         await asyncio.gather(*(self._worker() for _ in range(self.workers)))
 
     async def _worker(self) -> None:
-        ctx, opts = self.ctx, self.ctx.options
+        opts = self.ctx.options
         conn = _Conn(self.ep, self.ssl_ctx)
         try:
-            while True:
-                job = await self.q.get()
-                if job is None:
-                    return
-                if ctx.cancel.is_set():
-                    ctx.failed(job, "cancelled")
-                    continue
-                target = open_target(ctx, job, resumable=False)
-                if target is None:
-                    continue
-                error = None
-                try:
-                    await awith_retries(
-                        lambda job=job, target=target: aget_lean(
-                            conn, self.signer, opts.bucket, job, target, verify_md5=opts.verify_md5,
-                            timeout=self.timeout, on_bytes=ctx.bytes),
-                        opts.retry, on_retry=lambda why, job=job: ctx.retried(job, why), reset=target.reset)
-                except TransferError as err:
-                    error = err
-                finish(ctx, job, target, self.name, error)
+            await self._serve(lambda job, target: aget_lean(
+                conn, self.signer, opts.bucket, job, target, verify_md5=opts.verify_md5,
+                timeout=self.timeout, on_bytes=self.ctx.bytes))
         finally:
             conn.close()
