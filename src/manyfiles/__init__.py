@@ -37,6 +37,15 @@ _EXPORTS: dict[str, str] = {
     # errors
     "ManyfilesError": "manyfiles.errors",
     "UsageError": "manyfiles.errors",
+    "MissingExtra": "manyfiles.errors",
+    "NotFound": "manyfiles.errors",
+    "AccessDenied": "manyfiles.errors",
+    "CredentialsError": "manyfiles.errors",
+    "UnsafeKey": "manyfiles.errors",
+    "TransferError": "manyfiles.errors",
+    "ObjectChanged": "manyfiles.errors",
+    "IntegrityError": "manyfiles.errors",
+    "PartialFailure": "manyfiles.errors",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]

@@ -17,17 +17,13 @@ import fnmatch
 import re
 from dataclasses import dataclass
 
-from manyfiles.errors import UsageError
+from manyfiles.errors import UnsafeKey, UsageError
 
 NAME_MAX = 255          # bytes per path segment (Linux)
 PATH_MAX = 4095         # bytes for the relative path
 STATE_DIR = ".s3pull"   # our bookkeeping under DEST; keys may not write into it
 
 _WILDCARD = re.compile(r"[*?\[]")
-
-
-class UnsafeKey(ValueError):
-    """A key that cannot be written under the destination; str() is the reason."""
 
 
 @dataclass(frozen=True)

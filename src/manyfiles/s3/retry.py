@@ -11,6 +11,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from manyfiles.errors import ObjectChanged, TransferError
+
 RETRYABLE_CODES = frozenset({
     "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
     "InternalError", "ServiceUnavailable", "RequestLimitExceeded", "BandwidthLimitExceeded",
@@ -21,22 +23,6 @@ FATAL_CODES = frozenset({
     "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
     "NoSuchBucket", "AllAccessDisabled", "AuthorizationHeaderMalformed", "PermanentRedirect",
 })
-
-
-class TransferError(Exception):
-    """A transfer failed; ``retryable`` says whether trying again can help, ``status`` the HTTP status."""
-
-    def __init__(self, message: str, *, retryable: bool, status: int = 0) -> None:
-        super().__init__(message)
-        self.retryable = retryable
-        self.status = status
-
-
-class ObjectChanged(TransferError):
-    """The object's ETag changed while we were reading it (IfMatch failed)."""
-
-    def __init__(self, message: str = "object changed during download (ETag mismatch)") -> None:
-        super().__init__(message, retryable=False, status=412)
 
 
 @dataclass(frozen=True)
