@@ -79,14 +79,21 @@ def test_type_and_glob_filters(odd: Path, run_cli) -> None:
     assert got == b"0\n"
 
 
-def test_dt_unknown_source_lists_everything(odd: Path, run_cli) -> None:
+def _fastls_with_knobs(*args: str, knobs: str = "fake_dtype=0") -> subprocess.CompletedProcess:
+    """fastls in a subprocess with a manyfiles._testing knob set (its launcher)."""
+    cmd = [sys.executable, "-m", "manyfiles._testing", knobs, "--", "fastls", *args]
+    return subprocess.run(cmd, capture_output=True, timeout=120)
+
+
+def test_dt_unknown_source_lists_everything(odd: Path) -> None:
     """With every d_type reported as DT_UNKNOWN (as on sshfs) nothing is dropped and
-    --type still works through the fstatat fallback."""
-    env = {"MANYFILES_TEST_DT_UNKNOWN": "1"}
-    proc = run_cli("fastls", "-0", str(odd), env=env)
+    --type still works through the fstatat fallback, flat and recursive."""
+    proc = _fastls_with_knobs("-0", str(odd))
     assert sorted(nul_split(proc.stdout)) == sorted(os.listdir(os.fsencode(odd)))
-    assert run_cli("fastls", "--type", "d", str(odd), env=env).stdout == b"sub\n"
-    assert run_cli("fastls", "-r", "--count", str(odd), env=env).stdout == f"{len(ODD_NAMES) + 3}\n".encode()
+    assert _fastls_with_knobs("--type", "d", str(odd)).stdout == b"sub\n"
+    assert _fastls_with_knobs("-r", "--type", "d", str(odd)).stdout == os.fsencode(odd / "sub") + b"\n"
+    assert _fastls_with_knobs("-r", "--count", str(odd)).stdout == f"{len(ODD_NAMES) + 3}\n".encode()
+    assert json.loads(_fastls_with_knobs("--json", str(odd / "sub")).stdout)["type"] == "f"
 
 
 def test_long_format_shows_size(odd: Path, run_cli) -> None:

@@ -1,0 +1,93 @@
+/*
+ * Shared declarations of the native core (manyfiles._dents): _dents.c (one directory,
+ * module init), _glob.c (the one glob rule set) and _walk.c (the parallel tree walker).
+ */
+#ifndef MANYFILES_DENTS_H
+#define MANYFILES_DENTS_H
+
+#define PY_SSIZE_T_CLEAN
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <Python.h>
+
+#include <dirent.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/stat.h>
+
+struct linux_dirent64 {
+    uint64_t d_ino;
+    int64_t d_off;
+    unsigned short d_reclen;
+    unsigned char d_type;
+    char d_name[];
+};
+
+/* A 255-byte name needs 19 header bytes + 256 (with NUL), padded to 8: 280. */
+#define MIN_BUFSIZE 280
+#define DEFAULT_BUFSIZE (1 << 20)
+/* getdents64 takes an unsigned int count: a buffer of 4 GiB or more is truncated by the
+ * kernel (to 0 at exactly 4 GiB: EINVAL).  No filesystem fills more than a few MiB per
+ * call anyway, so every buffer is clamped to this. */
+#define MAX_BUFSIZE (64 << 20)
+/* d_type values we know (DT_UNKNOWN .. DT_WHT = 14); anything else is treated as unknown */
+#define N_DTYPES 16
+
+/* Per-module state (one per interpreter that imports the module): nothing is static. */
+typedef struct {
+    PyObject *entry_type;         /* manyfiles.listing.Entry (a tuple subclass), or NULL */
+    PyObject *listing_type;       /* manyfiles.listing.DirListing (a tuple subclass), or NULL */
+    PyObject *type_letters[N_DTYPES];  /* d_type -> one-letter str ('?' for unknown values) */
+    PyTypeObject *glob_type;
+    PyTypeObject *walk_type;
+    int fake_dtype;               /* test knob (manyfiles._testing): -1 off, else every d_type reads as this */
+} ModState;
+
+ModState *mod_state(PyObject *module);
+ModState *mod_state_of_type(PyTypeObject *type);
+
+/* d_type as the listing should see it (test knob applied, unknown values mapped to DT_UNKNOWN). */
+static inline unsigned char effective_dtype(int fake_dtype, unsigned char d_type) {
+    int t = fake_dtype >= 0 ? fake_dtype : d_type;
+    return (t >= 0 && t < N_DTYPES) ? (unsigned char)t : DT_UNKNOWN;
+}
+
+static inline int is_dot(const char *name) {
+    return name[0] == '.' && (name[1] == 0 || (name[1] == '.' && name[2] == 0));
+}
+
+unsigned char type_from_mode(mode_t m);
+size_t clamp_bufsize(Py_ssize_t bufsize);
+int64_t now_ns(void);
+
+/* ---- glob (_glob.c) ----------------------------------------------------------------------- */
+
+typedef struct GlobPattern GlobPattern;
+
+/* A compiled set of patterns: "any of them matches".  Immutable once built, so worker
+ * threads share it without locks. */
+typedef struct {
+    GlobPattern **pats;
+    Py_ssize_t n;
+    int any_slash;   /* some pattern contains '/': it is matched against the relative path */
+    int all_slash;
+} GlobSet;
+
+/* Matches `name` (and `rel`, the path relative to the walk's root, for patterns with '/';
+ * rel may be NULL: then name is used).  Thread-safe, no GIL needed. */
+int globset_match(const GlobSet *g, const char *name, size_t name_len, const char *rel, size_t rel_len);
+/* The GlobSet inside a manyfiles._dents.Glob object, or NULL with TypeError set. */
+const GlobSet *globset_from_object(PyObject *obj, ModState *st);
+int glob_add_type(PyObject *module, ModState *st);
+
+/* ---- walker (_walk.c) ----------------------------------------------------------------------- */
+
+int walk_add_type(PyObject *module, ModState *st);
+extern PyMethodDef walk_functions[];
+
+/* ---- JSON + names helpers shared by the writers --------------------------------------------- */
+
+PyObject *make_name(const char *name, size_t len, int as_bytes);
+
+#endif
