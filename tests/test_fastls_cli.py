@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from manyfiles.fastls import decode_json_path
+from manyfiles import _fastls_main
+from manyfiles.fastls import ListRequest, decode_json_path
 
 ODD_NAMES = [b"plain", b"with\nnewline", b"bad\xff\xfebytes", b"-dash", b"x" * 255, b"tab\there"]
 
@@ -161,3 +162,34 @@ def test_closed_pipe_is_not_an_error(tmp_path: Path) -> None:
     assert proc.returncode == 0
     assert proc.stderr == b""
     assert len(proc.stdout.splitlines()) == 1
+
+
+FAST_FORMS = [[], ["-r"], ["--recursive", "a", "b"], ["-c", "x"], ["--count", "-r", "x"], ["-0", "-r", "d"],
+              ["--null", "d"], ["--json", "d"], ["-r", "--json", "-c", "d", "e"], ["-r", "-r", "d"]]
+
+
+@pytest.mark.parametrize("argv", FAST_FORMS)
+def test_click_free_fast_path_parses_like_click(argv: list[str]) -> None:
+    """fastls parses its common forms without importing click: the request must be click's."""
+    from manyfiles.cli.ls import build_request, command
+
+    fields = _fastls_main.parse_fast(argv)
+    assert fields is not None
+    ctx = command.make_context("fastls", list(argv))
+    assert ListRequest(**fields) == build_request(**ctx.params)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["-r0", "d"], ["--", "-d"], ["--glob", "*", "d"], ["-L"], [""],
+                                  ["--threads", "2", "d"], ["-"]])
+def test_anything_else_goes_to_click(argv: list[str]) -> None:
+    assert _fastls_main.parse_fast(argv) is None
+
+
+def test_fast_path_does_not_import_click(tmp_path: Path) -> None:
+    (tmp_path / "f").touch()
+    code = ("import sys; sys.argv = ['fastls', '-r', '-c', sys.argv[1]]\n"
+            "from manyfiles import _fastls_main\n"
+            "try:\n    _fastls_main.main()\nexcept SystemExit as e:\n    code = e.code\n"
+            "print(code, 'click' in sys.modules, 'rich' in sys.modules, file=sys.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, timeout=60)
+    assert proc.stdout == b"1\n" and proc.stderr == b"0 False False\n"
