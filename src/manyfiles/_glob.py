@@ -26,13 +26,11 @@ Example:
 
 from __future__ import annotations
 
-import fnmatch
 import functools
 import os
-import re
 import sys
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 try:
     from manyfiles._dents import Glob as _CGlob
@@ -89,9 +87,12 @@ def _escapable(text: str) -> bool:
     return True
 
 
-def _regex(texts: list[str]) -> Callable[[str], re.Match | None] | None:
+def _regex(texts: list[str]) -> Callable[[str], Any] | None:
     if not texts:
         return None
+    import fnmatch  # only here: the C backend needs neither (fastls start-up)
+    import re
+
     return re.compile("|".join(f"(?:{fnmatch.translate(t)})" for t in texts)).match
 
 

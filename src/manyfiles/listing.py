@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from manyfiles import _glob, iotrace
+from manyfiles import _glob
 
 try:
     from manyfiles import _dents
@@ -143,15 +143,22 @@ def _check_bufsize(bufsize: int) -> int:
     return min(bufsize, MAX_BUFSIZE)
 
 
+def _tracer() -> Any:
+    """The active I/O tracer, or None.  manyfiles.iotrace is not imported for this (fastls
+    starts ~3 ms sooner): tracing can only be on if something imported it already."""
+    module = sys.modules.get("manyfiles.iotrace")
+    return None if module is None else module.TRACER
+
+
 def _trace_batches(path: str | bytes, batches: list | None) -> None:
-    tr = iotrace.TRACER
+    tr = _tracer()
     if tr is not None and batches:
         for start, dur, nbytes, nentries in batches:
             tr.record("getdents", path, nentries, nbytes, start, dur, 0)
 
 
 def _batches_list() -> list | None:
-    return [] if iotrace.TRACER is not None else None
+    return [] if _tracer() is not None else None
 
 
 def _on_dir(path: str | bytes, c_function: Any, *args: Any, **kwargs: Any) -> Any:
@@ -368,7 +375,6 @@ def write_names(
 DEFAULT_THREADS = 8
 
 
-@dataclass
 class TreeCount:
     """What :func:`count_tree` / :func:`write_tree` found.
 
@@ -377,10 +383,18 @@ class TreeCount:
     could not be listed, as ``(path, OSError)``.
     """
 
-    entries: int = 0
-    by_type: dict[str, int] = field(default_factory=dict)
-    directories: int = 0
-    failures: list[tuple[str | bytes, OSError]] = field(default_factory=list)
+    __slots__ = ("by_type", "directories", "entries", "failures")
+
+    def __init__(self, entries: int = 0, by_type: dict[str, int] | None = None, directories: int = 0,
+                 failures: list[tuple[str | bytes, OSError]] | None = None) -> None:
+        self.entries = entries
+        self.by_type = {} if by_type is None else by_type
+        self.directories = directories
+        self.failures = [] if failures is None else failures
+
+    def __repr__(self) -> str:
+        return (f"TreeCount(entries={self.entries}, by_type={self.by_type}, directories={self.directories}, "
+                f"failures={len(self.failures)})")
 
     def raise_for_failures(self) -> None:
         """Raise :class:`~manyfiles.errors.PartialFailure` if some directory could not be listed."""
@@ -392,8 +406,7 @@ class TreeCount:
             raise PartialFailure(f"{os.fsdecode(path)}: {exc.strerror or exc}{more}", self.failures, self)
 
 
-@dataclass(frozen=True)
-class _TreeArgs:
+class _TreeArgs(NamedTuple):
     """The options every tree function shares, checked once."""
 
     threads: int = DEFAULT_THREADS
@@ -420,7 +433,7 @@ class _TreeArgs:
             "exclude": c_filter["exclude"],
             "prune": _glob.compile(self.prune) if self.prune else None,
             "descend": tuple(_glob.compile(p) if p else None for p in self.descend) or None,
-            "trace": iotrace.TRACER is not None,
+            "trace": _tracer() is not None,
         }
 
 
@@ -494,7 +507,7 @@ def walk(
 def _walk_c(root: str | bytes, args: _TreeArgs, stat: bool, postorder: bool) -> Iterator[Any]:
     walker = _dents.Walk(os.fsencode(root), as_bytes=isinstance(root, bytes), postorder=postorder,
                          **args.c_kwargs())
-    tracer = iotrace.TRACER
+    tracer = _tracer()
     try:
         for item in walker:
             if tracer is not None:
@@ -599,7 +612,7 @@ def _all_entries(path: str | bytes, bufsize: int, backend: str | None) -> list[E
 
 def _lstat_all(path: str | bytes, entries: Sequence[Entry]) -> list[os.stat_result | None]:
     fd = _open_dir(path)
-    tr = iotrace.TRACER
+    tr = _tracer()
     out: list[os.stat_result | None] = []
     try:
         for e in entries:
@@ -701,7 +714,7 @@ def write_tree(
 def _tree_count(root: str | bytes, raw: tuple) -> TreeCount:
     per_type, entries, dirs, failures, trace = raw
     if trace:
-        _record_getdents(iotrace.TRACER, trace)
+        _record_getdents(_tracer(), trace)
     as_bytes = isinstance(root, bytes)
     tally = TreeCount(entries, {}, dirs)
     for dt, n in enumerate(per_type):
