@@ -109,9 +109,11 @@ class FaultProxy:
                     self.wfile.write(msg)
                     return
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host",)}
-                if proxy.sse_kms and "If-Match" in headers:
-                    headers["If-Match"] = proxy._real_etag(headers["If-Match"])
-                rng_hdr = headers.get("Range")
+                if proxy.sse_kms:
+                    for k in [k for k in headers if k.lower() == "if-match"]:
+                        headers[k] = proxy._real_etag(headers[k])
+                rng_hdr = next((v for k, v in headers.items() if k.lower() == "range"), None)
+                headers = {("Range" if k.lower() == "range" else k): v for k, v in headers.items()}
                 shift = 0
                 if fault in ("200", "ignore-range"):
                     headers.pop("Range", None)
