@@ -106,6 +106,8 @@ async def ahead_lean(conn: _Conn, signer: Signer, job: Job, part_number: int | N
                                           f"partNumber={part_number}" if part_number else "", timeout)
         if status not in (200, 206):
             await _raise_for(conn, signer, status, headers, "HEAD", timeout)
+        if headers.get("connection", "").lower() == "close":
+            conn.close()
     except BaseException as exc:
         conn.close()
         if isinstance(exc, asyncio.CancelledError):
