@@ -203,21 +203,18 @@ def test_dt_unknown_recursion_is_driven_by_eisdir(run_cli, tmp_path: Path) -> No
     # so unlink's EISDIR is what reveals each directory (seen in the I/O trace)
     import json
 
-    def dt_unknown(script: str, *args: str) -> subprocess.CompletedProcess:  # the knob: manyfiles._testing
-        cmd = [sys.executable, "-m", "manyfiles._testing", "fake_dtype=0", "--", script, *args]
-        return subprocess.run(cmd, capture_output=True, timeout=300)
-
+    env = {"MANYFILES_TESTING": "fake_dtype=0"}  # the manyfiles._testing bridge
     root = tmp_path / "tree"
     files, dirs = make_tree(root, 150)
     (root / "a.tmp").touch()
     (root / "0" / "b.tmp").mkdir(parents=True)
     (root / "0" / "b.tmp" / "inside").touch()
-    r = dt_unknown("fastrm", "--glob", "*.tmp", str(root))
+    r = run_cli("fastrm", "--glob", "*.tmp", str(root), env=env)
     assert r.returncode == 0, r.stderr
     assert not (root / "a.tmp").exists() and not (root / "0" / "b.tmp").exists()
     assert len(all_paths(root)) == 1 + files + dirs
     trace = tmp_path / "rm.mftrace"
-    r = dt_unknown("fastrm", "--trace", str(trace), str(root))
+    r = run_cli("fastrm", "--trace", str(trace), str(root), env=env)
     assert r.returncode == 0, r.stderr
     assert not root.exists()
     summary = json.loads(run_cli("manyfiles", "trace", "summary", "--json", str(trace)).stdout)

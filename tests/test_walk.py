@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -304,11 +303,13 @@ def test_tracing_records_one_getdents_per_directory_batch(tree: Path, tmp_path: 
 
 @pytest.mark.skipif(not HAVE_C, reason="C core only")
 @pytest.mark.parametrize("fake", [0, 200])
-def test_unknown_and_garbage_d_types_are_resolved_by_fstatat(tree: Path, fake: int) -> None:
+def test_unknown_and_garbage_d_types_are_resolved_by_fstatat(tree: Path, fake: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """0 is DT_UNKNOWN (sshfs, NFSv3); 200 is garbage a broken filesystem could send (it used to
     be `1u << 200`, undefined): both read as unknown and fstatat gives the real type."""
     want = {(d.path, e.name, e.type) for d in mf.walk(tree) for e in d.entries}
-    with _testing.override(fake_dtype=fake):
+    with monkeypatch.context() as knobs:
+        knobs.setattr(_testing, "fake_dtype", fake)
         assert {e.type for e in mf.iter_entries(tree, resolve_unknown=False)} == {"?"}
         got = {(d.path, e.name, e.type) for d in mf.walk(tree, threads=4) for e in d.entries}
         links = listing.count_tree(tree, filter=Filter(types="l")).entries
@@ -352,18 +353,6 @@ def test_errors_keep_their_errno(tree: Path, tmp_path: Path) -> None:
         os.close(rfd)
 
 
-def test_testing_launcher_sets_knobs_in_the_module_the_library_reads(tree: Path) -> None:
-    code = "from manyfiles import listing; import sys; print(''.join(sorted({e.type for e in " \
-           "listing.iter_entries(sys.argv[1], resolve_unknown=False)})))"
-    cmd = [sys.executable, "-m", "manyfiles._testing", "fake_dtype=0", "--", "-c", code, str(tree)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    expected = "?" if HAVE_C else "dfl"
-    assert proc.stdout.strip() == expected
-    with pytest.raises(TypeError):
-        _testing.set_knobs(no_such_knob=1)
-
-
 @pytest.mark.skipif(not HAVE_C, reason="C core only")
 def test_state_is_per_interpreter() -> None:
     """A subinterpreter importing the module gets its own Entry type and knob (they were C statics)."""
@@ -372,12 +361,12 @@ def test_state_is_per_interpreter() -> None:
     try:
         interpreters.run_string(interp, (
             "from manyfiles import listing, _testing\n"
-            "_testing.set_knobs(fake_dtype=0)\n"
+            "_testing.fake_dtype = 0\n"
             "assert {e.type for e in listing.iter_entries('/usr', resolve_unknown=False)} == {'?'}\n"
         ))
+        # the subinterpreter's Entry type and knob did not leak into this interpreter's module
+        entries = list(mf.iter_entries("/usr", resolve_unknown=False))
+        assert all(type(e) is listing.Entry for e in entries)
+        assert "?" not in {e.type for e in entries}
     finally:
         interpreters.destroy(interp)
-    entries = list(mf.iter_entries("/usr", resolve_unknown=False))
-    assert all(type(e) is listing.Entry for e in entries)
-    assert "?" not in {e.type for e in entries}  # the subinterpreter's knob did not leak here
-    assert listing._dents._get_fake_dtype() == -1

@@ -17,6 +17,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -47,6 +48,23 @@ ModState *mod_state(PyObject *module) { return (ModState *)PyModule_GetState(mod
 
 ModState *mod_state_of_type(PyTypeObject *type) { return (ModState *)PyType_GetModuleState(type); }
 
+int read_fake_dtype(ModState *st) {
+    if (!st->testing && !(st->testing = PyImport_ImportModule("manyfiles._testing"))) {
+        PyErr_Clear();
+        return -1;
+    }
+    /* the attribute name is kept interned: a lookup allocates nothing (a temporary str per
+     * call, between the Entry tuples of the same size class, fragmented the heap) */
+    PyObject *v = PyObject_GetAttr(st->testing, st->knob_name);
+    long x = (v == NULL || v == Py_None) ? -1 : PyLong_AsLong(v);
+    Py_XDECREF(v);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        x = -1;
+    }
+    return x < -1 ? -1 : x > 255 ? 255 : (int)x;
+}
+
 size_t clamp_bufsize(Py_ssize_t bufsize) {
     if (bufsize < MIN_BUFSIZE) return MIN_BUFSIZE;
     if (bufsize > MAX_BUFSIZE) return MAX_BUFSIZE;
@@ -72,6 +90,60 @@ unsigned char type_from_mode(mode_t m) {
     }
 }
 
+/* ---- the calling thread's getdents buffer ------------------------------------------ */
+
+/* One buffer per OS thread, reused by every call, so listing a directory (or one batch of
+ * it: entries_batch) allocates nothing: a fresh 1 MiB malloc per call was both slow and,
+ * once glibc raised its mmap threshold, a source of heap fragmentation.  A call holds the
+ * buffer only while it runs and never runs Python code that could re-enter this module, so
+ * one per thread is enough.  The key is process-wide but holds no Python object. */
+#define KEEP_BUFSIZE (4 << 20) /* a bigger buffer is given back after the call */
+
+typedef struct {
+    char *p;
+    size_t n;
+} ThreadBuf;
+
+static pthread_key_t tbuf_key;
+static pthread_once_t tbuf_once = PTHREAD_ONCE_INIT;
+
+static void tbuf_free(void *v) {
+    ThreadBuf *t = v;
+    free(t->p);
+    free(t);
+}
+
+static void tbuf_init(void) { pthread_key_create(&tbuf_key, tbuf_free); }
+
+/* The thread's buffer, at least `size` bytes (contents not kept); NULL if out of memory. */
+static char *thread_buffer(size_t size) {
+    pthread_once(&tbuf_once, tbuf_init);
+    ThreadBuf *t = pthread_getspecific(tbuf_key);
+    if (!t) {
+        if (!(t = calloc(1, sizeof(*t)))) return NULL;
+        if (pthread_setspecific(tbuf_key, t) != 0) {
+            free(t);
+            return NULL;
+        }
+    }
+    if (t->n < size) {
+        free(t->p);
+        t->n = 0;
+        if (!(t->p = malloc(size))) return NULL;
+        t->n = size;
+    }
+    return t->p;
+}
+
+static void thread_buffer_done(void) {
+    ThreadBuf *t = pthread_getspecific(tbuf_key);
+    if (t && t->n > KEEP_BUFSIZE) {
+        free(t->p);
+        t->p = NULL;
+        t->n = 0;
+    }
+}
+
 /* Reads the next batch into r->buf (GIL released).  Returns bytes read, 0 at the end,
  * -1 with errno set.  EINVAL means "buffer too small for the next record": grow and retry. */
 static long read_batch_nogil(Reader *r) {
@@ -85,7 +157,7 @@ static long read_batch_nogil(Reader *r) {
         }
         if (errno == EINTR) continue;
         if (errno == EINVAL && r->size < MAX_BUFSIZE) {
-            char *bigger = realloc(r->buf, r->size * 2);
+            char *bigger = thread_buffer(r->size * 2);
             if (!bigger) { errno = ENOMEM; return -1; }
             r->buf = bigger;
             r->size *= 2;
@@ -137,14 +209,13 @@ static int reader_init(Reader *r, int fd, Py_ssize_t bufsize, PyObject *path, Py
     memset(r, 0, sizeof(*r));
     r->fd = fd;
     r->size = clamp_bufsize(bufsize);
-    r->buf = malloc(r->size);
     r->path = (path == Py_None) ? NULL : path;
     r->batches = (batches == Py_None || batches == NULL) ? NULL : batches;
     if (r->batches && !PyList_Check(r->batches)) {
-        free(r->buf);
         PyErr_SetString(PyExc_TypeError, "batches must be a list or None");
         return -1;
     }
+    r->buf = thread_buffer(r->size);
     if (!r->buf) { PyErr_NoMemory(); return -1; }
     return 0;
 }
@@ -155,7 +226,7 @@ static int filter_init(Filter *f, PyObject *module, PyObject *include, PyObject 
     memset(f, 0, sizeof(*f));
     f->types = types & ((1u << N_DTYPES) - 1);
     f->resolve = resolve;
-    f->fake_dtype = st->fake_dtype;
+    f->fake_dtype = read_fake_dtype(st);
     if (include != NULL && include != Py_None && !(f->include = globset_from_object(include, st))) return -1;
     if (exclude != NULL && exclude != Py_None && !(f->exclude = globset_from_object(exclude, st))) return -1;
     return 0;
@@ -244,7 +315,7 @@ static PyObject *collect(PyObject *module, PyObject *args, PyObject *kw, int wan
     if (reader_init(&r, a.fd, a.bufsize, a.path, a.batches) < 0) return NULL;
     PyObject *out = PyList_New(0);
     if (!out) {
-        free(r.buf);
+        thread_buffer_done();
         return NULL;
     }
     for (;;) {
@@ -257,7 +328,7 @@ static PyObject *collect(PyObject *module, PyObject *args, PyObject *kw, int wan
         if (parse_into(st, &r, &f, n, a.as_bytes, want_entries, out) < 0) { Py_CLEAR(out); break; }
         if (one_batch) break;
     }
-    free(r.buf);
+    thread_buffer_done();
     return out;
 }
 
@@ -354,7 +425,7 @@ static PyObject *run_scan(PyObject *module, CommonArgs *a, Writer *w) {
     total = scan_nogil(&r, &f, w, &failure);
     saved_errno = errno; /* before free(), which may change it */
     Py_END_ALLOW_THREADS
-    free(r.buf);
+    thread_buffer_done();
     if (total >= 0) return PyLong_FromLongLong(total);
     errno = saved_errno;
     switch (failure) {
@@ -475,7 +546,7 @@ static PyObject *dents_unlink_files(PyObject *self, PyObject *args, PyObject *kw
     if (reader_init(&r, fd, bufsize, path, Py_None) < 0) return NULL;
     Kept kept = {0};
     long long removed = 0;
-    int fake_dtype = mod_state(self)->fake_dtype;
+    int fake_dtype = read_fake_dtype(mod_state(self));
     int at_end = 0, read_errno = 0, nomem = 0;
     Py_BEGIN_ALLOW_THREADS
     for (;;) {
@@ -488,7 +559,7 @@ static PyObject *dents_unlink_files(PyObject *self, PyObject *args, PyObject *kw
         if (limit > 0 && removed >= limit) break; /* the caller reports progress, then calls again */
     }
     Py_END_ALLOW_THREADS
-    free(r.buf);
+    thread_buffer_done();
     PyObject *subdirs = NULL, *failures = NULL, *result = NULL;
     if (nomem) { PyErr_NoMemory(); goto done; }
     if (read_errno) {
@@ -549,21 +620,6 @@ static PyObject *dents_set_types(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *dents_set_fake_dtype(PyObject *self, PyObject *arg) {
-    long v = PyLong_AsLong(arg);
-    if (v == -1 && PyErr_Occurred()) return NULL;
-    if (v < -1 || v > 255) {
-        PyErr_SetString(PyExc_ValueError, "fake d_type must be -1 (off) or 0..255");
-        return NULL;
-    }
-    mod_state(self)->fake_dtype = (int)v;
-    Py_RETURN_NONE;
-}
-
-static PyObject *dents_get_fake_dtype(PyObject *self, PyObject *unused) {
-    return PyLong_FromLong(mod_state(self)->fake_dtype);
-}
-
 static PyMethodDef methods[] = {
     {"listdir", (PyCFunction)(void (*)(void))dents_listdir, METH_VARARGS | METH_KEYWORDS,
      "listdir(fd, bufsize=1<<20, as_bytes=False, include=None, exclude=None, types=0, resolve=False, "
@@ -585,16 +641,12 @@ static PyMethodDef methods[] = {
      "the batch that reaches `limit` unlinks (call again to go on)"},
     {"_set_types", dents_set_types, METH_VARARGS,
      "_set_types(Entry, DirListing): the tuple subclasses built in C (once per interpreter)."},
-    {"_set_fake_dtype", dents_set_fake_dtype, METH_O,
-     "Test knob (use manyfiles._testing): every d_type reads as this value (0 = DT_UNKNOWN, as sshfs/NFSv3 "
-     "report), -1 = off."},
-    {"_get_fake_dtype", dents_get_fake_dtype, METH_NOARGS, "The test knob's value (-1 = off)."},
     {NULL, NULL, 0, NULL},
 };
 
 static int dents_exec(PyObject *m) {
     ModState *st = mod_state(m);
-    st->fake_dtype = -1;
+    if (!(st->knob_name = PyUnicode_InternFromString("fake_dtype"))) return -1;
     static const char letters[] = "?pc?d?b?f?l?s???";
     for (int i = 0; i < N_DTYPES; i++) {
         st->type_letters[i] = PyUnicode_FromStringAndSize(&letters[i], 1);
@@ -622,6 +674,8 @@ static int dents_traverse(PyObject *m, visitproc visit, void *arg) {
     Py_VISIT(st->listing_type);
     Py_VISIT(st->glob_type);
     Py_VISIT(st->walk_type);
+    Py_VISIT(st->testing);
+    Py_VISIT(st->knob_name);
     return 0;
 }
 
@@ -632,6 +686,8 @@ static int dents_clear(PyObject *m) {
     Py_CLEAR(st->listing_type);
     Py_CLEAR(st->glob_type);
     Py_CLEAR(st->walk_type);
+    Py_CLEAR(st->testing);
+    Py_CLEAR(st->knob_name);
     for (int i = 0; i < N_DTYPES; i++) Py_CLEAR(st->type_letters[i]);
     return 0;
 }

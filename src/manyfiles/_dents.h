@@ -41,11 +41,15 @@ typedef struct {
     PyObject *type_letters[N_DTYPES];  /* d_type -> one-letter str ('?' for unknown values) */
     PyTypeObject *glob_type;
     PyTypeObject *walk_type;
-    int fake_dtype;               /* test knob (manyfiles._testing): -1 off, else every d_type reads as this */
+    PyObject *testing;            /* manyfiles._testing, imported at the first call that reads a knob */
+    PyObject *knob_name;          /* "fake_dtype", interned */
 } ModState;
 
 ModState *mod_state(PyObject *module);
 ModState *mod_state_of_type(PyTypeObject *type);
+/* The test knob manyfiles._testing.fake_dtype, read at the start of each call (GIL held):
+ * -1 when unset (production), else the value every d_type reads as. */
+int read_fake_dtype(ModState *st);
 
 /* d_type as the listing should see it (test knob applied, unknown values mapped to DT_UNKNOWN). */
 static inline unsigned char effective_dtype(int fake_dtype, unsigned char d_type) {

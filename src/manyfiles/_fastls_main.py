@@ -49,7 +49,9 @@ def main() -> None:
 
         click_main()
         return
-    from manyfiles import fastls
+    from manyfiles import _testing, fastls
+
+    _testing.apply_environ()  # the subprocess tests' bridge, as cli._common.run_main applies it
 
     request = fastls.ListRequest(**fields)  # type: ignore[arg-type]
     try:

@@ -1,105 +1,93 @@
-"""Test-only knobs, in one place.  Production code never reads them from the environment.
+"""Test-only knobs: plain module settings that tests set and production code reads where it acts.
 
-A knob is a module attribute here with a production default.  Library code reads the
-attribute (``from manyfiles import _testing; if _testing.KNOB: ...``); tests set it:
+Rules (shared by every tool; add a knob here rather than reading the environment elsewhere):
 
-* in the test process::
+* one module attribute per knob; its default is the production behaviour;
+* tests set it (``monkeypatch.setattr(_testing, "kill_at", ("move", 3))``); production code
+  reads it at call time (once per operation in hot paths), never copies it at import time
+  and never reads the environment for it;
+* subprocess tests (a real CLI killed with -9) cannot reach into the child process: for them,
+  and only for them, the environment variable ``MANYFILES_TESTING`` holds ``knob=value``
+  pairs separated by commas.  The command-line entry point (``cli._common.run_main``) applies
+  it with :func:`apply_environ`; importing the library never reads it.
 
-      from manyfiles import _testing
-      with _testing.override(fake_dtype=0):     # restored on exit
-          ...
-
-* in a real subprocess (the CLI under test), through this module's launcher::
-
-      python -m manyfiles._testing fake_dtype=0 -- fastls -r /data
-
-  which sets the knobs, then runs the named console script with the remaining arguments
-  (values are Python literals: ``0``, ``None``, ``'text'``); ``-- -c CODE`` runs Python code
-  instead, e.g. to check what the library sees.
-
-Knobs:
-    fake_dtype: ``None`` (production), or a value every ``d_type`` reads as in the C core:
-        ``0`` (DT_UNKNOWN) behaves as sshfs, NFSv3 READDIR and XFS ``ftype=0`` do, so the
-        fstatat fallback is exercised on any filesystem; an out-of-range value (e.g. 200)
-        exercises the guard against garbage d_type values.
-
-Adding one: a module attribute with its production default, a line in the list above, and,
-when the knob must reach C or another layer when it changes, an entry in ``_APPLY``.
+Example:
+    >>> configure("kill_at=move:3")
+    >>> kill_at
+    ('move', 3)
+    >>> configure("kill_at=")
+    >>> kill_at is None
+    True
 """
 
 from __future__ import annotations
 
-import ast
-import contextlib
-import sys
+import itertools
+import os
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
+ENV = "MANYFILES_TESTING"
+
+#: shard: SIGKILL this process the n-th time it reaches the named point
+#: ("move", "mkdir", "journal" (half-way through writing a record), "finish", ...).
+kill_at: tuple[str, int] | None = None
+
+#: the C core (manyfiles._dents) reads every d_type as this value: 0 (DT_UNKNOWN) behaves as
+#: sshfs, NFSv3 READDIR and XFS ftype=0 do, so the fstatat fallback is exercised on any
+#: filesystem; an out-of-range value (e.g. 200) exercises the guard against garbage d_types.
+#: Read by the C core itself at the start of each call (the module state keeps this module).
 fake_dtype: int | None = None
 
-
-def _apply_fake_dtype(value: int | None) -> None:
-    try:
-        from manyfiles import _dents
-    except ImportError:  # no C core: nothing to fake
-        return
-    _dents._set_fake_dtype(-1 if value is None else int(value))
+_counters: dict[str, Iterator[int]] = {}
 
 
-# knob name -> what else must happen when it changes (besides the attribute)
-_APPLY: dict[str, Callable[[Any], None]] = {"fake_dtype": _apply_fake_dtype}
-_DEFAULTS = {"fake_dtype": None}
+def _parse_kill_at(value: str) -> tuple[str, int] | None:
+    if not value:
+        return None
+    point, _, n = value.partition(":")
+    return point, int(n or 1)
 
 
-def knobs() -> dict[str, Any]:
-    """Current value of every knob."""
-    return {name: globals()[name] for name in _DEFAULTS}
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "kill_at": _parse_kill_at,
+    "fake_dtype": lambda value: int(value) if value else None,
+}
 
 
-def set_knobs(**values: Any) -> None:
-    """Set knobs by name (an unknown name is a TypeError)."""
-    for name, value in values.items():
-        if name not in _DEFAULTS:
-            raise TypeError(f"unknown test knob {name!r}; known: {', '.join(sorted(_DEFAULTS))}")
-        globals()[name] = value
-        if name in _APPLY:
-            _APPLY[name](value)
+def configure(spec: str) -> None:
+    """Set knobs from ``"knob=value,knob=value"``; an unknown knob is an error."""
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, value = item.partition("=")
+        if name not in _PARSERS:
+            raise ValueError(f"{ENV}: unknown knob {name!r} (known: {', '.join(sorted(_PARSERS))})")
+        globals()[name] = _PARSERS[name](value)
+        if name == "kill_at":
+            _counters.clear()
 
 
-@contextlib.contextmanager
-def override(**values: Any) -> Iterator[None]:
-    """Set knobs for the duration of a ``with`` block."""
-    saved = {name: globals()[name] for name in values if name in _DEFAULTS}
-    set_knobs(**values)
-    try:
-        yield
-    finally:
-        set_knobs(**saved)
+def apply_environ() -> None:
+    """The bridge for subprocess tests: apply ``$MANYFILES_TESTING`` (called by the CLI entry only)."""
+    spec = os.environ.get(ENV)
+    if spec:
+        configure(spec)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m manyfiles._testing KNOB=VALUE ... -- SCRIPT ARGS...``"""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if "--" not in args:
-        raise SystemExit("usage: python -m manyfiles._testing KNOB=VALUE ... -- SCRIPT [ARGS...]")
-    split = args.index("--")
-    settings, (script, *rest) = args[:split], args[split + 1 :]
-    for item in settings:
-        name, _, text = item.partition("=")
-        set_knobs(**{name: ast.literal_eval(text)})
-    if script == "-c":
-        sys.argv = ["-c", *rest[1:]]
-        exec(compile(rest[0], "<string>", "exec"), {"__name__": "__main__"})
-        return
-    from importlib.metadata import entry_points
-
-    (entry,) = [e for e in entry_points(group="console_scripts") if e.name == script]
-    sys.argv = [script, *rest]
-    entry.load()()
+def reached(point: str) -> bool:
+    """True the n-th time ``point`` is reached when ``kill_at`` is ``(point, n)``."""
+    if kill_at is None or kill_at[0] != point:
+        return False
+    counter = _counters.setdefault(point, itertools.count(1))
+    return next(counter) == kill_at[1]  # itertools.count is atomic under the GIL
 
 
-if __name__ == "__main__":
-    # run as a script this file is `__main__`: set the knobs on the module the library imports
-    from manyfiles._testing import main as _main
+def killpoint(point: str) -> None:
+    """SIGKILL this process here if ``kill_at`` asks for it (a no-op in production)."""
+    if kill_at is not None and reached(point):
+        die()
 
-    _main()
+
+def die() -> None:
+    """SIGKILL this process: the crash of the kill tests (no cleanup, no flush)."""
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1142,7 +1142,7 @@ static int config_from(PyObject *module, Config *cfg, PyArgs *a, int threads, in
     cfg->xdev = xdev;
     cfg->types = types & ((1u << N_DTYPES) - 1);
     cfg->bufsize = clamp_bufsize(a->bufsize);
-    cfg->fake_dtype = st->fake_dtype;
+    cfg->fake_dtype = read_fake_dtype(st);
     cfg->max_batches = 4 * threads + 4;
     int ok = 1;
     cfg->include = glob_or_none(a->include, st, &ok);
