@@ -71,6 +71,17 @@ size_t clamp_bufsize(Py_ssize_t bufsize) {
     return (size_t)bufsize;
 }
 
+int grow_array(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    void *v = realloc(*p, c * elem);
+    if (!v) return -1;
+    *p = v;
+    *cap = c;
+    return 0;
+}
+
 int64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -475,21 +486,9 @@ typedef struct {
 
 static int kept_add(Kept *k, const char *name, int err) {
     size_t len = strlen(name) + 1;
-    if (k->used + len > k->cap) {
-        size_t cap = k->cap ? k->cap * 2 : 65536;
-        while (cap < k->used + len) cap *= 2;
-        char *a = realloc(k->arena, cap);
-        if (!a) return -1;
-        k->arena = a;
-        k->cap = cap;
-    }
-    if (k->n == k->ncap) {
-        size_t ncap = k->ncap ? k->ncap * 2 : 256;
-        struct kept *it = realloc(k->items, ncap * sizeof(*it));
-        if (!it) return -1;
-        k->items = it;
-        k->ncap = ncap;
-    }
+    if (grow_array((void **)&k->arena, &k->cap, k->used + len, 1) < 0 ||
+        grow_array((void **)&k->items, &k->ncap, k->n + 1, sizeof(*k->items)) < 0)
+        return -1;
     memcpy(k->arena + k->used, name, len);
     k->items[k->n].off = k->used;
     k->items[k->n].err = err;

@@ -62,6 +62,55 @@ static inline int is_dot(const char *name) {
 }
 
 unsigned char type_from_mode(mode_t m);
+/* Grows *p (an array of `elem`-byte items with *cap of room) to hold `need` items: 0, or -1 (ENOMEM). */
+int grow_array(void **p, size_t *cap, size_t need, size_t elem);
+
+/* ---- UTF-8 with surrogateescape ------------------------------------------------------------- */
+
+static inline int utf8_cont(unsigned char b) { return (b & 0xC0) == 0x80; }
+
+/* The code point at s[*i] (advancing *i), exactly as os.fsdecode (Python's UTF-8 decoder
+ * with errors="surrogateescape") produces it: a byte that does not start a valid sequence
+ * becomes U+DC00 + byte.  Valid UTF-8 never decodes to U+DC80..U+DCFF (surrogates are
+ * rejected), so such a code point means "not UTF-8".  Used by the glob matcher (_glob.c)
+ * and the JSON writer (_walk.c). */
+static inline uint32_t fs_next_char(const unsigned char *s, size_t len, size_t *i) {
+    size_t p = *i;
+    unsigned char b = s[p];
+    if (b < 0x80) {
+        *i = p + 1;
+        return b;
+    }
+    size_t left = len - p - 1;
+    if (b >= 0xC2 && b <= 0xDF) {
+        if (left >= 1 && utf8_cont(s[p + 1])) {
+            *i = p + 2;
+            return ((uint32_t)(b & 0x1F) << 6) | (s[p + 1] & 0x3F);
+        }
+    } else if (b >= 0xE0 && b <= 0xEF) {
+        if (left >= 2 && utf8_cont(s[p + 1]) && utf8_cont(s[p + 2])) {
+            unsigned char b1 = s[p + 1];
+            int ok = (b == 0xE0) ? b1 >= 0xA0 : (b == 0xED) ? b1 <= 0x9F : 1;  /* overlong; surrogates */
+            if (ok) {
+                *i = p + 3;
+                return ((uint32_t)(b & 0x0F) << 12) | ((uint32_t)(b1 & 0x3F) << 6) | (s[p + 2] & 0x3F);
+            }
+        }
+    } else if (b >= 0xF0 && b <= 0xF4) {
+        if (left >= 3 && utf8_cont(s[p + 1]) && utf8_cont(s[p + 2]) && utf8_cont(s[p + 3])) {
+            unsigned char b1 = s[p + 1];
+            int ok = (b == 0xF0) ? b1 >= 0x90 : (b == 0xF4) ? b1 <= 0x8F : 1;  /* overlong; > U+10FFFF */
+            if (ok) {
+                *i = p + 4;
+                return ((uint32_t)(b & 0x07) << 18) | ((uint32_t)(b1 & 0x3F) << 12) |
+                       ((uint32_t)(s[p + 2] & 0x3F) << 6) | (s[p + 3] & 0x3F);
+            }
+        }
+    }
+    *i = p + 1;
+    return 0xDC00 + b;
+}
+
 size_t clamp_bufsize(Py_ssize_t bufsize);
 int64_t now_ns(void);
 

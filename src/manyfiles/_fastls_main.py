@@ -44,6 +44,11 @@ def parse_fast(argv: list[str]) -> dict[str, object] | None:
 def main() -> None:
     """Entry point of the ``fastls`` script."""
     fields = parse_fast(sys.argv[1:])
+    if fields is not None:
+        from manyfiles import listing
+
+        if listing.default_backend() != "dents":
+            fields = None  # no C core: the click command says so (and it is no fast path anyway)
     if fields is None:
         from manyfiles.cli.ls import main as click_main
 

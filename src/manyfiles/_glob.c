@@ -43,49 +43,6 @@ struct GlobPattern {
     int has_slash;
 };
 
-/* ---- UTF-8 with surrogateescape ------------------------------------------------------------- */
-
-static inline int cont(unsigned char b) { return (b & 0xC0) == 0x80; }
-
-/* The code point at s[*i] (advancing *i), exactly as Python's UTF-8 decoder with
- * errors="surrogateescape" would produce it: an invalid byte becomes U+DC00 + byte. */
-static inline uint32_t next_cp(const unsigned char *s, size_t len, size_t *i) {
-    size_t p = *i;
-    unsigned char b = s[p];
-    if (b < 0x80) {
-        *i = p + 1;
-        return b;
-    }
-    size_t left = len - p - 1;
-    if (b >= 0xC2 && b <= 0xDF) {
-        if (left >= 1 && cont(s[p + 1])) {
-            *i = p + 2;
-            return ((uint32_t)(b & 0x1F) << 6) | (s[p + 1] & 0x3F);
-        }
-    } else if (b >= 0xE0 && b <= 0xEF) {
-        if (left >= 2 && cont(s[p + 1]) && cont(s[p + 2])) {
-            unsigned char b1 = s[p + 1];
-            int ok = (b == 0xE0) ? b1 >= 0xA0 : (b == 0xED) ? b1 <= 0x9F : 1;  /* overlong; surrogates */
-            if (ok) {
-                *i = p + 3;
-                return ((uint32_t)(b & 0x0F) << 12) | ((uint32_t)(b1 & 0x3F) << 6) | (s[p + 2] & 0x3F);
-            }
-        }
-    } else if (b >= 0xF0 && b <= 0xF4) {
-        if (left >= 3 && cont(s[p + 1]) && cont(s[p + 2]) && cont(s[p + 3])) {
-            unsigned char b1 = s[p + 1];
-            int ok = (b == 0xF0) ? b1 >= 0x90 : (b == 0xF4) ? b1 <= 0x8F : 1;  /* overlong; > U+10FFFF */
-            if (ok) {
-                *i = p + 4;
-                return ((uint32_t)(b & 0x07) << 18) | ((uint32_t)(b1 & 0x3F) << 12) |
-                       ((uint32_t)(s[p + 2] & 0x3F) << 6) | (s[p + 3] & 0x3F);
-            }
-        }
-    }
-    *i = p + 1;
-    return 0xDC00 + b;
-}
-
 /* ---- compiling: fnmatch.translate, on code points -------------------------------------------- */
 
 typedef struct {
@@ -94,13 +51,7 @@ typedef struct {
 } U32s;
 
 static int u32_push(U32s *a, uint32_t x) {
-    if (a->n == a->cap) {
-        size_t cap = a->cap ? a->cap * 2 : 16;
-        uint32_t *v = realloc(a->v, cap * sizeof(*v));
-        if (!v) return -1;
-        a->v = v;
-        a->cap = cap;
-    }
+    if (grow_array((void **)&a->v, &a->cap, a->n + 1, sizeof(*a->v)) < 0) return -1;
     a->v[a->n++] = x;
     return 0;
 }
@@ -114,25 +65,13 @@ typedef struct {
 
 static int add_tok(Builder *b, Tok t) {
     if (t.kind == T_STAR && b->ntok && b->toks[b->ntok - 1].kind == T_STAR) return 0;  /* '**' == '*' */
-    if (b->ntok == b->tcap) {
-        size_t cap = b->tcap ? b->tcap * 2 : 16;
-        Tok *v = realloc(b->toks, cap * sizeof(*v));
-        if (!v) return -1;
-        b->toks = v;
-        b->tcap = cap;
-    }
+    if (grow_array((void **)&b->toks, &b->tcap, b->ntok + 1, sizeof(*b->toks)) < 0) return -1;
     b->toks[b->ntok++] = t;
     return 0;
 }
 
 static int add_range(Builder *b, uint32_t lo, uint32_t hi) {
-    if (b->nranges == b->rcap) {
-        size_t cap = b->rcap ? b->rcap * 2 : 16;
-        uint32_t(*v)[2] = realloc(b->ranges, cap * sizeof(*v));
-        if (!v) return -1;
-        b->ranges = v;
-        b->rcap = cap;
-    }
+    if (grow_array((void **)&b->ranges, &b->rcap, b->nranges + 1, sizeof(*b->ranges)) < 0) return -1;
     b->ranges[b->nranges][0] = lo;
     b->ranges[b->nranges][1] = hi;
     b->nranges++;
@@ -147,13 +86,7 @@ typedef struct {
 } Chunks;
 
 static int chunk_add(Chunks *ch, const uint32_t *src, size_t len) {
-    if (ch->n == ch->cap) {
-        size_t cap = ch->cap ? ch->cap * 2 : 8;
-        U32s *v = realloc(ch->c, cap * sizeof(*v));
-        if (!v) return -1;
-        ch->c = v;
-        ch->cap = cap;
-    }
+    if (grow_array((void **)&ch->c, &ch->cap, ch->n + 1, sizeof(*ch->c)) < 0) return -1;
     U32s *dst = &ch->c[ch->n++];
     memset(dst, 0, sizeof(*dst));
     for (size_t i = 0; i < len; i++)
@@ -256,7 +189,7 @@ static GlobPattern *pattern_compile(const char *src, size_t len) {
     Builder b = {0};
     GlobPattern *p = NULL;
     for (size_t i = 0; i < len;)
-        if (u32_push(&pc, next_cp((const unsigned char *)src, len, &i)) < 0) goto fail;
+        if (u32_push(&pc, fs_next_char((const unsigned char *)src, len, &i)) < 0) goto fail;
     size_t n = pc.n;
     for (size_t i = 0; i < n;) {
         uint32_t c = pc.v[i++];
@@ -327,7 +260,7 @@ static int pattern_match(const GlobPattern *p, const unsigned char *s, size_t le
         }
         if (ti < p->ntok) {
             size_t next = si;
-            uint32_t c = next_cp(s, len, &next);
+            uint32_t c = fs_next_char(s, len, &next);
             if (tok_matches(p, &toks[ti], c)) {
                 si = next;
                 ti++;
@@ -335,7 +268,7 @@ static int pattern_match(const GlobPattern *p, const unsigned char *s, size_t le
             }
         }
         if (star_t == (size_t)-1) return 0;
-        next_cp(s, len, &star_s);  /* let the last '*' eat one more character */
+        fs_next_char(s, len, &star_s);  /* let the last '*' eat one more character */
         si = star_s;
         ti = star_t;
     }

@@ -206,17 +206,6 @@ typedef struct Walk {
 
 /* ---- small helpers ---------------------------------------------------------------------------- */
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return 0;
-    size_t c = *cap ? *cap : 64;
-    while (c < need) c *= 2;
-    void *v = realloc(*p, c * elem);
-    if (!v) return -1;
-    *p = v;
-    *cap = c;
-    return 0;
-}
-
 static void set_fatal(Walk *w, int err) {
     pthread_mutex_lock(&w->mu);
     if (!w->fatal) w->fatal = err;
@@ -225,8 +214,8 @@ static void set_fatal(Walk *w, int err) {
 }
 
 static void trace_add(Walk *w, TraceLog *t, const WDir *d, int64_t start, int64_t dur, long nbytes, long n) {
-    if (grow((void **)&t->v, &t->cap, t->n + 1, sizeof(TraceRec)) < 0 ||
-        grow((void **)&t->arena, &t->acap, t->used + d->len + 1, 1) < 0) {
+    if (grow_array((void **)&t->v, &t->cap, t->n + 1, sizeof(TraceRec)) < 0 ||
+        grow_array((void **)&t->arena, &t->acap, t->used + d->len + 1, 1) < 0) {
         set_fatal(w, ENOMEM);
         return;
     }
@@ -238,7 +227,7 @@ static void trace_add(Walk *w, TraceLog *t, const WDir *d, int64_t start, int64_
 static void add_failure(Walk *w, const WDir *d, int err) {
     char *copy = malloc(d->len + 1);
     pthread_mutex_lock(&w->err_mu);
-    if (!copy || grow((void **)&w->fails, &w->fcap, w->nfails + 1, sizeof(Failure)) < 0) {
+    if (!copy || grow_array((void **)&w->fails, &w->fcap, w->nfails + 1, sizeof(Failure)) < 0) {
         pthread_mutex_unlock(&w->err_mu);
         free(copy);
         set_fatal(w, ENOMEM);
@@ -303,7 +292,7 @@ static void push_kids(Worker *wk) {
     atomic_fetch_add(&w->pending, (long)n);
     pthread_mutex_lock(&wk->mu);
     if (wk->lo == wk->hi) wk->lo = wk->hi = 0;
-    if (grow((void **)&wk->dq, &wk->cap, wk->hi + n, sizeof(WDir *)) < 0) {
+    if (grow_array((void **)&wk->dq, &wk->cap, wk->hi + n, sizeof(WDir *)) < 0) {
         pthread_mutex_unlock(&wk->mu);
         /* cannot queue them: drop them (the walk stops with ENOMEM) */
         for (size_t i = 0; i < n; i++) {
@@ -440,7 +429,7 @@ static void batch_recycle(Walk *w, Batch *b) {
 }
 
 static int batch_set_path(Batch *b, const WDir *d, int kind, int err) {
-    if (grow((void **)&b->path, &b->pathcap, d->len + 1, 1) < 0) return -1;
+    if (grow_array((void **)&b->path, &b->pathcap, d->len + 1, 1) < 0) return -1;
     memcpy(b->path, d->path, d->len + 1);
     b->pathlen = d->len;
     b->kind = kind;
@@ -450,8 +439,8 @@ static int batch_set_path(Batch *b, const WDir *d, int kind, int err) {
 }
 
 static int batch_add(Batch *b, const char *name, size_t len, unsigned char type, uint64_t ino) {
-    if (grow((void **)&b->ents, &b->cap, b->n + 1, sizeof(struct BEnt)) < 0 ||
-        grow((void **)&b->names, &b->names_cap, b->names_len + len, 1) < 0)
+    if (grow_array((void **)&b->ents, &b->cap, b->n + 1, sizeof(struct BEnt)) < 0 ||
+        grow_array((void **)&b->names, &b->names_cap, b->names_len + len, 1) < 0)
         return -1;
     memcpy(b->names + b->names_len, name, len);
     b->ents[b->n++] = (struct BEnt){ino, (uint32_t)b->names_len, (uint16_t)len, type};
@@ -505,7 +494,7 @@ static int out_reserve(Worker *wk, size_t need) {
     Walk *w = wk->w;
     if (wk->used + need <= wk->ocap) return 0;
     if (out_flush(w, wk) < 0) return -1;
-    if (need > wk->ocap && grow((void **)&wk->out, &wk->ocap, need, 1) < 0) {
+    if (need > wk->ocap && grow_array((void **)&wk->out, &wk->ocap, need, 1) < 0) {
         set_fatal(w, ENOMEM);
         return -1;
     }
@@ -529,8 +518,8 @@ static inline char *put_u16(char *p, uint32_t u) {
     return p;
 }
 
-/* json.dumps(os.fsdecode(s), ensure_ascii=True) without the quotes: the same decoding as
- * _glob.c (UTF-8, invalid bytes as U+DC80..U+DCFF) and the same escapes as CPython's
+/* json.dumps(os.fsdecode(s), ensure_ascii=True) without the quotes: the glob's decoding
+ * (fs_next_char: UTF-8, invalid bytes as U+DC80..U+DCFF) and the same escapes as CPython's
  * encoder (\" \\ \n \r \t \b \f, \u00XX for other controls and DEL, \uXXXX for non-ASCII,
  * surrogate pairs above U+FFFF, lowercase hex).  Sets *valid = 0 if s is not valid UTF-8. */
 static char *put_json_str(char *p, const unsigned char *s, size_t len, int *valid) {
@@ -541,35 +530,8 @@ static char *put_json_str(char *p, const unsigned char *s, size_t len, int *vali
             i++;
             continue;
         }
-        uint32_t c;
-        if (b < 0x80) {
-            c = b;
-            i++;
-        } else {
-            size_t start = i;
-            /* decode one code point (same rules as the glob decoder) */
-            size_t left = len - i - 1;
-            c = 0xDC00 + b;
-            size_t used = 1;
-            if (b >= 0xC2 && b <= 0xDF && left >= 1 && (s[i + 1] & 0xC0) == 0x80) {
-                c = ((uint32_t)(b & 0x1F) << 6) | (s[i + 1] & 0x3F);
-                used = 2;
-            } else if (b >= 0xE0 && b <= 0xEF && left >= 2 && (s[i + 1] & 0xC0) == 0x80 &&
-                       (s[i + 2] & 0xC0) == 0x80 && (b != 0xE0 || s[i + 1] >= 0xA0) &&
-                       (b != 0xED || s[i + 1] <= 0x9F)) {
-                c = ((uint32_t)(b & 0x0F) << 12) | ((uint32_t)(s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F);
-                used = 3;
-            } else if (b >= 0xF0 && b <= 0xF4 && left >= 3 && (s[i + 1] & 0xC0) == 0x80 &&
-                       (s[i + 2] & 0xC0) == 0x80 && (s[i + 3] & 0xC0) == 0x80 &&
-                       (b != 0xF0 || s[i + 1] >= 0x90) && (b != 0xF4 || s[i + 1] <= 0x8F)) {
-                c = ((uint32_t)(b & 0x07) << 18) | ((uint32_t)(s[i + 1] & 0x3F) << 12) |
-                    ((uint32_t)(s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F);
-                used = 4;
-            } else {
-                *valid = 0;
-            }
-            i = start + used;
-        }
+        uint32_t c = fs_next_char(s, len, &i);
+        if (c >= 0xDC80 && c <= 0xDCFF) *valid = 0; /* a byte that is not UTF-8 */
         switch (c) {
         case '"': p = put(p, "\\\"", 2); break;
         case '\\': p = put(p, "\\\\", 2); break;
@@ -720,7 +682,7 @@ static int wanted(const Config *c, const char *name, size_t nl, unsigned char ty
 static const char *rel_path(Worker *wk, const WDir *d, const char *name, size_t nl, size_t *rl) {
     size_t dl = d->len - d->rel_off;
     size_t need = dl + 1 + nl;
-    if (grow((void **)&wk->scratch, &wk->scap, need + 1, 1) < 0) return NULL;
+    if (grow_array((void **)&wk->scratch, &wk->scap, need + 1, 1) < 0) return NULL;
     char *p = wk->scratch;
     if (dl) {
         memcpy(p, d->path + d->rel_off, dl);
@@ -822,7 +784,7 @@ static void process(Worker *wk, WDir *d) {
             if (!is_dir && type == DT_LNK && c->follow && may_descend)
                 is_dir = fstatat(d->fd, name, &st, 0) == 0 && S_ISDIR(st.st_mode);
             if (is_dir && may_descend && enter_ok(c, child_depth, name, nl, wk, d)) {
-                if (grow((void **)&wk->kids, &wk->kcap, wk->nkids + 1, sizeof(WDir *)) < 0) goto nomem;
+                if (grow_array((void **)&wk->kids, &wk->kcap, wk->nkids + 1, sizeof(WDir *)) < 0) goto nomem;
                 WDir *kid = dir_new(d, name, nl);
                 if (!kid) goto nomem;
                 wk->kids[wk->nkids++] = kid;
@@ -1119,7 +1081,11 @@ typedef struct {
     PyObject *root, *label, *include, *exclude, *prune, *descend, *progress;
     int root_fd;
     Py_ssize_t bufsize;
+    int threads, max_depth, min_depth, follow, xdev, trace;
+    unsigned types;
 } PyArgs;
+
+#define PYARGS_DEFAULTS {.bufsize = 32 * 1024, .threads = 4, .max_depth = -1}
 
 static const GlobSet *glob_or_none(PyObject *o, ModState *st, int *ok) {
     if (o == NULL || o == Py_None) return NULL;
@@ -1128,19 +1094,18 @@ static const GlobSet *glob_or_none(PyObject *o, ModState *st, int *ok) {
     return g;
 }
 
-/* Fills cfg from the common keyword arguments; returns 0, or -1 with an exception set. */
-static int config_from(PyObject *module, Config *cfg, PyArgs *a, int threads, int max_depth, int min_depth,
-                       int follow, int xdev, unsigned types) {
+/* Fills cfg's common fields from the keyword arguments (the mode's fields are the caller's);
+ * returns 0, or -1 with an exception set. */
+static int config_from(PyObject *module, Config *cfg, PyArgs *a) {
     ModState *st = mod_state(module);
-    memset(cfg, 0, sizeof(*cfg));
-    if (threads <= 0) threads = 1;
-    if (threads > 256) threads = 256;
+    int threads = a->threads <= 0 ? 1 : a->threads > 256 ? 256 : a->threads;
     cfg->threads = threads;
-    cfg->max_depth = max_depth;
-    cfg->min_depth = min_depth < 0 ? 0 : min_depth;
-    cfg->follow = follow;
-    cfg->xdev = xdev;
-    cfg->types = types & ((1u << N_DTYPES) - 1);
+    cfg->max_depth = a->max_depth;
+    cfg->min_depth = a->min_depth < 0 ? 0 : a->min_depth;
+    cfg->follow = a->follow;
+    cfg->xdev = a->xdev;
+    cfg->trace = a->trace;
+    cfg->types = a->types & ((1u << N_DTYPES) - 1);
     cfg->bufsize = clamp_bufsize(a->bufsize);
     cfg->fake_dtype = read_fake_dtype(st);
     cfg->max_batches = 4 * threads + 4;
@@ -1312,49 +1277,40 @@ static PyObject *run_blocking(Walk *w, PyArgs *a) {
 #define WALK_KWLIST "threads", "max_depth", "min_depth", "follow", "xdev", "types", "bufsize", "include", \
                     "exclude", "prune", "descend", "label", "trace"
 
-static PyObject *walk_count(PyObject *module, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"root", WALK_KWLIST, "progress", NULL};
-    PyArgs a = {.bufsize = 32 * 1024};
-    int threads = 4, max_depth = -1, min_depth = 0, follow = 0, xdev = 0, trace = 0;
-    unsigned types = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$iiippInOOOOOpO:walk_count", kwlist, &a.root, &threads,
-                                     &max_depth, &min_depth, &follow, &xdev, &types, &a.bufsize, &a.include,
-                                     &a.exclude, &a.prune, &a.descend, &a.label, &trace, &a.progress))
-        return NULL;
-    Config cfg;
-    if (config_from(module, &cfg, &a, threads, max_depth, min_depth, follow, xdev, types) < 0) return NULL;
-    cfg.mode = M_COUNT;
-    cfg.trace = trace;
-    Walk *w = walk_alloc(&cfg);
+/* The keyword options every walk takes, in WALK_KWLIST order (for PyArg_ParseTupleAndKeywords). */
+#define WALK_FORMAT "iiippInOOOOOp"
+#define WALK_ARGS(a) &(a).threads, &(a).max_depth, &(a).min_depth, &(a).follow, &(a).xdev, &(a).types, \
+                     &(a).bufsize, &(a).include, &(a).exclude, &(a).prune, &(a).descend, &(a).label, &(a).trace
+
+static PyObject *walk_to_the_end(PyObject *module, Config *cfg, PyArgs *a) {
+    if (config_from(module, cfg, a) < 0) return NULL;
+    Walk *w = walk_alloc(cfg);
     if (!w) return PyErr_NoMemory();
-    PyObject *res = run_blocking(w, &a);
+    PyObject *res = run_blocking(w, a);
     walk_free(w);
     return res;
 }
 
+static PyObject *walk_count(PyObject *module, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"root", WALK_KWLIST, "progress", NULL};
+    PyArgs a = PYARGS_DEFAULTS;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$" WALK_FORMAT "O:walk_count", kwlist, &a.root, WALK_ARGS(a),
+                                     &a.progress))
+        return NULL;
+    Config cfg = {.mode = M_COUNT};
+    return walk_to_the_end(module, &cfg, &a);
+}
+
 static PyObject *walk_write(PyObject *module, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"root", "out_fd", "json", "sep", WALK_KWLIST, "progress", NULL};
-    PyArgs a = {.bufsize = 32 * 1024};
-    int out_fd, json = 0, threads = 4, max_depth = -1, min_depth = 0, follow = 0, xdev = 0, trace = 0;
-    char sep = '\n';
-    unsigned types = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|pc$iiippInOOOOOpO:walk_write", kwlist, &a.root, &out_fd,
-                                     &json, &sep, &threads, &max_depth, &min_depth, &follow, &xdev, &types,
-                                     &a.bufsize, &a.include, &a.exclude, &a.prune, &a.descend, &a.label,
-                                     &trace, &a.progress))
+    PyArgs a = PYARGS_DEFAULTS;
+    int json = 0;
+    Config cfg = {.mode = M_WRITE, .sep = '\n'};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|pc$" WALK_FORMAT "O:walk_write", kwlist, &a.root, &cfg.out_fd,
+                                     &json, &cfg.sep, WALK_ARGS(a), &a.progress))
         return NULL;
-    Config cfg;
-    if (config_from(module, &cfg, &a, threads, max_depth, min_depth, follow, xdev, types) < 0) return NULL;
-    cfg.mode = M_WRITE;
     cfg.fmt = json ? F_JSON : F_LINES;
-    cfg.sep = sep;
-    cfg.out_fd = out_fd;
-    cfg.trace = trace;
-    Walk *w = walk_alloc(&cfg);
-    if (!w) return PyErr_NoMemory();
-    PyObject *res = run_blocking(w, &a);
-    walk_free(w);
-    return res;
+    return walk_to_the_end(module, &cfg, &a);
 }
 
 /* ---- the events iterator: manyfiles._dents.Walk --------------------------------------------------------- */
@@ -1392,12 +1348,10 @@ static void walkobj_finish(WalkObject *self) {
 
 static PyObject *walkobj_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"root", WALK_KWLIST, "as_bytes", "postorder", NULL};
-    PyArgs a = {.bufsize = 32 * 1024};
-    int threads = 4, max_depth = -1, min_depth = 0, follow = 0, xdev = 0, trace = 0, as_bytes = 0, post = 0;
-    unsigned types = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$iiippInOOOOOppp:Walk", kwlist, &a.root, &threads, &max_depth,
-                                     &min_depth, &follow, &xdev, &types, &a.bufsize, &a.include, &a.exclude,
-                                     &a.prune, &a.descend, &a.label, &trace, &as_bytes, &post))
+    PyArgs a = PYARGS_DEFAULTS;
+    int as_bytes = 0, post = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$" WALK_FORMAT "pp:Walk", kwlist, &a.root, WALK_ARGS(a),
+                                     &as_bytes, &post))
         return NULL;
     PyObject *module = PyType_GetModule(type);
     ModState *st = mod_state(module);
@@ -1405,11 +1359,8 @@ static PyObject *walkobj_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_RuntimeError, "_set_types() was not called");
         return NULL;
     }
-    Config cfg;
-    if (config_from(module, &cfg, &a, threads, max_depth, min_depth, follow, xdev, types) < 0) return NULL;
-    cfg.mode = M_EVENTS;
-    cfg.trace = trace;
-    cfg.postorder = post;
+    Config cfg = {.mode = M_EVENTS, .postorder = post};
+    if (config_from(module, &cfg, &a) < 0) return NULL;
     WalkObject *self = (WalkObject *)type->tp_alloc(type, 0);
     if (!self) return NULL;
     self->as_bytes = as_bytes;
