@@ -202,3 +202,18 @@ def test_fast_path_does_not_import_click(tmp_path: Path) -> None:
             "print(code, 'click' in sys.modules, 'rich' in sys.modules, file=sys.stderr)\n")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, timeout=60)
     assert proc.stdout == b"1\n" and proc.stderr == b"0 False False\n"
+
+
+def test_closed_pipe_during_a_tree_walk_is_not_an_error(tmp_path: Path) -> None:
+    """The walker threads meet EPIPE: they stop, the command exits 0 quietly."""
+    for d in range(40):
+        sub = tmp_path / f"d{d}"
+        sub.mkdir()
+        for i in range(500):
+            (sub / f"f{i}").touch()
+    fastls = str(Path(sys.executable).parent / "fastls")
+    for args in ("-r", "-r --json"):
+        script = f"'{fastls}' {args} '{tmp_path}' | head -1; exit ${{PIPESTATUS[0]}}"  # fastls' own status
+        proc = subprocess.run(["bash", "-c", script], capture_output=True, timeout=60)
+        assert (proc.returncode, proc.stderr) == (0, b"")
+        assert len(proc.stdout.splitlines()) == 1
