@@ -210,7 +210,8 @@ def tree_methods(root: Path, threads: int, *, sharded: bool = False, cold: bool 
     def shard_count() -> int:
         from manyfiles.shard import ShardedDir
 
-        return ShardedDir(r).count() + 65_536 + 256  # + the bucket directories, to compare entries
+        # + the 65,792 bucket directories and the root's .complete marker, to compare with all entries
+        return ShardedDir(r).count() + 65_536 + 256 + 1
 
     # the default thread count keeps fastls on its click-free fast path (no --threads option)
     th = [] if threads == listing.DEFAULT_THREADS else ["--threads", str(threads)]

@@ -370,9 +370,10 @@ def write_names(
 
 # ---- trees ------------------------------------------------------------------------
 
-#: Walker threads by default: enough to keep several directory reads in flight on a cold
-#: disk or a network filesystem; on a warm local tree the extra ones mostly sleep.
-DEFAULT_THREADS = 8
+#: Walker threads by default: directory reads in flight.  A cold disk or a network filesystem
+#: wants many (1M-file tree, cold: 8 threads 1.65 s, 16 ~1.0-1.3 s, 32 ~0.9 s on a quiet run);
+#: on a warm tree the count stays CPU-bound and the extra threads cost ~0-10 % CPU.
+DEFAULT_THREADS = 16
 
 
 class TreeCount:
