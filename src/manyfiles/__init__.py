@@ -12,7 +12,6 @@ Example:
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 __version__ = "0.1.0"
 
@@ -51,7 +50,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [*sorted(_EXPORTS), "__version__"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:  # (no typing import: it is ~7 ms of fastls' start-up)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'manyfiles' has no attribute {name!r}")

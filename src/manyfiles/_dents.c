@@ -49,8 +49,9 @@ ModState *mod_state(PyObject *module) { return (ModState *)PyModule_GetState(mod
 ModState *mod_state_of_type(PyTypeObject *type) { return (ModState *)PyType_GetModuleState(type); }
 
 int read_fake_dtype(ModState *st) {
-    if (!st->testing && !(st->testing = PyImport_ImportModule("manyfiles._testing"))) {
-        PyErr_Clear();
+    /* not imported: then nobody set a knob (and the import is not ours to pay for) */
+    if (!st->testing && !(st->testing = PyImport_GetModule(st->testing_name))) {
+        if (PyErr_Occurred()) PyErr_Clear();
         return -1;
     }
     /* the attribute name is kept interned: a lookup allocates nothing (a temporary str per
@@ -646,6 +647,7 @@ static PyMethodDef methods[] = {
 static int dents_exec(PyObject *m) {
     ModState *st = mod_state(m);
     if (!(st->knob_name = PyUnicode_InternFromString("fake_dtype"))) return -1;
+    if (!(st->testing_name = PyUnicode_InternFromString("manyfiles._testing"))) return -1;
     static const char letters[] = "?pc?d?b?f?l?s???";
     for (int i = 0; i < N_DTYPES; i++) {
         st->type_letters[i] = PyUnicode_FromStringAndSize(&letters[i], 1);
@@ -675,6 +677,7 @@ static int dents_traverse(PyObject *m, visitproc visit, void *arg) {
     Py_VISIT(st->walk_type);
     Py_VISIT(st->testing);
     Py_VISIT(st->knob_name);
+    Py_VISIT(st->testing_name);
     return 0;
 }
 
@@ -687,6 +690,7 @@ static int dents_clear(PyObject *m) {
     Py_CLEAR(st->walk_type);
     Py_CLEAR(st->testing);
     Py_CLEAR(st->knob_name);
+    Py_CLEAR(st->testing_name);
     for (int i = 0; i < N_DTYPES; i++) Py_CLEAR(st->type_letters[i]);
     return 0;
 }

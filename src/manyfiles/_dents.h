@@ -41,7 +41,8 @@ typedef struct {
     PyObject *type_letters[N_DTYPES];  /* d_type -> one-letter str ('?' for unknown values) */
     PyTypeObject *glob_type;
     PyTypeObject *walk_type;
-    PyObject *testing;            /* manyfiles._testing, imported at the first call that reads a knob */
+    PyObject *testing;            /* manyfiles._testing, once something imported it (sys.modules) */
+    PyObject *testing_name;       /* "manyfiles._testing", interned */
     PyObject *knob_name;          /* "fake_dtype", interned */
 } ModState;
 

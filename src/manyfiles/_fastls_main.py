@@ -54,9 +54,12 @@ def main() -> None:
 
         click_main()
         return
-    from manyfiles import _testing, fastls
+    from manyfiles import fastls
 
-    _testing.apply_environ()  # the subprocess tests' bridge, as cli._common.run_main applies it
+    if os.environ.get("MANYFILES_TESTING"):  # the subprocess tests' bridge, as cli._common.run_main
+        from manyfiles import _testing
+
+        _testing.apply_environ()
 
     request = fastls.ListRequest(**fields)  # type: ignore[arg-type]
     try:

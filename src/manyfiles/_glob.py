@@ -30,7 +30,12 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+
+TYPE_CHECKING = False  # typing is not imported at run time (fastls start-up)
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+else:
+    Protocol = object
 
 try:
     from manyfiles._dents import Glob as _CGlob

@@ -17,31 +17,29 @@ from __future__ import annotations
 
 import os
 import time
+from collections import namedtuple
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
 
 from manyfiles import listing
-from manyfiles.listing import DEFAULT_BUFSIZE, DEFAULT_THREADS, NO_FILTER, DirListing, Filter
+from manyfiles.listing import DEFAULT_BUFSIZE, DEFAULT_THREADS, NO_FILTER, DirListing
 
 FORMATS = ("names", "json", "long")
 
 
-class ListRequest(NamedTuple):
-    """What to list and how to print it (the CLI's options, parsed)."""
+_REQUEST_DEFAULTS = {
+    "paths": (".",), "recursive": False, "max_depth": None, "follow_symlinks": False, "count_only": False,
+    "sort": False, "format": "names", "stat": False, "sep": b"\n", "filter": NO_FILTER,
+    "bufsize": DEFAULT_BUFSIZE, "threads": DEFAULT_THREADS, "backend": None,
+}
 
-    paths: tuple[str, ...] = (".",)
-    recursive: bool = False
-    max_depth: int | None = None
-    follow_symlinks: bool = False
-    count_only: bool = False
-    sort: bool = False
-    format: str = "names"
-    stat: bool = False
-    sep: bytes = b"\n"
-    filter: Filter = NO_FILTER
-    bufsize: int = DEFAULT_BUFSIZE
-    threads: int = DEFAULT_THREADS
-    backend: str | None = None
+
+class ListRequest(namedtuple("ListRequest", list(_REQUEST_DEFAULTS), defaults=_REQUEST_DEFAULTS.values())):
+    """What to list and how to print it (the CLI's options, parsed); every field has the default
+    above: ``paths``, ``recursive``, ``max_depth``, ``follow_symlinks``, ``count_only``, ``sort``,
+    ``format`` (names, json or long), ``stat``, ``sep``, ``filter``, ``bufsize``, ``threads``,
+    ``backend``.  (A namedtuple: typing is not imported on fastls' start-up path.)"""
+
+    __slots__ = ()
 
 
 class ListReport:

@@ -24,10 +24,14 @@ import errno
 import os
 import sys
 import time
+from collections import namedtuple
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
 
 from manyfiles import _glob
+
+TYPE_CHECKING = False  # typing is not imported at run time: ~7 ms of fastls' start-up
+if TYPE_CHECKING:
+    from typing import Any
 
 try:
     from manyfiles import _dents
@@ -44,46 +48,40 @@ _LETTER_OF_DT = {v: k for k, v in _DT_OF_LETTER.items()}
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-class Entry(NamedTuple):
-    """One directory entry: ``type`` is one of ``f d l b c p s ?`` (``?``: the filesystem did not say)."""
+class Entry(namedtuple("Entry", "name type inode")):
+    """One directory entry: ``name`` (str, or bytes for a bytes path), ``type`` one of
+    ``f d l b c p s ?`` (``?``: the filesystem did not say), ``inode`` (int)."""
 
-    name: str | bytes
-    type: str
-    inode: int
+    __slots__ = ()
 
 
-class DirListing(NamedTuple):
-    """One directory visited by :func:`walk`.
+class DirListing(namedtuple("DirListing", "path depth entries error stats", defaults=(None,))):
+    """One directory visited by :func:`walk`: ``path``, ``depth`` (root 0), ``entries``
+    (list of :class:`Entry`), ``error`` (OSError or None) and ``stats``.
 
     ``stats`` holds one ``os.stat_result`` (lstat) per entry when ``walk(stat=True)``,
     ``None`` for an entry that vanished meanwhile.  ``error`` is set when the directory
     could not be listed (then ``entries`` is empty).
     """
 
-    path: str | bytes
-    depth: int
-    entries: list[Entry]
-    error: OSError | None
-    stats: list[os.stat_result | None] | None = None
+    __slots__ = ()
 
 
-class DirDone(NamedTuple):
+class DirDone(namedtuple("DirDone", "path depth")):
     """``walk(postorder=True)``: ``path`` and everything below it have been yielded."""
 
-    path: str | bytes
-    depth: int
+    __slots__ = ()
 
 
-class Filter(NamedTuple):
-    """What to keep: glob patterns (:mod:`manyfiles._glob`, Python's fnmatch rules) and type letters.
+class Filter(namedtuple("Filter", "include exclude types", defaults=((), (), ""))):
+    """What to keep: ``include`` / ``exclude`` glob patterns (:mod:`manyfiles._glob`, Python's
+    fnmatch rules; tuples of str) and ``types`` (type letters, e.g. ``"fl"``).
 
     A pattern containing ``/`` is matched against the path relative to the walk's root,
     any other against the name.
     """
 
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    types: str = ""
+    __slots__ = ()
 
     def __bool__(self) -> bool:
         return bool(self.include or self.exclude or self.types)
@@ -407,18 +405,11 @@ class TreeCount:
             raise PartialFailure(f"{os.fsdecode(path)}: {exc.strerror or exc}{more}", self.failures, self)
 
 
-class _TreeArgs(NamedTuple):
-    """The options every tree function shares, checked once."""
+class _TreeArgs(namedtuple("_TreeArgs", "threads max_depth min_depth follow_symlinks one_filesystem bufsize "
+                                         "filter prune descend")):
+    """The options every tree function shares, checked once (see :func:`walk`)."""
 
-    threads: int = DEFAULT_THREADS
-    max_depth: int | None = None
-    min_depth: int = 0
-    follow_symlinks: bool = False
-    one_filesystem: bool = False
-    bufsize: int = DEFAULT_BUFSIZE
-    filter: Filter = NO_FILTER
-    prune: tuple[str, ...] = ()
-    descend: tuple[tuple[str, ...] | None, ...] = ()
+    __slots__ = ()
 
     def c_kwargs(self) -> dict[str, Any]:
         c_filter = self.filter.c_args()
@@ -528,9 +519,7 @@ def _record_getdents(tracer: Any, records: list) -> None:
         tracer.record("getdents", path, nentries, nbytes, start, dur, 0)
 
 
-class _Post(NamedTuple):
-    path: str | bytes
-    depth: int
+_Post = namedtuple("_Post", "path depth")  # walk(postorder=True) in Python: a marker on the stack
 
 
 def _walk_python(
