@@ -598,12 +598,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5, help="runs per method (median)")
     ap.add_argument("--slow-repeat", type=int, default=2,
                     help="runs for the ~1-minute peers on sshfs 1M (os.scandir, ls -f, 32 KiB floor)")
-    ap.add_argument("--threads", type=int, default=8, help="walker threads (fastls -r, manyfiles.walk)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="walker threads (fastls -r, manyfiles.walk; default: the library's default)")
     ap.add_argument("--no-cold", action="store_true", help="skip the drop_caches runs of the ext4 shape")
     ap.add_argument("--keep-tmpfs", action="store_true", help="leave the tmpfs data set in /dev/shm")
     a = ap.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so sshfs mounts and tmpfs data are cleaned up.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    if a.threads is None:
+        from manyfiles.listing import DEFAULT_THREADS
+
+        a.threads = DEFAULT_THREADS
     shapes = set(a.shape or ["all"])
     if "all" in shapes:
         shapes = {"ext4", "tmpfs", "usr", "usrlike", "tree", "sshfs", "memory"}
