@@ -29,7 +29,7 @@ def test_apply_verify_status_revert(fast_tmp: Path, run_cli) -> None:
 def test_status_shows_an_interrupted_migration(fast_tmp: Path, run_cli) -> None:
     make_dataset(fast_tmp, 1500, edge=False, symlinks=False)
     r = run_cli("shard", "apply", str(fast_tmp), "--levels", "1",
-                env={"MANYFILES_SHARD_KILL_AT": "move:1000"})
+                env={"MANYFILES_TESTING": "kill_at=move:1000"})
     assert r.returncode == -9
     r = run_cli("shard", "status", str(fast_tmp))
     assert b"interrupted: run `shard apply" in r.stdout, r.stdout

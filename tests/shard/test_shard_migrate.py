@@ -154,7 +154,7 @@ def test_prefix_key_and_reshard(fast_tmp: Path) -> None:
 
 def test_an_interrupted_operation_must_be_finished_first(fast_tmp: Path, shard_bin: str) -> None:
     make_dataset(fast_tmp, 2000, edge=False, symlinks=False)
-    env = dict(os.environ, MANYFILES_SHARD_KILL_AT="move:500")
+    env = dict(os.environ, MANYFILES_TESTING="kill_at=move:500")
     r = subprocess.run([shard_bin, "apply", str(fast_tmp), "-q"], env=env, capture_output=True)
     assert r.returncode == -9
     with pytest.raises(ManyfilesError, match="shard apply"):

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from manyfiles import _fsops, listing
+from manyfiles._testing import killpoint
 from manyfiles.errors import ManyfilesError, UsageError, describe_oserror
-from manyfiles.shard.journal import JOURNAL, Journal, Lock, killpoint, lock_holder, name_to_json, read_records
+from manyfiles.shard.journal import JOURNAL, Journal, Lock, lock_holder, name_to_json, read_records
 from manyfiles.shard.layout import RESERVED_PREFIX, Layout
 from manyfiles.shard.sharded_dir import (
     DESCRIPTOR,
