@@ -44,7 +44,9 @@ def test_errors_are_one_line_with_the_path(tmp_path: Path, run_cli) -> None:
     missing = tmp_path / "nope"
     r = run_cli("shard", "apply", str(missing))
     assert r.returncode == 1 and r.stderr.decode().strip() == f"shard: {missing}: No such file or directory"
-    r = run_cli("shard", "revert", str(tmp_path))
+    r = run_cli("shard", "revert", str(tmp_path))  # already flat: nothing to do, like apply on a tree
+    assert r.returncode == 0 and r.stdout.strip() == f"{tmp_path}: not sharded; nothing to do".encode()
+    r = run_cli("shard", "reshard", str(tmp_path), "--levels", "1")
     assert r.returncode == 1 and b"not sharded" in r.stderr
     r = run_cli("shard", "apply", str(tmp_path), "--levels", "x")
     assert r.returncode == 2 and b"--levels" in r.stderr
