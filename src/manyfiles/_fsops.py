@@ -111,14 +111,9 @@ def _makedirs(path: PathLike, deadline: float) -> None:
             parent = os.path.dirname(path)
             if not parent or parent == path:
                 raise
-        _makedirs(parent, deadline)
-        try:
-            mkdir(path)
-            return
-        except FileExistsError:
-            return
-        except FileNotFoundError:
-            continue  # the parent we just made was pruned again: back off, retry
+            # make the parent, then try again: at once the first time, after a back-off when a
+            # prune removed the parent we had just made
+            _makedirs(parent, deadline)
     raise FileNotFoundError(errno.ENOENT, "directory keeps disappearing (concurrent removal)", path)
 
 

@@ -114,6 +114,14 @@ def test_same_name_flat_and_in_tree_is_a_conflict_and_both_are_kept(tmp_path: Pa
     assert (tmp_path / "x").read_bytes() == b"flat copy" and sd.open("x").read() == b"in the tree"
     v = verify(tmp_path)
     assert not v.ok and v.duplicates == [b"x"] and v.flat == [b"x"]
+    # the shared report conventions: Failure records, raise_for_failures, to_dict, str
+    assert [(f.path, f.code) for f in rep.failures] == [(str(tmp_path / "x"), "EEXIST")]
+    with pytest.raises(mf.PartialFailure) as info:
+        rep.raise_for_failures()
+    assert info.value.report is rep
+    d = json.loads(json.dumps(rep.to_dict()))
+    assert d["ok"] is False and d["layout"]["levels"] == [2, 2] and d["conflicts"] == ["x"]
+    assert {f.code for f in v.failures} == {"flat", "duplicate"} and str(v).startswith("FAILED: 1 files")
 
 
 def test_workers_never_share_a_bucket_directory(fast_tmp: Path) -> None:
@@ -362,22 +370,6 @@ def test_a_stale_plan_moves_nothing(tmp_path: Path) -> None:
     assert top_level(root) == {b"f%07d" % i for i in range(5)}
     with pytest.raises(UsageError, match="the plan is for"):
         apply(tmp_path, plan=p)
-
-
-def test_report_follows_the_shared_conventions(tmp_path: Path) -> None:
-    sd = ShardedDir(tmp_path)
-    sd.put("x", b"in the tree")
-    (tmp_path / "x").write_bytes(b"flat copy")
-    rep = apply(tmp_path)
-    assert not rep.ok and rep.conflicts == [b"x"]
-    assert [(f.path, f.code) for f in rep.failures] == [(str(tmp_path / "x"), "EEXIST")]
-    with pytest.raises(mf.PartialFailure) as info:
-        rep.raise_for_failures()
-    assert info.value.report is rep
-    d = json.loads(json.dumps(rep.to_dict()))
-    assert d["ok"] is False and d["layout"]["levels"] == [2, 2] and d["conflicts"] == ["x"]
-    v = verify(tmp_path)
-    assert {f.code for f in v.failures} == {"flat", "duplicate"} and str(v).startswith("FAILED: 1 files")
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("mkfs.ext4"),
