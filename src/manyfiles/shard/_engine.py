@@ -14,17 +14,17 @@ import contextlib
 import errno
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from manyfiles import _fsops, listing
 from manyfiles._pool import Pool
-from manyfiles._progress import Progress
+from manyfiles._progress import Progress, ProgressArg, progress_for
 from manyfiles._testing import killpoint
 from manyfiles.errors import ManyfilesError, describe_oserror
 from manyfiles.shard.journal import Journal, Lock, name_to_json
 from manyfiles.shard.layout import Layout
-from manyfiles.shard.scan import abs_root, default_workers, group_by_top, open_root
+from manyfiles.shard.scan import RootArg, abs_root, default_workers, group_by_top, open_root
 from manyfiles.shard.sharded_dir import DESCRIPTOR, TMP_PREFIX
 
 ASIDE = b".manyfiles-shard.aside"
@@ -39,11 +39,11 @@ class Migration:
     """State of one run.  Use as a context manager: the lock is taken on entry; on exit it is
     released and the journal closed (kept on disk unless :meth:`finish` removed it)."""
 
-    def __init__(self, root: str | bytes | os.PathLike, op: str, workers: int | None, progress: Progress,
-                 journal_sync: bool) -> None:
+    def __init__(self, root: RootArg, op: str, workers: int | None, journal_sync: bool) -> None:
         self.rootb = abs_root(root)
         workers = default_workers(self.rootb) if workers is None else workers
-        self.op, self.workers, self.progress, self.journal_sync = op, max(1, workers), progress, journal_sync
+        self.op, self.workers, self.journal_sync = op, max(1, workers), journal_sync
+        self.progress = Progress(op, None)  # silent until showing()
         self.rootfd = open_root(self.rootb)
         self.dev = os.fstat(self.rootfd).st_dev
         self.lock = Lock(self.rootfd, self.rootb)
@@ -80,6 +80,13 @@ class Migration:
             # the flock is the lock; the file goes too, so a finished directory holds nothing of ours
             self.lock.release(remove=True)
             os.close(self.rootfd)
+
+    @contextlib.contextmanager
+    def showing(self, progress: ProgressArg) -> Iterator[None]:
+        """Report progress (files moved / found) while the moves run."""
+        with progress_for(progress, f"shard {self.op}", unit="files") as p:
+            self.progress = p
+            yield
 
     def where(self, name: bytes) -> str:
         return os.fsdecode(os.path.join(self.rootb, name))

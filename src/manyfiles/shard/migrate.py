@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from manyfiles._progress import ProgressArg, check_progress, progress_for
+from manyfiles._progress import ProgressArg, check_progress
 from manyfiles._report import Report
 from manyfiles._testing import killpoint
 from manyfiles.errors import ManyfilesError, UsageError, describe_oserror
@@ -222,8 +222,7 @@ def apply(root: RootArg | None = None, layout: Layout | None = None, *, plan: Pl
     _check_root(root)
     assert root is not None
     t0 = time.monotonic()
-    with progress_for(progress, "shard apply", unit="files") as p, Migration(root, "apply", workers, p,
-                                                                             journal_sync) as m:
+    with Migration(root, "apply", workers, journal_sync) as m:
         journal = Journal.open(m.rootfd, sync=journal_sync)
         recorded = read_descriptor(m.rootfd, m.rootb)
         if plan is not None:
@@ -246,8 +245,9 @@ def apply(root: RootArg | None = None, layout: Layout | None = None, *, plan: Pl
             target = recorded or layout or Layout()
         m.report = MigrationReport(op="apply", root=os.fsdecode(m.rootb), layout=target,
                                    resumed=journal is not None)
-        _run_apply(m, target, fresh=journal is None, recorded=recorded,
-                   only=plan.names if plan is not None else None)
+        with m.showing(progress):
+            _run_apply(m, target, fresh=journal is None, recorded=recorded,
+                       only=plan.names if plan is not None else None)
         m.report.seconds = time.monotonic() - t0
         return m.report
 
@@ -313,8 +313,7 @@ def revert(root: RootArg, *, workers: int | None = None, progress: ProgressArg =
     _check_root(root)
     _check_common(workers, progress, journal_sync)
     t0 = time.monotonic()
-    with progress_for(progress, "shard revert", unit="files") as p, Migration(root, "revert", workers, p,
-                                                                              journal_sync) as m:
+    with Migration(root, "revert", workers, journal_sync) as m:
         journal = Journal.open(m.rootfd, sync=journal_sync)
         if journal is not None:
             m.journal = journal
@@ -330,7 +329,8 @@ def revert(root: RootArg, *, workers: int | None = None, progress: ProgressArg =
         if source is None:
             m.report.nothing_to_do = True
         else:
-            _run_revert(m, source, fresh=journal is None)
+            with m.showing(progress):
+                _run_revert(m, source, fresh=journal is None)
         m.report.seconds = time.monotonic() - t0
         return m.report
 
@@ -375,8 +375,7 @@ def reshard(root: RootArg, layout: Layout | None = None, *, workers: int | None 
     _check_layout(layout)
     _check_common(workers, progress, journal_sync)
     t0 = time.monotonic()
-    with progress_for(progress, "shard reshard", unit="files") as p, Migration(root, "reshard", workers, p,
-                                                                               journal_sync) as m:
+    with Migration(root, "reshard", workers, journal_sync) as m:
         journal = Journal.open(m.rootfd, sync=journal_sync)
         if journal is not None:
             header = _resume_check(journal, "reshard", m.rootb)
@@ -397,14 +396,14 @@ def reshard(root: RootArg, layout: Layout | None = None, *, workers: int | None 
         if source == target:
             m.report.nothing_to_do = True
             return m.report
-        if read_descriptor(m.rootfd, m.rootb) == source and not _run_revert(
-                m, source, fresh=journal is None, op="reshard", to=target):
-            m.report.add_failure(m.report.root, "the old tree could not be emptied; resolve the conflicts "
-                                                "and rerun", "incomplete")
-            m.report.seconds = time.monotonic() - t0
-            return m.report
-        # the apply phase continues the same journal (its header says reshard)
-        _run_apply(m, target, fresh=False, recorded=None, op="reshard")
+        with m.showing(progress):
+            if read_descriptor(m.rootfd, m.rootb) == source and not _run_revert(
+                    m, source, fresh=journal is None, op="reshard", to=target):
+                m.report.add_failure(m.report.root, "the old tree could not be emptied; resolve the "
+                                                    "conflicts and rerun", "incomplete")
+            else:
+                # the apply phase continues the same journal (its header says reshard)
+                _run_apply(m, target, fresh=False, recorded=None, op="reshard")
         m.report.seconds = time.monotonic() - t0
         return m.report
 
