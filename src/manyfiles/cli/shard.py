@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from manyfiles import shard as mig
+from manyfiles._report import Failure
 from manyfiles.cli._common import instrumented, run_main
 from manyfiles.shard import HASHES, KEYS, Layout, parse_levels
 
@@ -50,12 +51,23 @@ def _warn_list(title: str, items: list[Any], root: str) -> None:
         click.echo(f"{PROG}: ... and {len(items) - _SHOW} more ({title})", err=True)
 
 
+def _warn_failures(failures: list[Failure]) -> None:
+    """One ``shard: PATH: reason`` line per failure, at most _SHOW of each kind (code)."""
+    shown: dict[str, int] = {}
+    for f in failures:
+        shown[f.code] = shown.get(f.code, 0) + 1
+        if shown[f.code] <= _SHOW:
+            click.echo(f"{PROG}: {_show(f.path)}: {f.reason}", err=True)
+    for code, n in shown.items():
+        if n > _SHOW:
+            click.echo(f"{PROG}: ... and {n - _SHOW:,} more ({code or 'error'})", err=True)
+
+
 def _report(rep: mig.MigrationReport, quiet: bool) -> int:
     """Exit 0 when everything found was moved (files created after the last rescan and left
     flat are a warning, named with their count); 1 when something failed or is in the way."""
     _warn_list("left in place", rep.skipped, rep.root)
-    for f in rep.failures:
-        click.echo(f"{PROG}: {_show(f.path)}: {f.reason}", err=True)
+    _warn_failures(rep.failures)
     if rep.left_flat:
         click.echo(f"{PROG}: {rep.root}: {rep.left_flat:,} files were created during the run and left flat; "
                    f"run `shard apply {rep.root}` again to move them", err=True)
@@ -167,14 +179,7 @@ def reshard(directory: str, levels: str | None, hash_: str | None, key: str | No
 def verify(directory: str, expect: int | None) -> int:
     """Check that every file sits where its name says: no strays, temp files or duplicates."""
     rep = mig.verify(directory, expected=expect, progress=_progress(False))
-    shown: dict[str, int] = {}
-    for f in rep.failures:  # at most _SHOW lines per kind of problem
-        shown[f.code] = shown.get(f.code, 0) + 1
-        if shown[f.code] <= _SHOW:
-            click.echo(f"{PROG}: {_show(f.path)}: {f.reason}", err=True)
-    for code, n in shown.items():
-        if n > _SHOW:
-            click.echo(f"{PROG}: ... and {n - _SHOW:,} more ({code})", err=True)
+    _warn_failures(rep.failures)
     _warn_list("directory that is not a bucket (left alone)", rep.foreign, rep.root)
     click.echo(rep.summary())
     return 0 if rep.ok else 1
