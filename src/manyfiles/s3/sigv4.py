@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
-from manyfiles.s3.client import ClientSettings
+from manyfiles._extras import require
+from manyfiles.s3.client import S3_FEATURE, ClientSettings
 
 _UNSIGNED = "UNSIGNED-PAYLOAD"
 
@@ -70,7 +71,7 @@ class Signer:
             else:
                 self._creds_source = botocore_session(settings).get_credentials()
             if self._creds_source is None:
-                from botocore.exceptions import NoCredentialsError
+                NoCredentialsError = require("s3", "botocore.exceptions", S3_FEATURE).NoCredentialsError
 
                 raise NoCredentialsError()
             self._refresh()
@@ -144,9 +145,9 @@ def botocore_session(settings: ClientSettings):
     """A botocore session for the profile (the credential chain), shared; cheaper than boto3's."""
     sess = _sessions.get(settings.profile)
     if sess is None:
-        import botocore.session
+        botocore_sessions = require("s3", "botocore.session", S3_FEATURE)
 
-        sess = botocore.session.Session(profile=settings.profile)
+        sess = botocore_sessions.Session(profile=settings.profile)
         _sessions[settings.profile] = sess
     return sess
 
