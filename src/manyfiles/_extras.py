@@ -27,7 +27,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "profile": ("viztracer",),
     "getdents": ("getdents",),
     "dask": ("distributed",),
-    "demo": ("moto",),
+    "demo": ("moto", "flask"),
     "notebooks": ("ipykernel", "nbclient", "matplotlib", "pandas"),
 }
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from installkit import NEWER_BOTO3, clean_env, pip
 
+from manyfiles._extras import EXTRAS
+
 HEAVY = {"boto3", "botocore", "aioboto3", "aiobotocore", "viztracer", "moto", "getdents", "distributed"}
 S3_LINE = 's3pull: S3 access needs the [s3] extra (boto3 is not installed): pip install "manyfiles[s3]"'
 
@@ -166,3 +168,19 @@ def test_s3_extra_works_with_newer_boto3(boto_venv: Path, nocc_wheel, run_in, tm
         assert proc.stderr.splitlines() == [
             "s3pull: the async engine (--strategy async) needs the [async] extra "
             '(aioboto3 is not installed): pip install "manyfiles[async]"']
+
+
+def test_all_extra_holds_every_extra_the_tests_and_notebooks_use(nocc_wheel) -> None:
+    """The notebooks run under [dev] in CI; a user runs them under [all]: [all] must hold dev's extras."""
+    with zipfile.ZipFile(nocc_wheel[0]) as z:
+        (metadata,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        lines = z.read(metadata).decode().splitlines()
+    provided = {line.split(":", 1)[1].strip() for line in lines if line.startswith("Provides-Extra:")}
+    uses: dict[str, set[str]] = {}     # extra -> the extras of manyfiles it pulls in
+    for line in lines:
+        m = re.match(r'Requires-Dist: manyfiles\[([^\]]+)\].*extra == "(\w+)"', line)
+        if m:
+            uses.setdefault(m.group(2), set()).update(e.strip() for e in m.group(1).split(","))
+    assert uses["dev"] <= uses["all"]
+    assert uses["all"] == provided - {"all", "dev"}
+    assert set(EXTRAS) == provided - {"all", "dev"}   # `manyfiles info` lists every extra
