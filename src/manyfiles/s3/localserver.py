@@ -1,6 +1,6 @@
 """A throw-away local S3 endpoint (moto's server mode) with a seeded demo bucket.
 
-Used by ``make demo`` and the notebooks.  Needs ``moto[server]``: the ``demo``
+Used by ``make demo`` and the notebooks.  Needs moto's S3 server: the ``demo``
 extra (``pip install "manyfiles[demo]"``).
 
 Example:

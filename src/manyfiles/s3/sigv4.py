@@ -145,9 +145,10 @@ def botocore_session(settings: ClientSettings):
     """A botocore session for the profile (the credential chain), shared; cheaper than boto3's."""
     sess = _sessions.get(settings.profile)
     if sess is None:
-        botocore_sessions = require("s3", "botocore.session", S3_FEATURE)
+        require("s3", "botocore.session", S3_FEATURE)
+        import botocore.session
 
-        sess = botocore_sessions.Session(profile=settings.profile)
+        sess = botocore.session.Session(profile=settings.profile)
         _sessions[settings.profile] = sess
     return sess
 
