@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import uuid
 import zipfile
 from pathlib import Path
 
@@ -152,7 +153,8 @@ def test_s3_extra_works_with_newer_boto3(boto_venv: Path, nocc_wheel, run_in, tm
     pip(boto_venv, "install", "-q", f"{nocc_wheel[0]}[s3]", env=clean_env())
     bindir = boto_venv.parent
     assert installed(bindir)["boto3"] == NEWER_BOTO3
-    with local_s3(small=30, medium=2, large=0) as srv:
+    # a bucket of its own: moto's state is global to this process, other tests seed the default one
+    with local_s3(small=30, medium=2, large=0, bucket=f"packaging-{uuid.uuid4().hex[:8]}") as srv:
         proc = run_in(bindir, "s3pull", "--strategy", "threads", f"s3://{srv.bucket}/", "out", env=srv.env)
         assert proc.returncode == 0, proc.stderr
         client = boto3.client("s3", endpoint_url=srv.endpoint_url, region_name="us-east-1",
