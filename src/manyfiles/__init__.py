@@ -51,7 +51,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 # subpackages reachable as attributes (``mf.s3.pull(...)``) without importing them first
-_SUBMODULES = ("errors", "listing", "s3", "shard", "trace")
+_SUBMODULES = ("errors", "listing", "remove", "s3", "shard", "trace")
 
 __all__ = [*sorted(_EXPORTS), *_SUBMODULES, "__version__"]
 

@@ -26,6 +26,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "async": ("aioboto3",),
     "profile": ("viztracer",),
     "getdents": ("getdents",),
+    "checksums": ("awscrt",),
     "dask": ("distributed",),
     "demo": ("moto", "flask"),
     "notebooks": ("ipykernel", "nbclient", "matplotlib", "pandas"),
