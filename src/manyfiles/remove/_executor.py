@@ -26,18 +26,18 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import time
 from collections.abc import Callable
 
 from manyfiles import _fsops, iotrace
 from manyfiles._pool import Pool
+from manyfiles._retry import Retryable, RetryPolicy, retrying
 from manyfiles.remove import _listing_seam as core
 from manyfiles.remove._report import RemoveReport
 from manyfiles.remove._targets import Rules, Target
 
 DEFAULT_WORKERS = 8
-# ENOTEMPTY retries: first one at once (a writer that raced us), then back-off for
-# NFS silly-renames, which vanish only when the last opener closes the file.
+# ENOTEMPTY retries, with full-jitter back-off from RETRY_BACKOFF doubling per attempt: a writer
+# that raced us is beaten at once, an NFS silly-rename vanishes when its last opener closes it.
 DEFAULT_RETRIES = 5
 RETRY_BACKOFF = 0.05
 # Directories bigger than this are unlinked in inode order, as GNU rm (gnulib fts)
@@ -372,29 +372,32 @@ class Remover:
             node = parent
 
     def rmdir(self, dir_fd: int, name: str, path: str) -> bool:
+        """rmdir ``name``; on ENOTEMPTY (a writer raced us, an NFS silly-rename) clean it again and
+        retry with back-off, ``retries`` times (the shared retry loop).  False if it stays."""
         if self.dry_run:
             self.count(dirs=1, paths=[path] if self.on_removed else None)
             return True
-        for attempt in range(self.retries + 1):
-            try:
-                _fsops.rmdir(name, dir_fd=dir_fd)
-            except FileNotFoundError:
-                return True
-            except OSError as exc:
-                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or attempt == self.retries:
-                    if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                        exc = OSError(exc.errno, _not_empty_reason(dir_fd, name))
-                    self.fail(path, exc)
-                    return False
-                with self.lock:
-                    self.report.retries += 1
-                if attempt:
-                    time.sleep(RETRY_BACKOFF * (2 ** (attempt - 1)))
-                self.clean_sync(dir_fd, name, path)
-                continue
-            self.count(dirs=1, paths=[path] if self.on_removed else None)
+
+        def retried(err: Exception) -> None:
+            with self.lock:
+                self.report.retries += 1
+
+        try:
+            retrying(lambda: _fsops.rmdir(name, dir_fd=dir_fd), RetryPolicy(self.retries + 1, RETRY_BACKOFF),
+                     classify=_not_empty_retryable, on_retry=retried,
+                     reset=lambda: self.clean_sync(dir_fd, name, path))
+        except FileNotFoundError:
             return True
-        return False
+        except Retryable as exc:  # still not empty after every retry: say what keeps appearing
+            cause = exc.__cause__
+            assert isinstance(cause, OSError)
+            self.fail(path, OSError(cause.errno, _not_empty_reason(dir_fd, name)))
+            return False
+        except OSError as exc:
+            self.fail(path, exc)
+            return False
+        self.count(dirs=1, paths=[path] if self.on_removed else None)
+        return True
 
     def clean_sync(self, dir_fd: int, name: str, path: str) -> None:
         """Empty directory ``name`` again, sequentially (the retry path; errors surface at rmdir)."""
@@ -425,6 +428,13 @@ class Remover:
             pass
         finally:
             os.close(fd)
+
+
+def _not_empty_retryable(exc: Exception) -> Exception:
+    """The retry classifier: only a directory that is not empty (yet) is worth another try."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+        return Retryable(exc)
+    return exc
 
 
 def _not_empty_reason(dir_fd: int, name: str) -> str:
