@@ -351,6 +351,8 @@ def test_a_plan_executes_exactly_its_moves(tmp_path: Path) -> None:
     assert sd.layout == Layout(levels=(1, 1))
     assert all(os.path.lexists(sd.path_for(name)) for name, _ in p.moves)
     assert apply(root).moved == 1 and verify(root).ok
+    again = p.execute()  # the same plan again: everything it names is in place already
+    assert again.ok and again.nothing_to_do and again.moved == 0
 
 
 def test_a_stale_plan_moves_nothing(tmp_path: Path) -> None:

@@ -89,8 +89,8 @@ class Plan:
     ``moves`` are ``(name, destination relative to the root)``; ``collisions`` are flat files
     named like a top bucket (set aside first, then moved); ``blocking`` are subdirectories
     named like buckets, which make ``apply`` refuse.  ``identity`` (st_dev, st_ino of the
-    root) and ``recorded`` (the descriptor's layout) are checked against the disk by
-    :meth:`execute` before anything moves.
+    root) and the layout are checked against the disk by :meth:`execute` before anything
+    moves (``recorded`` is the descriptor's layout when planned, None if not sharded yet).
     """
 
     root: str
@@ -172,10 +172,9 @@ def _check_plan(plan: Plan, m: Migration, recorded: Layout | None, journal: Jour
     if plan.blocking:
         raise ManyfilesError(f"{where}: the plan found subdirectories named like buckets; apply refuses "
                              "(nothing was moved)")
-    if journal is None and recorded != plan.recorded:
-        now = recorded.describe() if recorded else "not sharded"
-        raise UsageError(f"{where}: the layout changed since the plan (now: {now}); make a new plan "
-                         "(nothing was moved)")
+    if journal is None and recorded is not None and recorded != plan.layout:
+        raise UsageError(f"{where}: the layout changed since the plan (now: {recorded.describe()}); make a "
+                         "new plan (nothing was moved)")
 
 
 # -- apply -------------------------------------------------------------------------------------------
