@@ -170,15 +170,19 @@ class Migration:
         killpoint("move")
         return True
 
-    def open_bucket(self, rel: bytes, create: bool) -> int:
+    def open_bucket(self, rel: bytes, create: bool, *, under: tuple[int, bytes] | None = None) -> int:
         """fd of the bucket directory ``rel`` (``ab/cd``), created level by level if asked.
 
         Opened one level at a time without following symlinks, so a bucket replaced by a
         link cannot send files elsewhere; a bucket on another filesystem is refused.
+        ``under=(fd, its rel)``: ``rel`` is relative to that open bucket instead of the root
+        (a worker keeps its top bucket open and opens each leaf below it: one open per leaf).
         """
+        start, prefix = under if under is not None else (self.rootfd, b"")
+        where = prefix + b"/" + rel if prefix else rel
         if create:
-            self.make_bucket(rel)
-        fd = self.rootfd
+            self.make_bucket(rel, start, prefix)
+        fd = start
         try:
             for part in rel.split(b"/"):
                 try:
@@ -186,33 +190,35 @@ class Migration:
                 except OSError as exc:
                     if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                         raise
-                    raise ManyfilesError(f"{self.where(rel)}: not a directory (a symlink or file where a "
+                    raise ManyfilesError(f"{self.where(where)}: not a directory (a symlink or file where a "
                                          "bucket belongs); refusing to move files through it") from exc
-                if fd != self.rootfd:
+                if fd != start:
                     os.close(fd)
                 fd = child
             if os.fstat(fd).st_dev != self.dev:
-                raise ManyfilesError(f"{self.where(rel)}: is on another filesystem (a mount point); "
+                raise ManyfilesError(f"{self.where(where)}: is on another filesystem (a mount point); "
                                      "refusing a cross-device move")
         except BaseException:
-            if fd != self.rootfd:
+            if fd != start:
                 os.close(fd)
             raise
         return fd
 
-    def make_bucket(self, rel: bytes) -> None:
+    def make_bucket(self, rel: bytes, dir_fd: int, prefix: bytes = b"") -> None:
+        """mkdir ``rel`` (relative to ``dir_fd``, which is bucket ``prefix``) and missing parents."""
+        label = prefix + b"/" + rel if prefix else rel  # the I/O trace names buckets from the root
         # mkdir first: on a fresh run the bucket is usually new, so this is one syscall
         try:
-            _fsops.mkdir(rel, dir_fd=self.rootfd)
+            _fsops.traced("mkdir", label, os.mkdir, rel, dir_fd=dir_fd)
         except FileExistsError:
             return
         except FileNotFoundError:
             parent = rel.rpartition(b"/")[0]
             if not parent:
                 raise
-            self.make_bucket(parent)
+            self.make_bucket(parent, dir_fd, prefix)
             with contextlib.suppress(FileExistsError):
-                _fsops.mkdir(rel, dir_fd=self.rootfd)
+                _fsops.traced("mkdir", label, os.mkdir, rel, dir_fd=dir_fd)
         killpoint("mkdir")
 
     # -- worker pool ---------------------------------------------------------------------------
@@ -258,19 +264,25 @@ class Migration:
     def _apply_top(self, item: tuple[bytes, dict[bytes, list[bytes]]]) -> None:
         top, leaves = item
         n = 0
-        for leaf, names in leaves.items():
-            if self.stopping():
-                return
-            lfd = self.open_bucket(leaf, create=True)
-            moved = 0
-            try:
-                for name in names:
-                    moved += self.move(self.rootfd, name, lfd, name, name, None)
-            finally:
-                os.close(lfd)
-                self.tally("moved", moved)
-            self.progress.add(len(names))
-            n += len(names)
+        topfd = self.open_bucket(top, create=True)
+        try:
+            for leaf, names in leaves.items():
+                if self.stopping():
+                    return
+                below = leaf[len(top) + 1:]
+                lfd = self.open_bucket(below, create=True, under=(topfd, top)) if below else topfd
+                moved = 0
+                try:
+                    for name in names:
+                        moved += self.move(self.rootfd, name, lfd, name, name, None)
+                finally:
+                    if lfd != topfd:
+                        os.close(lfd)
+                    self.tally("moved", moved)
+                self.progress.add(len(names))
+                n += len(names)
+        finally:
+            os.close(topfd)
         self.note({"type": "done", "top": name_to_json(top), "files": n})
 
     def place_aside(self, dest_rel: Callable[[bytes], bytes | None]) -> None:
