@@ -67,6 +67,11 @@ class MigrationReport(Report):
     def rate(self) -> float:
         return self.moved / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def errors(self) -> list[tuple[str, str]]:
+        """``(path, reason)`` of the failures that are not conflicts (the pre-issue-10 shape)."""
+        return [(f.path, f.reason) for f in self.failures if f.code != "EEXIST"]
+
     def summary(self) -> str:
         if self.nothing_to_do:
             state = {"revert": "not sharded"}.get(self.op, f"already sharded ({self.layout.describe()})"
