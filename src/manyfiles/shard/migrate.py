@@ -69,7 +69,8 @@ class MigrationReport(Report):
 
     @property
     def errors(self) -> list[tuple[str, str]]:
-        """``(path, reason)`` of the failures that are not conflicts (the pre-issue-10 shape)."""
+        """``(path, reason)`` of the failures that are not conflicts (the list ``errors`` was before
+        issue 10, which held names relative to the root)."""
         return [(f.path, f.reason) for f in self.failures if f.code != "EEXIST"]
 
     def summary(self) -> str:
