@@ -33,15 +33,19 @@ TYPE_CHECKING = False  # typing is not imported at run time: ~7 ms of fastls' st
 if TYPE_CHECKING:
     from typing import Any
 
+# The C core is imported here directly, not through manyfiles._native (which says why it is
+# missing): _native imports pathlib and _extras importlib.metadata, ~40 ms of fastls' start-up,
+# so both are imported only on the paths that need them.
 try:
     from manyfiles import _dents
-except ImportError:  # no compiler at install time, or not Linux
+except ImportError:  # no compiler at install time, or not Linux (_native.reason says why)
     _dents = None
 
 DEFAULT_BUFSIZE = 1 << 20
 MIN_BUFSIZE = 280
 MAX_BUFSIZE = 64 << 20
 BACKENDS: tuple[str, ...] = ("dents", "scandir", "getdents")
+GETDENTS_FEATURE = "the getdents backend"
 TYPE_LETTERS = "fdlbcps?"
 _DT_OF_LETTER = {"p": 1, "c": 2, "d": 4, "b": 6, "f": 8, "l": 10, "s": 12, "?": 0}
 _LETTER_OF_DT = {v: k for k, v in _DT_OF_LETTER.items()}
@@ -125,7 +129,13 @@ def _resolve_backend(backend: str | None) -> str:
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
     if name == "dents" and _dents is None:
-        raise ImportError("the manyfiles._dents C extension is not built")
+        from manyfiles import _native
+
+        _native.require("the dents backend")
+    elif name == "getdents":
+        from manyfiles._extras import require_installed
+
+        require_installed("getdents", "getdents", GETDENTS_FEATURE)
     return name
 
 
@@ -277,7 +287,9 @@ def _mode_letter(mode: int) -> str:
 def _getdents_entries(path: str | bytes, bufsize: int, resolve: bool, filter: Filter) -> Iterator[Entry]:
     # The PyPI package: filter_function=None, because its default filter drops every
     # DT_UNKNOWN entry (all of them on sshfs); it then also returns "." and "..".
-    import getdents
+    from manyfiles._extras import require
+
+    getdents = require("getdents", "getdents", GETDENTS_FEATURE)
 
     text_path = os.fsdecode(path)
     fd = os.open(path, getdents.O_GETDENTS)
