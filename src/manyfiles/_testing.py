@@ -40,6 +40,10 @@ kill_at: tuple[str, int] | None = None
 #: Read by the C core itself at the start of each call (from sys.modules: never imported by it).
 fake_dtype: int | None = None
 
+#: fastrm: "python" runs the Python engine (manyfiles.remove._executor) even where the C walker
+#: is built, so that the tests check both engines on the same cases; None = the C walker if built.
+remove_engine: str | None = None
+
 _counters: dict[str, Iterator[int]] = {}
 
 
@@ -53,6 +57,7 @@ def _parse_kill_at(value: str) -> tuple[str, int] | None:
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "kill_at": _parse_kill_at,
     "fake_dtype": lambda value: int(value) if value else None,
+    "remove_engine": lambda value: value or None,
 }
 
 

@@ -43,7 +43,7 @@ from typing import Any
 
 from manyfiles.errors import ManyfilesError
 
-__all__ = ["TRACER", "Tracer", "record", "span", "tracing"]
+__all__ = ["TRACER", "Tracer", "native_sink", "record", "span", "tracing"]
 
 TRACER: Tracer | None = None
 """The active tracer of this process, or None (tracing off)."""
@@ -127,6 +127,22 @@ class Tracer:
                result: int) -> None:  # pragma: no cover - replaced per instance in __init__
         """Append one operation to the log (see the module docstring for the fields)."""
 
+    def record_native(self, flat: list, threads: dict[int, str]) -> None:
+        """Records made by native threads (the C walker's workers), attributed to them.
+
+        ``flat`` holds the records back to back, each as :meth:`record`'s seven values followed
+        by the kernel thread id of the thread that made the call; ``threads`` names those ids.
+        Called from a Python thread that collected them, any time after the calls.
+        """
+        self._threads.update((tid, (tid, name)) for tid, name in threads.items())
+        room = self.buffer_records * self._fields - len(self._buf)
+        if len(flat) > room:
+            kept = max(0, room - room % self._fields)
+            with self._drop_lock:
+                self._dropped += (len(flat) - kept) // self._fields
+            flat = flat[:kept]
+        self._buf.extend(flat)
+
     def _drop(self) -> None:
         with self._drop_lock:
             self._dropped += 1
@@ -198,6 +214,20 @@ class Tracer:
         if self.error is not None:
             warnings.warn(f"{self.path}: trace incomplete: {self.error.strerror or self.error} "
                           f"({self._dropped} records dropped)", RuntimeWarning, stacklevel=2)
+
+
+def native_sink(tracer: Any) -> Any:
+    """Where native code (the C walker) hands its records: ``tracer.record_native``, or for a
+    tracer that only has ``record`` (a test's recorder), the records replayed through it."""
+    sink = getattr(tracer, "record_native", None)
+    if sink is not None:
+        return sink
+
+    def replay(flat: list, threads: dict[int, str]) -> None:
+        for i in range(0, len(flat), 8):
+            tracer.record(*flat[i:i + 7])
+
+    return replay
 
 
 def record(op: str, path: Any, offset: int, length: int, start_ns: int, dur_ns: int, result: int) -> None:
