@@ -20,7 +20,7 @@ CLOCK_MONOTONIC is shared by all processes, so worker traces can be merged.
 Design (after the ~1% overhead I/O loggers of parallel filesystems): ``record()``
 only appends one tuple to an in-memory deque (no formatting, no lock, no syscall);
 a background thread drains it every ``flush_interval`` seconds into a compact
-binary file (format in :mod:`manyfiles.trace._format`), one ``write()`` per block,
+binary file (format in :mod:`manyfiles.trace.format`), one ``write()`` per block,
 so a process killed with SIGKILL leaves every block flushed before the kill.
 Memory is bounded: when the deque holds ``buffer_records`` records, new ones are
 counted as dropped and the caller carries on without waiting.
@@ -54,7 +54,7 @@ DEFAULT_BUFFER_RECORDS = 1 << 18       # ~200 B each held; the writer drains 10x
 DEFAULT_FLUSH_INTERVAL = 0.1
 BLOCK_RECORDS = 4096                   # per marshal.dumps call: ~1 ms of GIL at most
 _THREADS: dict[int, threading.Thread] = threading._active  # type: ignore[attr-defined]  # ident -> Thread
-WORKER_SUFFIX = ".worker-"             # same as manyfiles.trace._format.WORKER_SUFFIX
+WORKER_SUFFIX = ".worker-"             # same as manyfiles.trace.format.WORKER_SUFFIX
 
 
 class Tracer:
@@ -68,7 +68,7 @@ class Tracer:
     def __init__(self, path: str, *, header: dict[str, Any] | None = None,
                  buffer_records: int = DEFAULT_BUFFER_RECORDS,
                  flush_interval: float = DEFAULT_FLUSH_INTERVAL) -> None:
-        from manyfiles.trace._format import FIELDS, encode_block, encode_header
+        from manyfiles.trace.format import FIELDS, encode_block, encode_header
 
         self.path = path
         self.buffer_records = buffer_records
@@ -102,7 +102,7 @@ class Tracer:
         _thread.start_new_thread(self._run, ())
 
     def _make_record(self, buf: list, cap: int) -> Any:
-        from manyfiles.trace._format import FIELDS
+        from manyfiles.trace.format import FIELDS
 
         extend = buf.extend
         drop = self._drop
