@@ -31,6 +31,9 @@ _EXPORTS: dict[str, str] = {
     # deletion
     "remove_tree": "manyfiles.remove",
     "purge": "manyfiles.remove",
+    # read cache
+    "open": "manyfiles.cache",
+    "Cache": "manyfiles.cache",
     # profiling and I/O tracing
     "profile": "manyfiles.profiling",
     "tracing": "manyfiles.iotrace",

@@ -1,6 +1,6 @@
 """The ``manyfiles`` command: a click group whose subcommands load lazily.
 
-Each verb lives in its own module (``ls``, ``shard``, ``s3pull``, ``rm``, ``trace``)
+Each verb lives in its own module (``ls``, ``shard``, ``s3pull``, ``rm``, ``trace``, ``cache``)
 and is also installed as a standalone script (``fastls``, ``shard``, ...).  The
 CLI only parses, calls the library and renders; exit codes: 0 ok, 1 something
 failed, 2 usage error, 130 interrupted.
@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "pull": "s3pull",
     "rm": "rm",
     "trace": "trace",
+    "cache": "cache",
 }
 
 
