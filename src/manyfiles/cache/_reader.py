@@ -154,6 +154,12 @@ class CachedReader(io.RawIOBase):
             self._close_fd()
             fd = store.open_block(self._v.objid, index, length)
             if fd is None:
+                queued = store.queued_block(self._v.objid, index)
+                if queued is not None:         # fetched a moment ago, not on disk yet
+                    dst[:] = queued[off:off + len(dst)]
+                    self._hits += 1
+                    self._hit_bytes += len(dst)
+                    return True
                 if tr is not None:
                     tr.record("cache.miss", self._v.source, index * self._bs, length, t0,
                               time.monotonic_ns() - t0, 0)

@@ -84,6 +84,9 @@ class BlockStore:
         self._lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
         self._queued_bytes = 0
+        # Blocks queued for writing stay readable from memory until they are on disk, so a
+        # reader coming back to a block it just fetched does not fetch it again.
+        self._inflight: dict[tuple[bytes, int], bytes] = {}
         self._accesses: dict[bytes, tuple[float, float]] = {}
         self._counts: dict[str, int] = {}
         self._last_flush = time.monotonic()
@@ -186,6 +189,10 @@ class BlockStore:
         warnings.warn(f"{self.root}: corrupt cache block {objid.hex()}.{index} removed; "
                       "reading it from the origin", RuntimeWarning, stacklevel=3)
 
+    def queued_block(self, objid: bytes, index: int) -> bytes | None:
+        """A block waiting in the fill queue (not yet on disk), if any."""
+        return self._inflight.get((objid, index))
+
     def count(self, **counts: int) -> None:
         with self._lock:
             c = self._counts
@@ -208,6 +215,7 @@ class BlockStore:
                 self._counts["fills_dropped"] = self._counts.get("fills_dropped", 0) + 1
                 return
             self._queued_bytes += n
+            self._inflight[(version.objid, index)] = data
         self._start_filler()
         self._queue.put(("data", version, index, data))
 
@@ -303,16 +311,19 @@ class BlockStore:
             if kind == "fill":
                 fills.append(a)
                 continue
-            with self._lock:
-                self._queued_bytes -= len(data)
-            if self._degraded():
-                self.count(fills_dropped=1)
-                continue
             try:
+                if self._degraded():
+                    self.count(fills_dropped=1)
+                    continue
                 fills.append(self.write_block(a, index, data))
             except OSError as exc:
                 self.count(fills_dropped=1)
                 self._degrade(exc)
+            finally:
+                with self._lock:
+                    self._queued_bytes -= len(data)
+                    if self._inflight.get((a.objid, index)) is data:
+                        del self._inflight[(a.objid, index)]
         if fills:
             self._account(fills)
         if fills or time.monotonic() - self._last_flush >= FLUSH_INTERVAL:
