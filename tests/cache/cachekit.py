@@ -100,7 +100,11 @@ class CountingProxy:
 
             do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _forward
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request, client_address) -> None:
+                pass        # a client killed mid-response (the kill -9 tests) is expected
+
+        self._server = Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
