@@ -196,6 +196,11 @@ class S3Origin:
         return s3_client(self.settings)
 
     def stat(self) -> tuple[bytes, int]:
+        from manyfiles.s3.transfer import with_retries
+
+        return with_retries(self._head, RETRY)
+
+    def _head(self) -> tuple[bytes, int]:
         t0 = time.monotonic_ns()
         try:
             head = self.client().head_object(Bucket=self.bucket, Key=self.key)

@@ -209,7 +209,8 @@ class CachedReader(io.RawIOBase):
         for j in range(first, last):
             if j in self._pending or j in self._fetched:
                 continue
-            if store is not None and store.has_block(self._v.objid, j):
+            if store is not None and (store.queued_block(self._v.objid, j) is not None
+                                      or store.has_block(self._v.objid, j)):
                 continue
             length = min(self._bs, self.size - j * self._bs)
             self._pending[j] = self._pool.submit(self._fetch, j, length)
