@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from manyfiles._units import parse_size
 from manyfiles.errors import ManyfilesError
 
 
@@ -88,24 +89,8 @@ def run_main(command: click.Command, prog: str) -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-_SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text: str, minimum: int = 0) -> int:
-    """Parse ``64K``/``1M``/``4096`` into bytes; ValueError if malformed or below ``minimum``."""
-    value = text.strip().upper().removesuffix("IB").removesuffix("B")
-    suffix = value[-1:] if value[-1:] in _SIZE_SUFFIXES else ""
-    try:
-        size = int(value[: len(value) - len(suffix)]) * _SIZE_SUFFIXES[suffix]
-    except ValueError:
-        raise ValueError(f"not a size: {text!r} (use e.g. 4096, 64K, 1M)") from None
-    if size < minimum:
-        raise ValueError(f"{text!r} is below the minimum of {minimum} bytes")
-    return size
-
-
 class Size(click.ParamType):
-    """A byte count option: ``4096``, ``64K``, ``1M``, ``1GiB`` (usage error, exit 2, if malformed)."""
+    """A byte count option: ``4096``, ``64K``, ``1.5M``, ``1GiB`` (usage error, exit 2, if malformed)."""
 
     name = "size"
 
