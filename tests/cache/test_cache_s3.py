@@ -172,7 +172,7 @@ def test_missing_objects_and_buckets_are_one_line_errors(s3, cache: Cache):
         mf.open("s3://no-such-bucket-here/x", settings=s3.settings)
     report = cache.warm([s3.url("nothing/"), s3.url("nope.bin"), "s3://no-such-bucket-here/a/"])
     assert not report.ok and report.objects == 3
-    reasons = dict(report.failures)
+    reasons = {f.path: f.reason for f in report.failures}
     assert reasons[s3.url("nothing/")] == "no such object or prefix"
     assert "no such bucket" in reasons["s3://no-such-bucket-here/a/"].lower()
     with pytest.raises(mf.PartialFailure, match="3 failed"):

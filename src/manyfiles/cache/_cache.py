@@ -14,17 +14,21 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from manyfiles._pool import Pool
+from manyfiles._progress import ProgressArg, check_progress, progress_for
+from manyfiles._report import Report
+from manyfiles._units import format_size
 from manyfiles.cache import _format as fmt
 from manyfiles.cache._index import Version
 from manyfiles.cache._origin import FileOrigin, S3Origin, parse_source
 from manyfiles.cache._reader import CachedReader
 from manyfiles.cache._store import BlockStore
 from manyfiles.cache._write import WriteThrough
-from manyfiles.errors import ManyfilesError, NotFound, PartialFailure, UsageError, from_oserror
+from manyfiles.errors import ManyfilesError, NotFound, UsageError, from_oserror
 
 DEFAULT_BUFFER = 128 << 10
 FETCH_THREADS = 32
@@ -34,34 +38,8 @@ Source = str | bytes | os.PathLike
 
 # -- reports ---------------------------------------------------------------------------------------
 
-def _size(n: float) -> str:
-    from rich.filesize import decimal
-
-    return decimal(int(n))
-
-
-class _Report:
-    failures: list[tuple[str, str]]
-    seconds: float
-    _what = "operation"
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
-
-    def raise_for_failures(self) -> None:
-        """Raise :class:`~manyfiles.errors.PartialFailure` if anything failed."""
-        if self.failures:
-            first = ": ".join(self.failures[0])
-            raise PartialFailure(f"{self._what}: {len(self.failures)} failed (first: {first})",
-                                 self.failures, self)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)  # type: ignore[call-overload]
-
-
-@dataclass
-class WarmReport(_Report):
+@dataclass(kw_only=True)
+class WarmReport(Report):
     """What :meth:`Cache.warm` did: ``fetched`` objects were read from their origin, ``cached`` were
     already complete in the cache (and were validated now)."""
 
@@ -69,18 +47,15 @@ class WarmReport(_Report):
     cached: int = 0
     fetched: int = 0
     bytes: int = 0
-    failures: list[tuple[str, str]] = field(default_factory=list)
-    seconds: float = 0.0
-    _what = "cache warm"
 
-    def __str__(self) -> str:
-        rate = f", {_size(self.bytes / self.seconds)}/s" if self.seconds > 0 and self.bytes else ""
-        return (f"{self.objects} objects: {self.fetched} fetched ({_size(self.bytes)}{rate}), "
-                f"{self.cached} already cached, {len(self.failures)} failed in {self.seconds:.1f} s")
+    def summary(self) -> str:
+        rate = f", {format_size(self.bytes / self.seconds)}/s" if self.seconds > 0 and self.bytes else ""
+        return (f"{self.objects:,} objects: {self.fetched:,} fetched ({format_size(self.bytes)}{rate}), "
+                f"{self.cached:,} already cached in {self.seconds:.1f} s")
 
 
-@dataclass
-class VerifyReport(_Report):
+@dataclass(kw_only=True)
+class VerifyReport(Report):
     """What :meth:`Cache.verify` checked and repaired."""
 
     entries: int = 0
@@ -91,26 +66,23 @@ class VerifyReport(_Report):
     adopted: int = 0            # sound blocks the index did not list (a fill cut short by a kill)
     orphans: int = 0            # block files of no entry: removed
     temps: int = 0              # temporary files of dead processes: removed
-    failures: list[tuple[str, str]] = field(default_factory=list)
-    seconds: float = 0.0
-    _what = "cache verify"
 
-    def __str__(self) -> str:
-        return (f"{self.entries} entries, {self.blocks} blocks ({_size(self.bytes)}) checked: "
-                f"{self.corrupt} corrupt and {self.orphans} orphan blocks removed, {self.missing} missing, "
-                f"{self.adopted} adopted, {self.temps} stale temporary files removed in {self.seconds:.1f} s")
+    def summary(self) -> str:
+        return (f"{self.entries:,} entries, {self.blocks:,} blocks ({format_size(self.bytes)}) checked: "
+                f"{self.corrupt:,} corrupt and {self.orphans:,} orphan blocks removed, "
+                f"{self.missing:,} missing, {self.adopted:,} adopted, "
+                f"{self.temps:,} stale temporary files removed in {self.seconds:.1f} s")
 
 
-@dataclass
-class EvictReport(_Report):
+@dataclass(kw_only=True)
+class EvictReport(Report):
+    """What :meth:`Cache.evict` removed."""
+
     entries: int = 0
     bytes: int = 0
-    failures: list[tuple[str, str]] = field(default_factory=list)
-    seconds: float = 0.0
-    _what = "cache evict"
 
-    def __str__(self) -> str:
-        return f"{self.entries} entries evicted ({_size(self.bytes)})"
+    def summary(self) -> str:
+        return f"{self.entries:,} entries evicted ({format_size(self.bytes)})"
 
 
 @dataclass
@@ -144,17 +116,17 @@ class CacheStats:
         return {**asdict(self), "hit_ratio": round(self.hit_ratio, 6)}
 
     def __str__(self) -> str:
-        cap = _size(self.max_size) if self.max_size is not None else "unlimited"
+        cap = format_size(self.max_size) if self.max_size is not None else "unlimited"
         return "\n".join([
             f"cache       {self.dir}",
             f"entries     {self.entries:,}",
-            f"size        {_size(self.bytes)} (max {cap}, keep {_size(self.min_free)} free; "
-            f"{_size(self.free_bytes)} free)",
-            f"hits        {self.hits:,} blocks ({_size(self.hit_bytes)})",
-            f"misses      {self.misses:,} blocks ({_size(self.miss_bytes)})",
+            f"size        {format_size(self.bytes)} (max {cap}, keep {format_size(self.min_free)} free; "
+            f"{format_size(self.free_bytes)} free)",
+            f"hits        {self.hits:,} blocks ({format_size(self.hit_bytes)})",
+            f"misses      {self.misses:,} blocks ({format_size(self.miss_bytes)})",
             f"hit ratio   {self.hit_ratio:.1%}",
-            f"fills       {self.fills:,} ({_size(self.fill_bytes)}), {self.fills_dropped:,} dropped",
-            f"evictions   {self.evictions:,} entries ({_size(self.evicted_bytes)})",
+            f"fills       {self.fills:,} ({format_size(self.fill_bytes)}), {self.fills_dropped:,} dropped",
+            f"evictions   {self.evictions:,} entries ({format_size(self.evicted_bytes)})",
             f"corrupt     {self.corrupt:,} blocks removed",
         ])
 
@@ -200,7 +172,7 @@ class Cache:
         self.settings = settings
         self.prefetch = prefetch
         self._memo: dict[bytes, Version] = {}
-        self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="manyfiles-cache-fetch")
+        self._pool = _TrackedPool(FETCH_THREADS, thread_name_prefix="manyfiles-cache-fetch")
 
     def __repr__(self) -> str:
         return f"Cache({self.dir!r}, block_size={self.block_size})"
@@ -217,7 +189,9 @@ class Cache:
         self._store.close()
 
     def flush(self) -> None:
-        """Wait until every queued fill is on disk and accounted (the counters too)."""
+        """Wait until every fetch started by this process (prefetches of closed readers too) is on
+        disk and accounted, and the counters are written."""
+        self._pool.wait_idle()
         self._store.flush()
 
     # -- reading -----------------------------------------------------------------------------------
@@ -279,47 +253,55 @@ class Cache:
     # -- bulk --------------------------------------------------------------------------------------
 
     def warm(self, srcs: Iterable[Source] | Source, *, jobs: int = 8,
-             progress: bool | Callable[[WarmReport], None] = False) -> WarmReport:
+             progress: ProgressArg = False) -> WarmReport:
         """Fetch ``srcs`` into the cache: files, folders (recursively), ``s3://`` objects and
         prefixes (``s3://bucket/prefix/``, wildcards allowed).  Complete entries are only
         validated (a listing's ETags, or one HEAD / stat each).  Failures are collected in the
         report, not raised."""
+        check_progress(progress)
+        if jobs < 1:
+            raise UsageError(f"jobs {jobs}: must be at least 1")
         if isinstance(srcs, (str, bytes, os.PathLike)):
             srcs = [srcs]
         report = WarmReport()
+        lock = threading.Lock()
         t0 = time.monotonic()
-        on_progress = _progress_callback(progress, "cache warm")
+        with progress_for(progress, "cache warm", unit="objects") as p:
 
-        def done(fut: Future, item: tuple) -> None:
-            report.objects += 1
-            try:
-                kind, n = fut.result()
-            except ManyfilesError as exc:
-                report.failures.append((item[0].display, _reason(exc, item[0].display)))
-            else:
-                report.bytes += n
-                if kind == "cached":
-                    report.cached += 1
-                else:
-                    report.fetched += 1
-            report.seconds = time.monotonic() - t0
-            if on_progress is not None:
-                on_progress(report)
+            def failed(shown: str, exc: ManyfilesError) -> None:
+                with lock:
+                    report.objects += 1
+                    report.add_failure(shown, _reason(exc, shown), type(exc).__name__)
+                p.add(1, failures=1)
 
-        _run_bounded(self._expand(srcs, report), self._warm_one, jobs, done)
-        self._store.flush()
+            def work(item: tuple) -> None:
+                try:
+                    kind, n = self._warm_one(item)
+                except ManyfilesError as exc:
+                    failed(item[0].display, exc)
+                    return
+                with lock:
+                    report.objects += 1
+                    report.bytes += n
+                    if kind == "cached":
+                        report.cached += 1
+                    else:
+                        report.fetched += 1
+                p.add(1, bytes=n)
+
+            Pool(work, jobs, name="manyfiles-cache-warm").run(self._expand(srcs, failed), tick=p.tick)
+            self.flush()
         report.seconds = time.monotonic() - t0
         return report
 
-    def _expand(self, srcs: Iterable[Source], report: WarmReport) -> Iterator[tuple]:
+    def _expand(self, srcs: Iterable[Source],
+                failed: Callable[[str, ManyfilesError], None]) -> Iterator[tuple]:
         """(origin, known (validator, size) or None) for every object named or under a prefix."""
         for src in srcs:
             try:
                 yield from self._expand_one(src)
             except ManyfilesError as exc:
-                shown = os.fsdecode(src) if not isinstance(src, str) else src
-                report.objects += 1
-                report.failures.append((shown, _reason(exc, shown)))
+                failed(src if isinstance(src, str) else os.fsdecode(src), exc)
 
     def _expand_one(self, src: Source) -> Iterator[tuple]:
         if isinstance(src, str) and src.startswith("s3://"):
@@ -432,7 +414,7 @@ class Cache:
     def stats(self) -> CacheStats:
         """Counters of this cache directory (all processes), after flushing this process's."""
         store = self._store
-        store.flush()
+        self.flush()
         c = store.index.counters()
         try:
             free = os.statvfs(self.dir).f_bavail * os.statvfs(self.dir).f_frsize
@@ -450,7 +432,7 @@ class Cache:
         the ``max_size`` / ``min_free`` watermarks now."""
         t0 = time.monotonic()
         store = self._store
-        store.flush()
+        self.flush()
         if srcs is not None:
             victims = store.remove_sources([self.origin(s).source for s in srcs])
             self._memo.clear()
@@ -460,14 +442,15 @@ class Cache:
             victims = [] if need == 0 else store.evict(need, older_than=cutoff)
         else:
             victims = store.evict_to_watermarks()
-        return EvictReport(len(victims), sum(v.disk_bytes for v in victims), seconds=time.monotonic() - t0)
+        return EvictReport(entries=len(victims), bytes=sum(v.disk_bytes for v in victims),
+                           seconds=time.monotonic() - t0)
 
     def clear(self) -> None:
         """Remove every entry and block file (the directory stays a cache)."""
         import shutil
 
         store = self._store
-        store.flush()
+        self.flush()
         store.index.clear()
         self._memo.clear()
         blocks = os.path.join(self.dir, fmt.BLOCKS)
@@ -482,15 +465,44 @@ class Cache:
             raise from_oserror(exc, blocks) from exc
         shutil.rmtree(trash, ignore_errors=True)
 
-    def verify(self, *, progress: bool | Callable[[VerifyReport], None] = False) -> VerifyReport:
+    def verify(self, *, progress: ProgressArg = False) -> VerifyReport:
         """Check every block against its header and CRC-32; remove what is corrupt, orphaned or
         left over by killed processes; make the index match what is on disk."""
         from manyfiles.cache._verify import verify
 
-        return verify(self._store, _progress_callback(progress, "cache verify"))
+        check_progress(progress)
+        self.flush()
+        with progress_for(progress, "cache verify", unit="entries") as p:
+            return verify(self._store, VerifyReport(), p)
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+
+class _TrackedPool(ThreadPoolExecutor):
+    """The fetch threads, knowing how many fetches are still running (see :meth:`Cache.flush`)."""
+
+    def __init__(self, workers: int, thread_name_prefix: str) -> None:
+        super().__init__(workers, thread_name_prefix=thread_name_prefix)
+        self._running = 0
+        self._idle = threading.Condition()
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
+        with self._idle:
+            self._running += 1
+        fut = super().submit(fn, *args, **kwargs)
+        fut.add_done_callback(self._done)
+        return fut
+
+    def _done(self, _fut: Any) -> None:
+        with self._idle:
+            self._running -= 1
+            if not self._running:
+                self._idle.notify_all()
+
+    def wait_idle(self) -> None:
+        with self._idle:
+            self._idle.wait_for(lambda: not self._running)
+
 
 def _reason(exc: BaseException, shown: str) -> str:
     text = str(exc)
@@ -500,36 +512,6 @@ def _reason(exc: BaseException, shown: str) -> str:
 def _check_mode(mode: str) -> None:
     if mode not in MODES:
         raise UsageError(f"mode {mode!r}: manyfiles.open supports 'rb' and 'wb'")
-
-
-def _progress_callback(progress: Any, title: str) -> Callable[[Any], None] | None:
-    if callable(progress):
-        return progress
-    return None
-
-
-def _run_bounded(items: Iterable[Any], fn: Callable[[Any], Any], jobs: int,
-                 on_done: Callable[[Future, Any], None]) -> None:
-    """Run ``fn(item)`` on ``jobs`` threads, at most ``4 * jobs`` items in flight; ``on_done`` in
-    the calling thread."""
-    if jobs < 1:
-        raise UsageError(f"jobs {jobs}: must be at least 1")
-    inflight: dict[Future, Any] = {}
-    with ThreadPoolExecutor(jobs, thread_name_prefix="manyfiles-cache-warm") as pool:
-        try:
-            for item in items:
-                inflight[pool.submit(fn, item)] = item
-                if len(inflight) >= 4 * jobs:
-                    finished, _ = wait(inflight, return_when=FIRST_COMPLETED)
-                    for fut in finished:
-                        on_done(fut, inflight.pop(fut))
-            while inflight:
-                finished, _ = wait(inflight, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    on_done(fut, inflight.pop(fut))
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
 
 
 # -- module-level open and the shared caches -------------------------------------------------------

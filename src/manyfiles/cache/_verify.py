@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from typing import Any
 
+from manyfiles._progress import Progress
 from manyfiles.cache import _format as fmt
 from manyfiles.cache._index import Version
 from manyfiles.cache._store import BlockStore
@@ -37,11 +38,9 @@ def check_block(path: str, objid: bytes, index: int, length: int) -> str:
     return "ok" if fmt.crc_ok(h, memoryview(raw)[fmt.HEADER_SIZE:]) else "corrupt"
 
 
-def verify(store: BlockStore, on_progress: Callable | None = None):
-    from manyfiles.cache._cache import VerifyReport
-
+def verify(store: BlockStore, report: Any, progress: Progress) -> Any:
+    """Fill ``report`` (a VerifyReport) while checking ``store``; ``progress`` counts entries."""
     t0 = time.monotonic()
-    report = VerifyReport()
     store.flush()
     index = store.index
     for objid, source, validator, size, present, _disk in list(index.entries()):
@@ -72,9 +71,7 @@ def verify(store: BlockStore, on_progress: Callable | None = None):
             v = Version(objid, source, validator, size, 0.0)
             index.record_fills([store.fill_record(v, i) for i in adopt], time.time())
             report.adopted += len(adopt)
-        report.seconds = time.monotonic() - t0
-        if on_progress is not None:
-            on_progress(report)
+        progress.add(1)
     report.orphans = _remove_orphans(store)
     report.temps = store.clean_stale_temps()
     index.recount()

@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from manyfiles.cli._common import Size, instrumented, progress_reporter
+from manyfiles.cli._common import Size, instrumented
 
 MAX_ERROR_LINES = 20
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -108,7 +108,7 @@ def _read_list(path: str) -> Iterator[str]:
               help="Also warm the paths/URLs listed in FILE, one a line ('-': stdin).")
 @click.option("-j", "--jobs", type=click.IntRange(1, 1024), default=16, show_default=True,
               help="Objects fetched at once.")
-@click.option("--progress", is_flag=True, help="Progress bar (only on a terminal).")
+@click.option("--progress", is_flag=True, help="Show progress (a bar on a terminal, else a line every 5 s).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @instrumented
 @cache_options
@@ -128,9 +128,7 @@ def warm(sources: tuple[str, ...], files_from: str | None, jobs: int, progress: 
         import itertools
 
         srcs = itertools.chain(sources, _read_list(files_from))
-    with progress_reporter(progress, "cache warm", unit="objects") as update:
-        on_progress = None if update is None else (lambda r: update(r.objects))
-        report = cache.warm(srcs, jobs=jobs, progress=on_progress or False)
+    report = cache.warm(srcs, jobs=jobs, progress=progress)
     _print_failures(report.failures)
     _print_report(report, as_json)
     return 0 if report.ok else 1
@@ -169,16 +167,17 @@ def evict(sources: tuple[str, ...], to_size: int | None, older_than: float | Non
 
 
 @command.command()
+@click.option("--progress", is_flag=True, help="Show progress (a bar on a terminal, else a line every 5 s).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @instrumented
 @cache_options
-def verify(as_json: bool, cache: Any) -> int:
+def verify(progress: bool, as_json: bool, cache: Any) -> int:
     """Check every cached block's header and CRC-32; remove bad and orphaned blocks, fix the index.
 
     Exit 0 even when corrupt blocks were found and removed (the cache is sound afterwards;
     the counts say what was repaired).
     """
-    report = cache.verify()
+    report = cache.verify(progress=progress)
     _print_report(report, as_json)
     return 0 if report.ok else 1
 
@@ -192,10 +191,10 @@ def clear(cache: Any) -> int:
     return 0
 
 
-def _print_failures(failures: list[tuple[str, str]]) -> None:
+def _print_failures(failures: list) -> None:
     prog = click.get_current_context().find_root().info_name or "manyfiles"
-    for src, reason in failures[:MAX_ERROR_LINES]:
-        click.echo(f"{prog}: {src}: {reason}", err=True)
+    for f in failures[:MAX_ERROR_LINES]:
+        click.echo(f"{prog}: {f.path}: {f.reason}", err=True)
     if len(failures) > MAX_ERROR_LINES:
         click.echo(f"{prog}: ... and {len(failures) - MAX_ERROR_LINES} more failures", err=True)
 
@@ -204,4 +203,4 @@ def _print_report(report: Any, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        click.echo(str(report))
+        click.echo(report.summary())
