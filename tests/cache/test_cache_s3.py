@@ -74,6 +74,21 @@ def test_a_new_process_reads_everything_from_the_cache_without_a_get(tmp_path: P
     assert ops["s3.head"] == len(objs), "validate on open: one HEAD per open"
 
 
+def test_get_bytes_of_an_object_never_seen_is_one_request(s3, cache: Cache):
+    small = s3.put("one.bin", blob(BS - 1, "one"))
+    big = s3.put("two.bin", blob(2 * BS + 1, "two"))
+    s3.put("empty.bin", b"")
+    assert cache.get_bytes(s3.url("one.bin")) == small
+    assert (len(s3.gets()), len(s3.heads())) == (1, 0), "the version comes with the first block"
+    assert cache.get_bytes(s3.url("two.bin")) == big
+    assert (len(s3.gets()), len(s3.heads())) == (4, 0)
+    assert cache.get_bytes(s3.url("empty.bin")) == b""        # nothing to range: a HEAD says so
+    cache.flush()
+    gets = len(s3.gets())
+    assert cache.get_bytes(s3.url("one.bin")) == small        # known now: validated by a HEAD
+    assert len(s3.gets()) == gets and len(s3.heads()) == 2
+
+
 def test_a_changed_etag_is_a_miss_and_a_change_mid_read_is_refused(s3, cache: Cache):
     url = s3.url("v.bin")
     old = s3.put("v.bin", blob(4 * BS, "v1"))

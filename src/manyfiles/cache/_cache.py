@@ -30,7 +30,7 @@ from manyfiles.cache._store import BlockStore
 from manyfiles.cache._write import WriteThrough
 from manyfiles.errors import ManyfilesError, NotFound, UsageError, from_oserror
 
-DEFAULT_BUFFER = 128 << 10
+DEFAULT_BUFFER = 64 << 10
 FETCH_THREADS = 32
 MODES = ("rb", "wb")
 Source = str | bytes | os.PathLike
@@ -201,16 +201,33 @@ class Cache:
 
     def version(self, origin: FileOrigin | S3Origin, *, revalidate: bool = False) -> Version:
         """The version of ``origin`` to read: trusted within ``ttl``, else asked of the origin."""
+        return self._resolve(origin, revalidate=revalidate)[0]
+
+    def _resolve(self, origin: FileOrigin | S3Origin, *, revalidate: bool = False,
+                 whole: bool = False) -> tuple[Version, bytes | None]:
+        """(version, its first block if fetching it was the cheapest way to learn the version).
+
+        For a whole-object read of an S3 object the cache has never seen, one ranged GET of the
+        first block tells the version too: a miss then costs one round trip, not a HEAD and a GET.
+        """
         now = time.time()
+        known = None
         if self.ttl > 0 and not revalidate:
-            v = self._memo.get(origin.source)
-            if v is None or now - v.validated_at >= self.ttl:
-                v = self._store.index.latest(origin.source)
-            if v is not None and now - v.validated_at < self.ttl:
-                self._memo[origin.source] = v
-                return v
+            known = self._memo.get(origin.source)
+            if known is None or now - known.validated_at >= self.ttl:
+                known = self._store.index.latest(origin.source)
+            if known is not None and now - known.validated_at < self.ttl:
+                self._memo[origin.source] = known
+                return known, None
+        if whole and isinstance(origin, S3Origin):
+            if known is None and (self.ttl == 0 or revalidate):
+                known = self._store.index.latest(origin.source)
+            if known is None:
+                got = origin.fetch_first(self.block_size)
+                if got is not None:
+                    return self._validated(origin, got[0], got[1], now), got[2]
         validator, size = origin.stat()
-        return self._validated(origin, validator, size, now)
+        return self._validated(origin, validator, size, now), None
 
     def _validated(self, origin: FileOrigin | S3Origin, validator: bytes, size: int, now: float) -> Version:
         v = Version(fmt.object_id(origin.source, validator), origin.source, validator, size, now)
@@ -238,7 +255,21 @@ class Cache:
 
     def get_bytes(self, src: Source, *, settings: Any = None) -> bytes:
         """The whole content of ``src``, through the cache."""
-        reader = self.reader(src, settings=settings)
+        origin = self.origin(src, settings)
+        v, first = self._resolve(origin, whole=True)
+        store = self._store
+        if v.size <= self.block_size:           # one block: no reader needed
+            data = first if first is not None else store.read_block(v.objid, 0, v.size) if v.size else b""
+            if data is not None:
+                store.note_access(v.objid, v.validated_at)
+                if first is not None:
+                    store.fill_async(v, 0, first)
+                    store.count(misses=1, miss_bytes=len(first))
+                elif v.size:
+                    store.count(hits=1, hit_bytes=len(data))
+                return data
+        reader = CachedReader(origin, v, store=store, block_size=self.block_size, pool=self._pool,
+                              prefetch=self.prefetch, first_block=first)
         try:
             return reader.readall()
         finally:

@@ -178,6 +178,14 @@ def s3_error(exc: BaseException, where: str) -> ManyfilesError:
     return TransferError(f"{where}: {err}", retryable=err.retryable, status=err.status)
 
 
+def s3_failed(op: str, origin: S3Origin, offset: int, length: int, t0: int, exc: BaseException,
+              status: int = 0) -> ManyfilesError:
+    """Convert ``exc`` (see :func:`s3_error`), record the failed operation in the trace, return it."""
+    err = s3_error(exc, origin.display)
+    _trace(op, f"{origin.bucket}/{origin.key}", offset, length, t0, getattr(err, "status", 0) or status or -1)
+    return err
+
+
 class S3Origin:
     """One object of an S3 (or S3-compatible) endpoint."""
 
@@ -205,12 +213,49 @@ class S3Origin:
         try:
             head = self.client().head_object(Bucket=self.bucket, Key=self.key)
         except Exception as exc:
-            err = s3_error(exc, self.display)
-            _trace("s3.head", f"{self.bucket}/{self.key}", 0, 0, t0, getattr(err, "status", 0) or -1)
-            raise err from exc
+            raise s3_failed("s3.head", self, 0, 0, t0, exc) from exc
         _trace("s3.head", f"{self.bucket}/{self.key}", 0, 0, t0, 200)
         size = int(head["ContentLength"])
         return self.validator(head.get("ETag", ""), size), size
+
+    def fetch_first(self, block_size: int) -> tuple[bytes, int, bytes] | None:
+        """(validator, size, first block) from one ranged GET: what an open would learn with a
+        HEAD, plus the data, in one round trip.  None for an empty object (nothing to range)."""
+        from manyfiles.s3.transfer import with_retries
+
+        return with_retries(lambda: self._get_first(block_size), RETRY)
+
+    def _get_first(self, block_size: int) -> tuple[bytes, int, bytes] | None:
+        t0 = time.monotonic_ns()
+        data = b""
+        status = 0
+        try:
+            resp = self.client().get_object(Bucket=self.bucket, Key=self.key,
+                                            Range=f"bytes=0-{block_size - 1}")
+            status = resp["ResponseMetadata"]["HTTPStatusCode"]
+            body = resp["Body"]
+            try:
+                data = body.read()
+            finally:
+                body.close()
+            if status == 206:
+                size = int(str(resp.get("ContentRange", "")).rpartition("/")[2])
+            else:
+                size = int(resp["ContentLength"])
+            if len(data) != min(size, block_size):
+                raise TransferError(f"got {len(data)} of {min(size, block_size)} bytes", retryable=True)
+            etag = (resp.get("ETag") or "").strip('"')
+            if (size == len(data) and _MD5_ETAG.match(etag.encode()) and not _encrypted(resp)
+                    and hashlib.md5(data, usedforsecurity=False).hexdigest() != etag):
+                raise IntegrityError("MD5 of the body does not match the ETag")
+        except Exception as exc:
+            from botocore.exceptions import ClientError
+
+            if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == "InvalidRange":
+                return None
+            raise s3_failed("s3.get_range", self, 0, len(data), t0, exc, status) from exc
+        _trace("s3.get_range", f"{self.bucket}/{self.key}", 0, len(data), t0, status)
+        return self.validator(etag, size), size, data
 
     @staticmethod
     def validator(etag: str | None, size: int) -> bytes:
@@ -256,9 +301,7 @@ class _S3Fetcher:
                 body.close()
             self._check(resp, status, data, offset, length, whole)
         except Exception as exc:
-            err = s3_error(exc, o.display)
-            _trace(op, f"{o.bucket}/{o.key}", offset, len(data), t0, err.status or status or -1)
-            raise err from exc
+            raise s3_failed(op, o, offset, len(data), t0, exc, status) from exc
         _trace(op, f"{o.bucket}/{o.key}", offset, len(data), t0, status)
         return data
 
@@ -312,9 +355,7 @@ class _S3Fetcher:
             if check_md5 and md5.hexdigest() != self.etag:
                 raise IntegrityError("MD5 of the body does not match the ETag")
         except Exception as exc:
-            err = s3_error(exc, o.display)
-            _trace("s3.get", f"{o.bucket}/{o.key}", 0, got, t0, err.status or -1)
-            raise err from exc
+            raise s3_failed("s3.get", o, 0, got, t0, exc) from exc
         _trace("s3.get", f"{o.bucket}/{o.key}", 0, got, t0, 200)
 
     def close(self) -> None:

@@ -31,7 +31,7 @@ class CachedReader(io.RawIOBase):
     """Seekable raw binary reader of one version of one source (wrap in io.BufferedReader)."""
 
     def __init__(self, origin: Any, version: Version, *, store: BlockStore | None, block_size: int,
-                 pool: Executor, prefetch: int = 4) -> None:
+                 pool: Executor, prefetch: int = 4, first_block: bytes | None = None) -> None:
         super().__init__()
         self.name = origin.display
         self.size = version.size
@@ -42,7 +42,7 @@ class CachedReader(io.RawIOBase):
         self._nblocks = -(-version.size // block_size)
         self._pool = pool
         self._max_ahead = max(0, prefetch)
-        self._fetcher = origin.fetcher(version.validator)
+        self._fetcher_obj: Any = None
         self._pos = 0
         self._fd = -1
         self._fd_index = -1
@@ -54,6 +54,18 @@ class CachedReader(io.RawIOBase):
         self._hits = self._misses = self._hit_bytes = self._miss_bytes = 0
         if store is not None:
             store.note_access(version.objid, version.validated_at)
+        if first_block is not None:     # fetched along with the validation (Cache.get_bytes)
+            self._fetched[0] = first_block
+            self._misses += 1
+            self._miss_bytes += len(first_block)
+            if store is not None:
+                store.fill_async(version, 0, first_block)
+
+    @property
+    def _fetcher(self) -> Any:
+        if self._fetcher_obj is None:           # only a miss needs one
+            self._fetcher_obj = self._origin.fetcher(self._v.validator)
+        return self._fetcher_obj
 
     # -- io.RawIOBase ------------------------------------------------------------------------------
 
@@ -134,7 +146,8 @@ class CachedReader(io.RawIOBase):
         self._pending.clear()
         self._fetched.clear()
         self._close_fd()
-        self._fetcher.close()
+        if self._fetcher_obj is not None:
+            self._fetcher_obj.close()
         if self._store is not None:
             self._store.count(hits=self._hits, misses=self._misses, hit_bytes=self._hit_bytes,
                               miss_bytes=self._miss_bytes)

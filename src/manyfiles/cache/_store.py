@@ -179,6 +179,20 @@ class BlockStore:
             return None
         return fd
 
+    def read_block(self, objid: bytes, index: int, length: int) -> bytes | None:
+        """The whole payload of a cached block, or None (a miss)."""
+        fd = self.open_block(objid, index, length)
+        if fd is None:
+            return None
+        try:
+            data = os.pread(fd, length, fmt.HEADER_SIZE)
+            if len(data) != length:
+                self.discard(objid, index, fd)
+                return None
+            return data
+        finally:
+            os.close(fd)
+
     def discard(self, objid: bytes, index: int, fd: int) -> None:
         """Remove a corrupt block file (unless another process already replaced it)."""
         path = self.block_path(objid, index)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from manyfiles.cache._origin import FileOrigin, S3Origin, _trace, s3_error
+from manyfiles.cache._origin import FileOrigin, S3Origin, _trace, s3_failed
 from manyfiles.errors import from_oserror
 
 PUT_MAX = 64 << 20
@@ -108,8 +108,6 @@ class WriteThrough(io.RawIOBase):
             else:
                 origin.client().upload_fileobj(f, origin.bucket, origin.key)
         except Exception as exc:
-            err = s3_error(exc, origin.display)
-            _trace("s3.put", f"{origin.bucket}/{origin.key}", 0, size, t0, getattr(err, "status", 0) or -1)
-            raise err from exc
+            raise s3_failed("s3.put", origin, 0, size, t0, exc) from exc
         _trace("s3.put", f"{origin.bucket}/{origin.key}", 0, size, t0, 200)
         f.close()
