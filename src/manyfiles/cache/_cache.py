@@ -30,7 +30,7 @@ from manyfiles.cache._store import BlockStore
 from manyfiles.cache._write import WriteThrough
 from manyfiles.errors import ManyfilesError, NotFound, UsageError, from_oserror
 
-DEFAULT_BUFFER = 64 << 10
+DEFAULT_BUFFER = io.DEFAULT_BUFFER_SIZE     # as open(): small random reads stay cheap
 FETCH_THREADS = 32
 MODES = ("rb", "wb")
 Source = str | bytes | os.PathLike

@@ -25,6 +25,7 @@ from manyfiles.cache._index import Version
 from manyfiles.cache._store import BlockStore
 
 KEEP_FETCHED = 2      # blocks fetched from the origin kept in memory per reader
+OPEN_BLOCKS = 16      # cached blocks kept open per reader (random reads skip the open/header read)
 
 
 class CachedReader(io.RawIOBase):
@@ -44,8 +45,7 @@ class CachedReader(io.RawIOBase):
         self._max_ahead = max(0, prefetch)
         self._fetcher_obj: Any = None
         self._pos = 0
-        self._fd = -1
-        self._fd_index = -1
+        self._fds: OrderedDict[int, int] = OrderedDict()    # block index -> open block file
         self._fetched: OrderedDict[int, bytes] = OrderedDict()
         self._pending: dict[int, Future] = {}
         self._seq_end = 0           # where the previous read ended
@@ -145,7 +145,7 @@ class CachedReader(io.RawIOBase):
             fut.cancel()
         self._pending.clear()
         self._fetched.clear()
-        self._close_fd()
+        self._close_fds()
         if self._fetcher_obj is not None:
             self._fetcher_obj.close()
         if self._store is not None:
@@ -163,8 +163,8 @@ class CachedReader(io.RawIOBase):
             return False
         tr = iotrace.TRACER
         t0 = time.monotonic_ns() if tr is not None else 0
-        if index != self._fd_index:
-            self._close_fd()
+        fd = self._fds.get(index)
+        if fd is None:
             fd = store.open_block(self._v.objid, index, length)
             if fd is None:
                 queued = store.queued_block(self._v.objid, index)
@@ -177,12 +177,14 @@ class CachedReader(io.RawIOBase):
                     tr.record("cache.miss", self._v.source, index * self._bs, length, t0,
                               time.monotonic_ns() - t0, 0)
                 return False
-            self._fd, self._fd_index = fd, index
+            self._fds[index] = fd
+            if len(self._fds) > OPEN_BLOCKS:
+                os.close(self._fds.popitem(last=False)[1])
             self._hits += 1
-        got = os.preadv(self._fd, [dst], HEADER_SIZE + off)
+        got = os.preadv(fd, [dst], HEADER_SIZE + off)
         if got != len(dst):          # truncated on disk: drop it, read from the origin
-            store.discard(self._v.objid, index, self._fd)
-            self._close_fd()
+            store.discard(self._v.objid, index, fd)
+            os.close(self._fds.pop(index))
             return False
         self._hit_bytes += got
         if tr is not None:
@@ -190,10 +192,9 @@ class CachedReader(io.RawIOBase):
                       time.monotonic_ns() - t0, 0)
         return True
 
-    def _close_fd(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-        self._fd = self._fd_index = -1
+    def _close_fds(self) -> None:
+        while self._fds:
+            os.close(self._fds.popitem()[1])
 
     def _from_origin(self, index: int, length: int) -> bytes:
         fut = self._pending.pop(index, None)
