@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from cachekit import blob, cli
@@ -90,3 +93,28 @@ def test_warm_an_s3_prefix_from_the_command_line(tmp_path: Path, s3):
         for k, data in objs.items():
             assert c.get_bytes(s3.url(k)) == data
         assert len(s3.gets()) == gets
+
+
+def test_s3pull_reads_through_the_cache(tmp_path: Path, s3):
+    objs = {f"data/{i}.bin": s3.put(f"data/{i}.bin", blob(30_000 * i + 7, f"pull{i}")) for i in range(1, 6)}
+    cache = str(tmp_path / "c")
+    s3pull = os.path.join(os.path.dirname(sys.executable), "s3pull")
+
+    def pull(dest: Path) -> dict:
+        r = subprocess.run([s3pull, s3.url("data/"), str(dest), "--cache", cache, "--json"],
+                           capture_output=True, env={**os.environ, **s3.env}, timeout=120)
+        assert r.returncode == 0, r.stderr
+        for key, data in objs.items():
+            assert (dest / key.removeprefix("data/")).read_bytes() == data
+        events = [json.loads(line) for line in r.stdout.splitlines()]
+        return {e["key"]: e.get("engine") for e in events if e["event"] == "done"}
+
+    first = pull(tmp_path / "one")
+    assert "cache" not in first.values() and len(first) == 5
+    gets = len(s3.gets())
+    second = pull(tmp_path / "two")
+    assert set(second.values()) == {"cache"} and len(second) == 5
+    assert len(s3.gets()) == gets, "objects in the cache were downloaded again"
+    objs["data/3.bin"] = s3.put("data/3.bin", blob(1000, "changed"))
+    third = pull(tmp_path / "three")
+    assert third["data/3.bin"] != "cache" and third["data/1.bin"] == "cache"

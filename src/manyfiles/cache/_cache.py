@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
 import io
 import os
 import threading
@@ -274,6 +275,77 @@ class Cache:
             return reader.readall()
         finally:
             reader.close()
+
+    # -- exchange with other tools (s3pull --cache) ---------------------------------------------------
+
+    def export(self, src: Source | S3Origin, etag: str, size: int, dest: str | os.PathLike) -> bool:
+        """Write the cached content of ``src`` at version (``etag``, ``size``) to ``dest`` (a temporary
+        file renamed into place) if every block of it is cached; False, touching nothing, if not.
+
+        For tools that know the version from a listing (``s3pull --cache``): no request is made.
+        """
+        origin = self.origin(src)
+        v = self._validated(origin, S3Origin.validator(etag, size), size, time.time())
+        store, nblocks = self._store, -(-size // self.block_size)
+        fds: list[int] = []
+        dest = os.fsencode(dest)
+        tmp = b"%s.mf-tmp-%d" % (dest, os.getpid())
+        try:
+            for i in range(nblocks):
+                fd = store.open_block(v.objid, i, store.block_length(size, i))
+                if fd is None:
+                    return False
+                fds.append(fd)
+            os.makedirs(os.path.dirname(dest) or b".", exist_ok=True)
+            with builtins.open(tmp, "wb") as out:
+                for i, fd in enumerate(fds):
+                    data = os.pread(fd, store.block_length(size, i), fmt.HEADER_SIZE)
+                    if len(data) != store.block_length(size, i):
+                        store.discard(v.objid, i, fd)
+                        raise OSError(5, "cached block shorter than its header says")
+                    out.write(data)
+            os.rename(tmp, dest)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            return False
+        finally:
+            for fd in fds:
+                os.close(fd)
+        store.note_access(v.objid, v.validated_at)
+        store.count(hits=nblocks, hit_bytes=size)
+        return True
+
+    def import_file(self, src: Source | S3Origin, etag: str, size: int, path: str | os.PathLike) -> None:
+        """Fill the cache, in the background, from a local copy of ``src`` at version (``etag``, ``size``)
+        that another tool just downloaded and verified (``s3pull --cache``).  The copy is read back
+        and checked again (size, and MD5 when the ETag is one); any doubt and nothing is cached."""
+        origin = self.origin(src)
+        v = self._validated(origin, S3Origin.validator(etag, size), size, time.time())
+        self._pool.submit(self._import_file, origin, v, os.fsencode(path))
+
+    def _import_file(self, origin: FileOrigin | S3Origin, v: Version, path: bytes) -> None:
+        import hashlib
+
+        fetcher = origin.fetcher(v.validator)
+        try:
+            with builtins.open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size != v.size:
+                    return
+                if getattr(fetcher, "md5", False):      # first pass: is it still what S3 has?
+                    md5 = hashlib.md5(usedforsecurity=False)
+                    while chunk := f.read(1 << 20):
+                        md5.update(chunk)
+                    if md5.hexdigest() != fetcher.etag:
+                        return
+                    f.seek(0)
+                for i in range(-(-v.size // self.block_size)):
+                    data = f.read(self.block_size)
+                    if len(data) != self._store.block_length(v.size, i):
+                        return
+                    self._put(v, i, data)
+        except (OSError, ManyfilesError):
+            return
 
     def invalidate(self, src: Source | FileOrigin | S3Origin) -> int:
         """Forget every cached version of ``src`` (done after a write-through); returns entries removed."""

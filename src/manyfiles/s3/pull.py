@@ -83,6 +83,7 @@ class PullConfig:
     fsync: bool = False
     layout: str = "folder"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    cache: Any = None                   # a manyfiles.cache.Cache: hits are copied from it, downloads fill it
 
 
 def _engine_factory(ctx: Ctx, cfg: PullConfig, bud: _plan.Budget) -> Callable[[str], Engine]:
@@ -203,6 +204,10 @@ def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, sett
                 while not slots.acquire(timeout=0.5):
                     if ctx.cancel.is_set():
                         return
+                if cfg.cache is not None and info.etag and info.size is not None and \
+                        cfg.cache.export(f"s3://{url.bucket}/{info.key}", info.etag, info.size, path):
+                    put(("done", job, "cache"))
+                    continue
                 get_engine(job.engine).submit(job)
             put(("listed", None, listed))
             for eng in get_engine.engines.values():  # type: ignore[attr-defined]
@@ -236,6 +241,9 @@ def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, sett
                 report.resumed_parts += job.extra.get("resumed_parts", 0)
                 if state is not None:
                     state.record(job.key, job.size or 0, job.etag)
+                if cfg.cache is not None and value != "cache" and job.etag and job.size is not None:
+                    cfg.cache.import_file(f"s3://{url.bucket}/{job.key}", job.etag, job.size,
+                                          final_path(job.rel))
                 yield Event("done", job.key, job.size, value, job.rel)
             elif kind == "data":
                 yield (job, value)
