@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import random
 import subprocess
 import sys
 import textwrap
 
 
 def blob(n: int, seed: str = "") -> bytes:
-    """``n`` deterministic, non-repeating bytes (a block in the wrong place changes the content)."""
-    out = bytearray()
-    i = 0
-    while len(out) < n:
-        out += hashlib.sha256(f"{seed}:{i}".encode()).digest() * 32
-        i += 1
-    return bytes(out[:n])
+    """``n`` deterministic pseudo-random bytes (a block in the wrong place changes the content)."""
+    return random.Random(f"blob:{seed}").randbytes(n)
 
 
 def run_python(code: str, env: dict | None = None, timeout: float = 120) -> dict:

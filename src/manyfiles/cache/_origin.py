@@ -230,14 +230,8 @@ class S3Origin:
         data = b""
         status = 0
         try:
-            resp = self.client().get_object(Bucket=self.bucket, Key=self.key,
-                                            Range=f"bytes=0-{block_size - 1}")
-            status = resp["ResponseMetadata"]["HTTPStatusCode"]
-            body = resp["Body"]
-            try:
-                data = body.read()
-            finally:
-                body.close()
+            resp, status, data = _get_object(self.client(), Bucket=self.bucket, Key=self.key,
+                                             Range=f"bytes=0-{block_size - 1}")
             if status == 206:
                 size = int(str(resp.get("ContentRange", "")).rpartition("/")[2])
             else:
@@ -292,13 +286,7 @@ class _S3Fetcher:
         status = 0
         data = b""
         try:
-            resp = o.client().get_object(**kw)
-            status = resp["ResponseMetadata"]["HTTPStatusCode"]
-            body = resp["Body"]
-            try:
-                data = body.read()
-            finally:
-                body.close()
+            resp, status, data = _get_object(o.client(), **kw)
             self._check(resp, status, data, offset, length, whole)
         except Exception as exc:
             raise s3_failed(op, o, offset, len(data), t0, exc, status) from exc
@@ -360,6 +348,17 @@ class _S3Fetcher:
 
     def close(self) -> None:
         pass
+
+
+def _get_object(client: Any, **kw: Any) -> tuple[dict, int, bytes]:
+    """One GET, body read whole: (response, HTTP status, body)."""
+    resp = client.get_object(**kw)
+    body = resp["Body"]
+    try:
+        data = body.read()
+    finally:
+        body.close()
+    return resp, resp["ResponseMetadata"]["HTTPStatusCode"], data
 
 
 def _encrypted(resp: dict) -> bool:
