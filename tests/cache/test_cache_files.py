@@ -250,3 +250,29 @@ def test_threads_share_one_cache(tmp_path: Path, cache: Cache):
     assert not errors, errors[0]
     cache.flush()
     assert cache.stats().entries == 6
+
+
+def test_a_forked_worker_uses_the_parents_cache(tmp_path: Path, cache: Cache):
+    import multiprocessing
+
+    files = {tmp_path / f"w{i}": _write(tmp_path / f"w{i}", blob(5 * BS + i, f"w{i}")) for i in range(4)}
+    first = next(iter(files))
+    assert cache.get_bytes(first) == files[first]    # the parent's threads exist now
+    cache.flush()                                    # (else the worker may fetch it again: harmless)
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=_child_reads_and_returns, args=(cache, files))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0, "the forked worker failed or hung"
+    cache.flush()
+    s = cache.stats()
+    assert s.entries == 4, "the worker's fills did not reach the cache before it exited"
+    blocks = sum(-(-len(d) // BS) for d in files.values())
+    assert s.misses == s.fills == blocks, "each block fetched and stored once, by one process or the other"
+    assert s.hits >= 5, "the worker did not read the parent's entry from the cache"
+
+
+def _child_reads_and_returns(cache: Cache, files: dict) -> None:
+    for p, data in files.items():
+        with mf.open(p, cache=cache) as f:
+            assert f.read() == data

@@ -14,6 +14,7 @@ import io
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -174,6 +175,22 @@ class Cache:
         self.prefetch = prefetch
         self._memo: dict[bytes, Version] = {}
         self._pool = _TrackedPool(FETCH_THREADS, thread_name_prefix="manyfiles-cache-fetch")
+        _OPEN.add(self)
+        # multiprocessing's children (DataLoader workers) leave by os._exit, without atexit, and
+        # clear the finalizers they inherit: give each child its own finalizer that closes us.
+        import multiprocessing.util
+
+        multiprocessing.util.register_after_fork(self, Cache._in_multiprocessing_child)
+
+    def _in_multiprocessing_child(self) -> None:
+        import multiprocessing.util
+
+        multiprocessing.util.Finalize(self, self.close, exitpriority=10)
+
+    def _after_fork(self) -> None:
+        # A forked child (a DataLoader worker) has none of the parent's threads: new ones.
+        self._pool = _TrackedPool(FETCH_THREADS, thread_name_prefix="manyfiles-cache-fetch")
+        self._store.after_fork()
 
     def __repr__(self) -> str:
         return f"Cache({self.dir!r}, block_size={self.block_size})"
@@ -185,7 +202,8 @@ class Cache:
         self.close()
 
     def close(self) -> None:
-        """Write queued fills and counters, stop the background threads."""
+        """Write queued fills and counters, stop the background threads (done at exit too)."""
+        _OPEN.discard(self)
         self._pool.shutdown(wait=True)
         self._store.close()
 
@@ -622,6 +640,7 @@ def _check_mode(mode: str) -> None:
 _SHARED: dict[str, Cache] = {}
 _SHARED_LOCK = threading.Lock()
 _PASSTHROUGH_POOL: ThreadPoolExecutor | None = None
+_OPEN: weakref.WeakSet[Cache] = weakref.WeakSet()     # closed at exit: queued fills reach the disk
 
 
 def shared_cache(dir: str | os.PathLike) -> Cache:
@@ -637,10 +656,21 @@ def shared_cache(dir: str | os.PathLike) -> Cache:
 
 
 @atexit.register
-def _close_shared() -> None:
-    for cache in list(_SHARED.values()):
+def _close_all() -> None:
+    for cache in list(_OPEN):
         cache.close()
     _SHARED.clear()
+
+
+def _after_fork_in_child() -> None:
+    global _PASSTHROUGH_POOL, _SHARED_LOCK
+    _SHARED_LOCK = threading.Lock()
+    _PASSTHROUGH_POOL = None
+    for cache in list(_OPEN):
+        cache._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _passthrough_pool() -> ThreadPoolExecutor:

@@ -141,6 +141,14 @@ _CLIENTS: dict[Any, Any] = {}
 _CLIENTS_LOCK = threading.Lock()
 
 
+def _new_lock_in_child() -> None:
+    global _CLIENTS_LOCK
+    _CLIENTS_LOCK = threading.Lock()     # a parent thread may have held it at fork time
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 def s3_client(settings) -> Any:
     """One boto3 client per settings and process (boto3 clients are thread-safe)."""
     key = (settings, os.getpid())

@@ -81,6 +81,16 @@ class BlockStore:
         self.min_free = int(min_free or 0)
         self._tmp = os.path.join(self.root, fmt.TMP)
         self._temp_names = itertools.count()
+        self._closed = False
+        self._fresh_process_state()
+        self._degraded_until = 0.0
+        self._warned = False
+        self._verified: set[tuple[bytes, int, int]] = set()
+        self.clean_stale_temps()
+
+    def _fresh_process_state(self) -> None:
+        """What belongs to one process: locks, the fill queue, the filler thread, batched counters.
+        Also called in a forked child (a DataLoader worker), whose parent's threads do not exist."""
         self._lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
         self._queued_bytes = 0
@@ -91,11 +101,9 @@ class BlockStore:
         self._counts: dict[str, int] = {}
         self._last_flush = time.monotonic()
         self._thread: threading.Thread | None = None
-        self._closed = False
-        self._degraded_until = 0.0
-        self._warned = False
-        self._verified: set[tuple[bytes, int, int]] = set()
-        self.clean_stale_temps()
+
+    def after_fork(self) -> None:
+        self._fresh_process_state()
 
     # -- the directory ------------------------------------------------------------------------------
 
