@@ -37,6 +37,8 @@ _EXPORTS: dict[str, str] = {
     # profiling and I/O tracing
     "profile": "manyfiles.profiling",
     "tracing": "manyfiles.iotrace",
+    # what this installation can do
+    "info": "manyfiles._info",
     # errors
     "ManyfilesError": "manyfiles.errors",
     "UsageError": "manyfiles.errors",
@@ -51,10 +53,15 @@ _EXPORTS: dict[str, str] = {
     "PartialFailure": "manyfiles.errors",
 }
 
-__all__ = [*sorted(_EXPORTS), "__version__"]
+# subpackages reachable as attributes (``mf.s3.pull(...)``) without importing them first
+_SUBMODULES = ("cache", "errors", "listing", "remove", "s3", "shard", "trace")
+
+__all__ = [*sorted(_EXPORTS), *_SUBMODULES, "__version__"]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"manyfiles.{name}")  # the import sets the attribute
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'manyfiles' has no attribute {name!r}")

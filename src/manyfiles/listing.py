@@ -22,16 +22,15 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from manyfiles import iotrace
+from manyfiles import _native, iotrace
+from manyfiles._extras import require, require_installed
 
-try:
-    from manyfiles import _dents
-except ImportError:  # no compiler at install time, or not Linux
-    _dents = None
+_dents = _native.dents  # None without a compiler at install time, or off Linux (_native.reason says why)
 
 DEFAULT_BUFSIZE = 1 << 20
 MIN_BUFSIZE = 280
 BACKENDS: tuple[str, ...] = ("dents", "scandir", "getdents")
+GETDENTS_FEATURE = "the getdents backend"
 TYPE_LETTERS = "fdlbcps?"
 _DT_OF_LETTER = {"p": 1, "c": 2, "d": 4, "b": 6, "f": 8, "l": 10, "s": 12, "?": 0}
 _LETTER_OF_DT = {v: k for k, v in _DT_OF_LETTER.items()}
@@ -107,8 +106,10 @@ def _resolve_backend(backend: str | None) -> str:
     name = backend or default_backend()
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
-    if name == "dents" and _dents is None:
-        raise ImportError("the manyfiles._dents C extension is not built")
+    if name == "dents":
+        _native.require("the dents backend")
+    elif name == "getdents":
+        require_installed("getdents", "getdents", GETDENTS_FEATURE)
     return name
 
 
@@ -251,7 +252,7 @@ def _mode_letter(mode: int) -> str:
 def _getdents_entries(path: str | bytes, bufsize: int, resolve: bool, filter: Filter) -> Iterator[Entry]:
     # The PyPI package: filter_function=None, because its default filter drops every
     # DT_UNKNOWN entry (all of them on sshfs); it then also returns "." and "..".
-    import getdents
+    getdents = require("getdents", "getdents", GETDENTS_FEATURE)
 
     text_path = os.fsdecode(path)
     fd = os.open(path, getdents.O_GETDENTS)

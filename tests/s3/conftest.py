@@ -69,3 +69,14 @@ def proxy(moto_server):
     p = FaultProxy(moto_server)
     yield p
     p.close()
+
+
+@pytest.fixture(scope="session")
+def s3plain(moto_server):
+    """An admin client that uploads without flexible checksums (objects with only an ETag)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1",
+                        aws_access_key_id="testing", aws_secret_access_key="testing",
+                        config=Config(request_checksum_calculation="when_required"))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import builtins
-import contextlib
 import io
 import os
 import threading
@@ -296,9 +295,10 @@ class Cache:
 
     # -- exchange with other tools (s3pull --cache) ---------------------------------------------------
 
-    def export(self, src: Source | S3Origin, etag: str, size: int, dest: str | os.PathLike) -> bool:
-        """Write the cached content of ``src`` at version (``etag``, ``size``) to ``dest`` (a temporary
-        file renamed into place) if every block of it is cached; False, touching nothing, if not.
+    def export(self, src: Source | S3Origin, etag: str, size: int, write: Callable[[bytes], Any]) -> bool:
+        """Hand the cached content of ``src`` at version (``etag``, ``size``) to ``write``, block by
+        block, if every block of it is cached; False, writing nothing, if one is missing.  (A block
+        found short while writing raises OSError: the caller drops what it wrote.)
 
         For tools that know the version from a listing (``s3pull --cache``): no request is made.
         """
@@ -306,27 +306,18 @@ class Cache:
         v = self._validated(origin, S3Origin.validator(etag, size), size, time.time())
         store, nblocks = self._store, -(-size // self.block_size)
         fds: list[int] = []
-        dest = os.fsencode(dest)
-        tmp = b"%s.mf-tmp-%d" % (dest, os.getpid())
         try:
             for i in range(nblocks):
                 fd = store.open_block(v.objid, i, store.block_length(size, i))
                 if fd is None:
                     return False
                 fds.append(fd)
-            os.makedirs(os.path.dirname(dest) or b".", exist_ok=True)
-            with builtins.open(tmp, "wb") as out:
-                for i, fd in enumerate(fds):
-                    data = os.pread(fd, store.block_length(size, i), fmt.HEADER_SIZE)
-                    if len(data) != store.block_length(size, i):
-                        store.discard(v.objid, i, fd)
-                        raise OSError(5, "cached block shorter than its header says")
-                    out.write(data)
-            os.rename(tmp, dest)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            return False
+            for i, fd in enumerate(fds):
+                data = os.pread(fd, store.block_length(size, i), fmt.HEADER_SIZE)
+                if len(data) != store.block_length(size, i):
+                    store.discard(v.objid, i, fd)
+                    raise OSError(5, f"{origin.display}: a cached block is shorter than its header says")
+                write(data)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -507,8 +498,7 @@ class Cache:
 
     def _warm_whole(self, v: Version, fetcher: Any) -> int:
         """One GET for the whole object, MD5-checked before any of its blocks is installed."""
-        from manyfiles.cache._origin import RETRY
-        from manyfiles.s3.transfer import with_retries
+        from manyfiles.cache._origin import with_retries
 
         store = self._store
 
@@ -528,7 +518,7 @@ class Cache:
                     if os.path.exists(tmp):
                         os.unlink(tmp)
 
-        return with_retries(attempt, RETRY)
+        return with_retries(attempt)
 
     # -- space and health --------------------------------------------------------------------------
 

@@ -20,10 +20,12 @@ import re
 import stat as _stat
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from manyfiles import iotrace
+from manyfiles._extras import require
+from manyfiles._retry import RetryPolicy, retrying
 from manyfiles.errors import (
     AccessDenied,
     CredentialsError,
@@ -35,12 +37,17 @@ from manyfiles.errors import (
     UsageError,
     from_oserror,
 )
-from manyfiles.s3.retry import RetryPolicy
 
 _MD5_ETAG = re.compile(rb"^[0-9a-f]{32}$")
+T = TypeVar("T")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 CLIENT_POOL = 64
 RETRY = RetryPolicy(attempts=4, base=float(os.environ.get("MANYFILES_RETRY_BASE", "0.1")))
+
+
+def with_retries(fn: Callable[[], T]) -> T:
+    """``fn()`` retried while it raises an error marked retryable (those of :func:`s3_error` are)."""
+    return retrying(fn, RETRY, classify=lambda exc: exc)
 
 
 def _trace(op: str, path: Any, offset: int, length: int, t0: int, result: int) -> None:
@@ -166,7 +173,10 @@ _CREDENTIAL_CODES = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "E
 
 def s3_error(exc: BaseException, where: str) -> ManyfilesError:
     """The manyfiles error for a botocore/network error on ``where`` (one line, ``where: reason``)."""
-    from botocore.exceptions import ClientError, NoCredentialsError
+    from manyfiles.s3.client import S3_FEATURE
+
+    exceptions = require("s3", "botocore.exceptions", S3_FEATURE)
+    ClientError, NoCredentialsError = exceptions.ClientError, exceptions.NoCredentialsError
 
     from manyfiles.s3.retry import classify
 
@@ -212,9 +222,7 @@ class S3Origin:
         return s3_client(self.settings)
 
     def stat(self) -> tuple[bytes, int]:
-        from manyfiles.s3.transfer import with_retries
-
-        return with_retries(self._head, RETRY)
+        return with_retries(self._head)
 
     def _head(self) -> tuple[bytes, int]:
         t0 = time.monotonic_ns()
@@ -229,9 +237,7 @@ class S3Origin:
     def fetch_first(self, block_size: int) -> tuple[bytes, int, bytes] | None:
         """(validator, size, first block) from one ranged GET: what an open would learn with a
         HEAD, plus the data, in one round trip.  None for an empty object (nothing to range)."""
-        from manyfiles.s3.transfer import with_retries
-
-        return with_retries(lambda: self._get_first(block_size), RETRY)
+        return with_retries(lambda: self._get_first(block_size))
 
     def _get_first(self, block_size: int) -> tuple[bytes, int, bytes] | None:
         t0 = time.monotonic_ns()
@@ -251,9 +257,7 @@ class S3Origin:
                     and hashlib.md5(data, usedforsecurity=False).hexdigest() != etag):
                 raise IntegrityError("MD5 of the body does not match the ETag")
         except Exception as exc:
-            from botocore.exceptions import ClientError
-
-            if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == "InvalidRange":
+            if getattr(exc, "response", {}).get("Error", {}).get("Code") == "InvalidRange":
                 return None
             raise s3_failed("s3.get_range", self, 0, len(data), t0, exc, status) from exc
         _trace("s3.get_range", f"{self.bucket}/{self.key}", 0, len(data), t0, status)
@@ -277,9 +281,7 @@ class _S3Fetcher:
         self.md5 = _MD5_ETAG.match(fields[b"etag"]) is not None
 
     def fetch(self, offset: int, length: int) -> bytes:
-        from manyfiles.s3.transfer import with_retries
-
-        return with_retries(lambda: self._get(offset, length), RETRY)
+        return with_retries(lambda: self._get(offset, length))
 
     def _get(self, offset: int, length: int) -> bytes:
         o = self.origin

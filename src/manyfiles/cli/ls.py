@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from manyfiles import fastls, listing
+from manyfiles import _native, fastls, listing
 from manyfiles.cli._common import Size, instrumented, progress_reporter, run_main
 
 EPILOG = """\b
@@ -60,7 +60,7 @@ Exit status: 0 if every path was listed, 1 if some failed (each reported as
     "--backend",
     type=click.Choice(listing.BACKENDS),
     default=None,
-    help="Listing backend (default: dents, the C core).",
+    help=f"Listing backend (default: {_native.default_backend_note()}).",
 )
 @click.option("--progress", is_flag=True, help="Show a progress line on stderr (only on a terminal).")
 @instrumented
@@ -83,6 +83,8 @@ def command(
     progress: bool,
 ) -> int:
     """List the entries of each directory in PATHS (default: the current directory)."""
+    if backend is None:
+        _native.warn_fallback(click.get_current_context().command_path)
     request = fastls.ListRequest(
         paths=paths or (".",),
         recursive=recursive,

@@ -77,7 +77,10 @@ def _fmt_bytes(n: float) -> str:
 @click.option("--retries", type=click.IntRange(0, 100), default=5, show_default=True,
               help="Retries per object or part on 5xx, SlowDown, resets and short bodies.")
 @click.option("--no-verify", is_flag=True,
-              help="Skip the MD5 check of single-part objects (size is always checked).")
+              help="Skip the content checks (MD5/ETag, checksums); sizes are still checked.")
+@click.option("--verify-existing", is_flag=True,
+              help="Re-hash the files a previous run finished against their recorded checks; "
+                   "refetch on mismatch.")
 @click.option("--fsync", is_flag=True, help="fsync each file and its folder before it counts as done.")
 @click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
               help="Read through this manyfiles cache: objects it holds at the listed ETag are copied "
@@ -95,7 +98,8 @@ def _fmt_bytes(n: float) -> str:
 @instrumented
 def command(source: str, dest: str, strategy: str, concurrency: int, processes: int,
             include: tuple[str, ...], exclude: tuple[str, ...], manifest: str | None, layout: str,
-            part_size: int, retries: int, no_verify: bool, fsync: bool, dry_run: bool, as_json: bool,
+            part_size: int, retries: int, no_verify: bool, verify_existing: bool, fsync: bool, dry_run: bool,
+            as_json: bool,
             quiet: bool, cache_dir: str | None, aws_profile: str | None,
             region: str | None, endpoint_url: str | None, path_style: bool | None,
             no_sign_request: bool) -> int:
@@ -122,7 +126,7 @@ def command(source: str, dest: str, strategy: str, concurrency: int, processes: 
         report = pull(source, dest, strategy=strategy, concurrency=concurrency, processes=processes,
                       include=include, exclude=exclude, manifest=manifest, layout=layout, dry_run=dry_run,
                       settings=settings, on_event=view.on_event, retry=retry, part_size=part_size,
-                      verify_md5=not no_verify, fsync=fsync, cache=cache)
+                      verify=not no_verify, verify_existing=verify_existing, fsync=fsync, cache=cache)
     view.summary(report)
     return 0 if report.ok else 1
 
@@ -225,6 +229,7 @@ class _View:
                         "seconds": round(report.elapsed, 3), "retries": report.retries,
                         "resumed_parts": report.resumed_parts, "engines": engines, "planned": planned,
                         "budget": report.budget, "failures_file": report.failures_file,
+                        "verified": dict(sorted(report.verified.items())), "notes": report.notes,
                         "dry_run": report.dry_run})
             self._out.flush()
             return
@@ -243,6 +248,11 @@ class _View:
                   f"{report.skipped} skipped, {len(report.failures)} failed, {report.retries} retries"
                   + (f", {report.resumed_parts} parts resumed" if report.resumed_parts else "")
                   + f"; engines: {used} ({report.budget})\n")
+        if report.verified:
+            checks = ", ".join(f"{k} {v}" for k, v in sorted(report.verified.items()))
+            err.write(f"s3pull: verified: {checks}\n")
+        for note in report.notes:
+            err.write(f"s3pull: note: {note}\n")
         if report.failures:
             err.write(f"s3pull: {len(report.failures)} object(s) failed; list in {report.failures_file}\n")
 

@@ -1,17 +1,24 @@
 """Connection settings and client factories (boto3, aioboto3).
 
 :class:`ClientSettings` is a small picklable record, so worker processes can
-build their own clients.  Credentials come from the standard AWS chain (env,
-``~/.aws``, SSO, instance metadata) unless ``no_sign`` is set.  A custom endpoint
-(``--endpoint-url`` or ``AWS_ENDPOINT_URL``) switches to path-style addressing,
-which is what local servers (MinIO, versitygw, moto) expect.
+build their own clients.  Everything else comes from botocore's configuration, resolved
+once (:func:`manyfiles.s3.sigv4.aws_config`): credentials from the standard AWS chain (env,
+``~/.aws``, SSO, credential_process, instance metadata) unless ``no_sign`` is set, the
+endpoint (``--endpoint-url``, ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, the profile's
+``endpoint_url``), region, CA bundle and addressing style.  A custom endpoint switches to
+path-style addressing unless the profile says otherwise, which is what local servers
+(MinIO, versitygw, moto) expect.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Any
+
+from manyfiles._extras import require, require_installed
+
+S3_FEATURE = "S3 access"
+ASYNC_FEATURE = "the async engine (--strategy async)"
 
 
 @dataclass(frozen=True)
@@ -23,17 +30,25 @@ class ClientSettings:
     path_style: bool | None = None      # None: path-style iff endpoint_url is set
     connect_timeout: float = 10.0
     read_timeout: float = 60.0
+    verify_tls: bool = True
 
     def resolved(self) -> ClientSettings:
-        """Fill the endpoint from AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 when not given."""
-        endpoint = self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
-            "AWS_ENDPOINT_URL") or None
-        return replace(self, endpoint_url=endpoint)
+        """Fill the endpoint botocore would use (env, then the profile's config) when not given.
+
+        Every S3 entry point starts here, so a missing [s3] extra is reported (MissingExtra)
+        before anything is listed or written.
+        """
+        require_installed("s3", "boto3", S3_FEATURE)
+        from manyfiles.s3.sigv4 import configured_endpoint
+
+        return replace(self, endpoint_url=configured_endpoint(self))
 
     def _config_kwargs(self, pool: int) -> dict[str, Any]:
-        from botocore import UNSIGNED
+        UNSIGNED = require("s3", "botocore", S3_FEATURE).UNSIGNED
 
-        path_style = self.path_style if self.path_style is not None else bool(self.endpoint_url)
+        from manyfiles.s3.sigv4 import aws_config
+
+        style = aws_config(self).addressing_style
         kw: dict[str, Any] = {
             "max_pool_connections": max(1, pool),
             "connect_timeout": self.connect_timeout,
@@ -41,30 +56,32 @@ class ClientSettings:
             # We retry ourselves (full jitter, counted, per part); botocore's retries would
             # hide failures from the report and multiply the wait.
             "retries": {"total_max_attempts": 1, "mode": "standard"},
-            "s3": {"addressing_style": "path" if path_style else "auto"},
+            "s3": {"addressing_style": style},
         }
         if self.no_sign:
             kw["signature_version"] = UNSIGNED
         return kw
 
     def boto3_session(self):
-        import boto3
+        boto3 = require("s3", "boto3", S3_FEATURE)
 
         return boto3.session.Session(profile_name=self.profile, region_name=self.region)
 
     def client(self, pool: int = 10):
         """A boto3 S3 client whose connection pool holds ``pool`` connections."""
-        from botocore.config import Config
+        Config = require("s3", "botocore.config", S3_FEATURE).Config
 
         session = self.boto3_session()
         config = Config(**self._config_kwargs(pool))
-        return session.client("s3", endpoint_url=self.endpoint_url, config=config)
+        return session.client("s3", endpoint_url=self.endpoint_url, config=config,
+                              verify=None if self.verify_tls else False)
 
     def aio_client(self, pool: int = 10):
         """An aioboto3 client context manager (``async with``) with a ``pool``-sized pool."""
-        import aioboto3
-        from aiobotocore.config import AioConfig
+        aioboto3 = require("async", "aioboto3", ASYNC_FEATURE)
+        AioConfig = require("async", "aiobotocore.config", ASYNC_FEATURE).AioConfig
 
         session = aioboto3.Session(profile_name=self.profile, region_name=self.region)
         config = AioConfig(**self._config_kwargs(pool))
-        return session.client("s3", endpoint_url=self.endpoint_url, config=config)
+        return session.client("s3", endpoint_url=self.endpoint_url, config=config,
+                              verify=None if self.verify_tls else False)

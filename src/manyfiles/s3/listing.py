@@ -12,10 +12,11 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from manyfiles import iotrace
-from manyfiles.errors import ManyfilesError
+from manyfiles.errors import AccessDenied, CredentialsError, ManyfilesError, NotFound, TransferError
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.keys import S3Url
 from manyfiles.s3.retry import RetryPolicy, classify
+from manyfiles.s3.sigv4 import query_string
 
 
 class ObjectInfo(NamedTuple):
@@ -54,58 +55,49 @@ def list_objects_lean(settings: ClientSettings, url: S3Url, *, page_size: int = 
     small pull's start-up.  Keys come URL-encoded (``encoding-type=url``) so that any
     byte survives the XML.
     """
-    import http.client
     import xml.etree.ElementTree as ET
     from urllib.parse import unquote_plus
 
-    from manyfiles.s3.sigv4 import Signer, bucket_region, query_string, resolve_endpoint
+    from manyfiles.s3.engines.lean import LeanClient
+    from manyfiles.s3.http1 import RegionRedirect
+    from manyfiles.s3.sigv4 import Signer, bucket_region, resolve_endpoint, set_region, ssl_context
 
     retry = retry or RetryPolicy()
-    region = bucket_region(settings, url.bucket)
-    ep = resolve_endpoint(settings, url.bucket, region)
-    signer = Signer(settings, region)
-    path = ep.path_prefix or "/"
     where = f"s3://{url.bucket}/{url.prefix}"
+
+    def connect(region: str) -> LeanClient:
+        try:
+            signer = Signer(settings, region)
+        except Exception as exc:
+            raise listing_error(where, classify(exc)) from exc
+        return LeanClient(resolve_endpoint(settings, url.bucket, region), signer, settings.read_timeout,
+                          ssl_context(settings))
+
+    client = connect(bucket_region(settings, url.bucket))
+    redirected = False
     params = {"list-type": "2", "prefix": url.prefix, "max-keys": str(page_size), "encoding-type": "url"}
-    host = ep.host.rsplit(":", 1)[0] if ep.host.count(":") == 1 else ep.host
-    conn_cls = http.client.HTTPSConnection if ep.scheme == "https" else http.client.HTTPConnection
-    conn = None
     ns = ""
     while True:
         qs = query_string(params)
         for attempt in range(retry.attempts):
             tr = iotrace.TRACER
             t0 = time.monotonic_ns()
-            status = 0
             try:
-                if conn is None:
-                    conn = conn_cls(host, ep.port, timeout=settings.read_timeout)
-                conn.putrequest("GET", f"{path}?{qs}", skip_host=True, skip_accept_encoding=True)
-                for k, v in signer.headers(ep.host, path, query=qs):
-                    conn.putheader(k, v)
-                conn.endheaders()
-                resp = conn.getresponse()
-                status = resp.status
-                body = resp.read()
-                if status != 200:
-                    from manyfiles.s3.engines.http import _http_error
-
-                    raise _http_error(status, body)
+                body = client.request_body("GET", client.ep.path_prefix or "/", qs)
             except Exception as exc:
-                if conn is not None:
-                    conn.close()
-                    conn = None
-                err = classify(exc)
+                err = client._classify(exc)
                 if tr is not None:
                     tr.record("s3.list", f"{url.bucket}/{url.prefix}", 0, 0, t0, time.monotonic_ns() - t0,
-                              err.status or status or -1)
+                              err.status or -1)
+                if isinstance(err, RegionRedirect) and not redirected:
+                    redirected = True      # the bucket lives elsewhere: follow once, for every engine
+                    set_region(settings, url.bucket, err.region)
+                    client = connect(err.region)
+                    continue
                 if err.retryable and attempt + 1 < retry.attempts:
                     time.sleep(retry.delay(attempt))
                     continue
-                reason = str(err)
-                if "NoSuchBucket" in reason:
-                    reason = "no such bucket"
-                raise ManyfilesError(f"{where}: {reason}") from exc
+                raise listing_error(where, err) from exc
             break
         root = ET.fromstring(body)
         if not ns and root.tag.startswith("{"):
@@ -113,17 +105,32 @@ def list_objects_lean(settings: ClientSettings, url: S3Url, *, page_size: int = 
         contents = root.findall(f"{ns}Contents")
         if tr is not None:
             tr.record("s3.list", f"{url.bucket}/{url.prefix}", len(contents), len(body), t0,
-                      time.monotonic_ns() - t0, status)
+                      time.monotonic_ns() - t0, 200)
         for c in contents:
             key = unquote_plus(c.findtext(f"{ns}Key") or "")
             if url.pattern is None or url.matches(key):
                 yield ObjectInfo(key, int(c.findtext(f"{ns}Size") or 0), _strip_etag(c.findtext(f"{ns}ETag")))
         token = root.findtext(f"{ns}NextContinuationToken")
         if root.findtext(f"{ns}IsTruncated") != "true" or not token:
-            if conn is not None:
-                conn.close()
+            client.close()
             return
         params["continuation-token"] = token
+
+
+_CREDENTIAL_CODES = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+                     "TokenRefreshRequired", "Unable to locate credentials", "credentials")
+
+
+def listing_error(where: str, err: TransferError) -> ManyfilesError:
+    """The run-stopping error for a listing that failed: NotFound, AccessDenied or CredentialsError."""
+    reason = str(err)
+    if "NoSuchBucket" in reason or (err.status == 404 and "NoSuchKey" not in reason):
+        return NotFound(f"{where}: no such bucket")
+    if any(code in reason for code in _CREDENTIAL_CODES):
+        return CredentialsError(f"{where}: {reason}")
+    if err.status in (401, 403) or "AccessDenied" in reason:
+        return AccessDenied(f"{where}: {reason}")
+    return ManyfilesError(f"{where}: {reason}")
 
 
 def _list_page(client, url: S3Url, kwargs: dict, retry: RetryPolicy) -> dict:
@@ -141,10 +148,7 @@ def _list_page(client, url: S3Url, kwargs: dict, retry: RetryPolicy) -> dict:
             if err.retryable and attempt + 1 < retry.attempts:
                 time.sleep(retry.delay(attempt))
                 continue
-            reason = str(err)
-            if err.status == 404 or "NoSuchBucket" in reason:
-                reason = "no such bucket"
-            raise ManyfilesError(f"{where}: {reason}") from exc
+            raise listing_error(where, err) from exc
         if tr is not None:
             n = len(page.get("Contents", ()))
             tr.record("s3.list", f"{url.bucket}/{url.prefix}", n, 0, t0, time.monotonic_ns() - t0, 200)

@@ -9,6 +9,7 @@ report and the progress callback, and is where Ctrl-C lands.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -32,7 +33,8 @@ MAX_OUTSTANDING = 20_000   # jobs listed but not finished: bounds memory on huge
 class Event(NamedTuple):
     """What ``on_event`` receives.
 
-    kind: "plan" (engine chosen; value = part size), "skip" (value = reason), "done",
+    kind: "plan" (engine chosen; value = part size), "skip" (value = reason), "done" (value = the
+    relative path),
     "failed" (value = reason), "retry" (value = reason), "bytes" (value = n, no key),
     "listed" (listing finished; value = number of objects).
     """
@@ -61,6 +63,8 @@ class Report:
     elapsed: float = 0.0
     failures_file: str | None = None
     dry_run: bool = False
+    verified: dict[str, int] = field(default_factory=dict)   # check method -> objects (md5, size-only...)
+    notes: list[str] = field(default_factory=list)           # why a better check was not possible
 
     @property
     def ok(self) -> bool:
@@ -79,7 +83,8 @@ class PullConfig:
     sub_engine: str = "http"            # what each worker process runs: http, async or threads
     ranged_min: int = _plan.RANGED_MIN
     part_size: int = _plan.PART_SIZE
-    verify_md5: bool = True
+    verify: bool = True                 # False: size-only (--no-verify)
+    verify_existing: bool = False       # re-hash every file the state file calls done
     fsync: bool = False
     layout: str = "folder"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -135,10 +140,17 @@ def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, sett
         raise UsageError("the processes strategy writes files; use async or threads for memory")
     report = report if report is not None else Report()
     report.dry_run = dry_run
-    options = Options(url.bucket, settings, cfg.retry, cfg.verify_md5, dest, cfg.layout, cfg.fsync)
+    options = Options(url.bucket, settings, cfg.retry, cfg.verify, dest, cfg.layout, cfg.fsync)
     procs = cfg.processes or os.cpu_count() or 2
     bud = _plan.budget(cfg.strategy, cfg.concurrency, procs)
     report.budget = bud.describe()
+
+    # The first listing page (or manifest line) before anything is created: a listing that
+    # fails (no bucket, no credentials) leaves no DEST behind.
+    objects = iter(objects)
+    first = next(objects, None)
+    if first is not None:
+        objects = itertools.chain([first], objects)
 
     sink: Any
     state: State | None = None
@@ -147,16 +159,12 @@ def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, sett
     elif dry_run:
         sink = None
         state = State(os.path.abspath(dest))
-        if os.path.isdir(state.dir):
-            state.open()
+        if os.path.isdir(dest):
+            state.open(create=False)
     else:
         if os.path.exists(dest) and not os.path.isdir(dest):
             raise ManyfilesError(f"{dest}: not a directory")
-        try:
-            sink = FolderSink(dest, layout=cfg.layout, fsync=cfg.fsync).open()
-        except OSError as exc:
-            raise ManyfilesError(f"{dest}: {exc.strerror or exc}") from exc
-        sink.clean_stale_temps()
+        sink = FolderSink(dest, layout=cfg.layout, fsync=cfg.fsync).open()
         state = sink.state
     ctx = Ctx(options, sink)
     get_engine = _engine_factory(ctx, cfg, bud)
@@ -193,7 +201,8 @@ def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, sett
                     else:
                         put(("failed", job, f"unsafe key: {exc}"))
                     continue
-                if state is not None and state.done and state.is_done(info.key, info.size, info.etag, path):
+                if state is not None and state.done and state.is_done(info.key, info.size, info.etag, path,
+                                                                      verify=cfg.verify_existing):
                     put(("skip", job, "already downloaded"))
                     continue
                 job.engine, job.part_size = _plan.choose(cfg.strategy, info.size, ranged_min=cfg.ranged_min,
@@ -204,8 +213,7 @@ def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, sett
                 while not slots.acquire(timeout=0.5):
                     if ctx.cancel.is_set():
                         return
-                if cfg.cache is not None and info.etag and info.size is not None and \
-                        cfg.cache.export(f"s3://{url.bucket}/{info.key}", info.etag, info.size, path):
+                if cfg.cache is not None and _from_cache(cfg.cache, sink, url, info, job):
                     put(("done", job, "cache"))
                     continue
                 get_engine(job.engine).submit(job)
@@ -239,9 +247,16 @@ def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, sett
                 eng[0] += 1
                 eng[1] += job.size or 0
                 report.resumed_parts += job.extra.get("resumed_parts", 0)
+                method = job.extra.get("verified", "size-only")
+                report.verified[method] = report.verified.get(method, 0) + 1
+                note = job.extra.get("note")
+                if note and note not in report.notes:
+                    report.notes.append(note)
                 if state is not None:
-                    state.record(job.key, job.size or 0, job.etag)
-                if cfg.cache is not None and value != "cache" and job.etag and job.size is not None:
+                    state.record(job.key, job.size or 0, job.etag, job.extra.get("check"),
+                                 final_path(job.rel))
+                if cfg.cache is not None and value != "cache" and job.etag and job.size is not None \
+                        and not sink.memory:
                     cfg.cache.import_file(f"s3://{url.bucket}/{job.key}", job.etag, job.size,
                                           final_path(job.rel))
                 yield Event("done", job.key, job.size, value, job.rel)
@@ -257,6 +272,8 @@ def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, sett
                     slots.release()
                 report.failures.append((job.key, value))
                 yield Event("failed", job.key, job.size, job.engine or None, value)
+                if job is not None and job.extra.get("fatal"):
+                    raise ManyfilesError(job.extra["fatal"])
             elif kind == "retry":
                 report.retries += 1
                 yield Event("retry", job.key, job.size, job.engine, value)
@@ -278,8 +295,41 @@ def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, sett
             for eng in list(get_engine.engines.values()):  # type: ignore[attr-defined]
                 eng.kill()
         if state is not None and not dry_run:
+            _close_state(state, report, raising=clean)
+
+
+def _close_state(state: State, report: Report, raising: bool) -> None:
+    """Flush the state file and write failures.tsv; a disk error is one ``PATH: reason`` line,
+    raised only if nothing else is already being raised."""
+    try:
+        try:
             state.close()
+        finally:
             report.failures_file = state.write_failures(report.failures)
+    except ManyfilesError:
+        if raising:
+            raise
+    finally:
+        state.release()
+
+
+def _from_cache(cache: Any, sink: Any, url: S3Url, info: ObjectInfo, job: Job) -> bool:
+    """``--cache``: install the object from the cache if it holds this version (ETag, size)."""
+    if not info.etag or info.size is None:
+        return False
+    try:
+        target = sink.target(info.key, job.rel, info.size, info.etag)
+    except (UnsafeKey, OSError):
+        return False                # the engine reports it
+    try:
+        if cache.export(f"s3://{url.bucket}/{info.key}", info.etag, info.size, target.append):
+            target.commit()
+            job.extra["verified"] = "cache"
+            return True
+    except (UnsafeKey, OSError):
+        pass
+    target.abort()
+    return False
 
 
 def _source(url: S3Url, settings: ClientSettings, manifest: str | None, retry: RetryPolicy,
@@ -298,7 +348,7 @@ def pull(source: str, dest: str, *, strategy: str = "auto", concurrency: int = 6
     Returns a :class:`Report`; per-object failures are collected there (and in
     ``DEST/.s3pull/failures.tsv``), not raised.  ``on_event`` receives every
     :class:`Event` in the calling thread.  Extra keyword arguments go to
-    :class:`PullConfig` (``verify_md5``, ``fsync``, ``part_size``, ``retry``...).
+    :class:`PullConfig` (``verify``, ``verify_existing``, ``fsync``, ``part_size``, ``retry``...).
 
     Example:
         >>> report = pull("s3://bucket/images/", "/data/images")   # doctest: +SKIP

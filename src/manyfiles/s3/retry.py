@@ -8,13 +8,14 @@ permission errors, missing buckets/keys, an object that changed under us
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
+import errno
 
-from manyfiles.errors import ObjectChanged, TransferError
+from manyfiles._retry import RetryPolicy
+from manyfiles.errors import IntegrityError, ObjectChanged, TransferError
 
 RETRYABLE_CODES = frozenset({
     "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
+    "FlexibleChecksumError",
     "InternalError", "ServiceUnavailable", "RequestLimitExceeded", "BandwidthLimitExceeded",
     "500", "502", "503", "504",
 })
@@ -25,22 +26,37 @@ FATAL_CODES = frozenset({
 })
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    attempts: int = 6          # tries per object or part, including the first
-    base: float = 0.1          # seconds
-    cap: float = 10.0
+class LocalError(TransferError):
+    """A local filesystem error while writing (ENOSPC, EIO, EACCES...): never retried."""
 
-    def delay(self, attempt: int) -> float:
-        """Full jitter (AWS architecture blog): uniform(0, min(cap, base * 2**attempt))."""
-        return random.uniform(0.0, min(self.cap, self.base * (2 ** attempt)))
+    def __init__(self, exc: OSError) -> None:
+        super().__init__(exc.strerror or str(exc), retryable=False)
+        self.errno = exc.errno
+
+    @property
+    def stops_the_run(self) -> bool:
+        """A full, read-only or failing disk: every other object would fail the same way."""
+        return self.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 
 
 def classify(exc: BaseException) -> TransferError:
     """Turn any exception raised while downloading into a TransferError."""
     if isinstance(exc, TransferError):
         return exc
-    from botocore.exceptions import ClientError, NoCredentialsError, NoRegionError, ParamValidationError
+    from manyfiles._extras import require
+    from manyfiles.s3.client import S3_FEATURE
+
+    require("s3", "botocore.exceptions", S3_FEATURE)
+    from botocore.exceptions import (
+        ClientError,
+        FlexibleChecksumError,
+        NoCredentialsError,
+        NoRegionError,
+        ParamValidationError,
+    )
+
+    if isinstance(exc, FlexibleChecksumError):
+        return IntegrityError(f"checksum of the body does not match the server's ({exc})")
 
     if isinstance(exc, (NoCredentialsError, NoRegionError, ParamValidationError)):
         return TransferError(str(exc), retryable=False)
@@ -59,7 +75,7 @@ def classify(exc: BaseException) -> TransferError:
         return TransferError(f"{code or status}: {msg}", retryable=retryable, status=status)
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
                         FileExistsError)):
-        return TransferError(f"{exc.strerror or exc}", retryable=False)
+        return LocalError(exc)
     name = type(exc).__name__
     if isinstance(exc, OSError) and exc.errno is not None and name not in ("ConnectionResetError",
                                                                              "BrokenPipeError",
@@ -67,7 +83,11 @@ def classify(exc: BaseException) -> TransferError:
                                                                              "ConnectionRefusedError",
                                                                              "TimeoutError"):
         # local disk errors (ENOSPC, EIO...): retrying would just fail again
-        return TransferError(f"{exc.strerror or exc}", retryable=False)
+        return LocalError(exc)
     # botocore ConnectionError/ReadTimeout/ResponseStreamingError/IncompleteRead, urllib3
     # ProtocolError, aiohttp ClientPayloadError/ServerDisconnectedError, asyncio timeouts...
     return TransferError(f"{name}: {exc}".rstrip(": "), retryable=True)
+
+
+__all__ = ["FATAL_CODES", "RETRYABLE_CODES", "LocalError", "ObjectChanged", "RetryPolicy", "TransferError",
+           "classify"]

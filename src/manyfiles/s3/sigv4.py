@@ -1,23 +1,28 @@
-"""AWS Signature Version 4 for S3 GETs, and the endpoint/credential resolution the lean engine needs.
+"""AWS Signature Version 4 for the hand-signed transports, on a configuration botocore resolved.
 
-botocore spends about a millisecond of CPU building, signing and parsing each
-request; signing one GET by hand costs a few microseconds (the signing key is
-cached per day).  Only what a GetObject needs is here: host, x-amz-date,
-x-amz-content-sha256 (UNSIGNED-PAYLOAD) and the session token are signed; Range
-and If-Match are sent unsigned, which S3 allows.
+botocore spends about a millisecond of CPU building, signing and parsing each request;
+signing one GET by hand costs a few microseconds (the signing key is cached per day).  What
+to sign and where to send it is NOT decided here: :func:`aws_config` asks one botocore
+session for the endpoint (``--endpoint-url``, ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, the
+profile's ``services`` section and ``endpoint_url``), the region, the credential provider
+(env, profiles, SSO, credential_process, IMDS; refreshed as they expire), the addressing
+style, the CA bundle and the proxies, exactly as a boto3 client would.  Every header we send
+is signed (some servers, versitygw, refuse unsigned x-amz-* headers).
 """
 
 from __future__ import annotations
 
+import calendar
+import email.utils
 import hashlib
 import hmac
-import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import quote, urlsplit
 
-from manyfiles.s3.client import ClientSettings
+from manyfiles._extras import require
+from manyfiles.s3.client import S3_FEATURE, ClientSettings
 
 _UNSIGNED = "UNSIGNED-PAYLOAD"
 
@@ -25,82 +30,186 @@ _UNSIGNED = "UNSIGNED-PAYLOAD"
 @dataclass(frozen=True)
 class Endpoint:
     scheme: str
-    host: str          # host[:port] as sent in the Host header
+    host: str          # the Host header: host[:port], IPv6 literals in brackets
+    connect_host: str  # what to connect to (no brackets)
     port: int
     path_prefix: str   # "/bucket" for path-style, "" for virtual-hosted
+    proxy: tuple[str, int] | None = None   # (host, port) of an HTTP proxy, CONNECT for https
+
+
+@dataclass(frozen=True)
+class AwsConfig:
+    """What botocore resolved for S3: everything the hand-signed transports need."""
+
+    endpoint_url: str | None
+    region: str
+    addressing_style: str          # "path", "virtual" or "auto"
+    ca_bundle: str | None
+    verify_tls: bool
+
+
+_sessions: dict = {}
+
+
+def botocore_session(settings: ClientSettings):
+    """The botocore session for the profile (one per profile, shared)."""
+    sess = _sessions.get(settings.profile)
+    if sess is None:
+        require("s3", "botocore.session", S3_FEATURE)
+        import botocore.session
+
+        sess = botocore.session.Session(profile=settings.profile)
+        _sessions[settings.profile] = sess
+    return sess
+
+
+def configured_endpoint(settings: ClientSettings) -> str | None:
+    """The S3 endpoint botocore would use: settings, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the
+    profile's ``services`` section, the profile's ``endpoint_url`` (unless ignored by config)."""
+    if settings.endpoint_url:
+        return settings.endpoint_url
+    require("s3", "botocore.configprovider", S3_FEATURE)
+    from botocore.configprovider import ConfiguredEndpointProvider
+
+    sess = botocore_session(settings)
+    if str(sess.get_config_variable("ignore_configured_endpoint_urls") or "").lower() == "true":
+        return None
+    provider = ConfiguredEndpointProvider(full_config=sess.full_config,
+                                          scoped_config=sess.get_scoped_config(), client_name="s3")
+    return provider.provide() or None
+
+
+_configs: dict = {}
+
+
+def aws_config(settings: ClientSettings) -> AwsConfig:
+    """Resolve once per settings (cached): endpoint, region, addressing style, CA bundle."""
+    cfg = _configs.get(settings)
+    if cfg is None:
+        sess = botocore_session(settings)
+        endpoint = configured_endpoint(settings)
+        region = settings.region or sess.get_config_variable("region") or ""
+        s3cfg = (sess.get_scoped_config() or {}).get("s3") or {}
+        style = "auto"
+        if settings.path_style is not None:
+            style = "path" if settings.path_style else "virtual"
+        elif isinstance(s3cfg, dict) and s3cfg.get("addressing_style"):
+            style = s3cfg["addressing_style"]
+        elif endpoint:
+            style = "path"
+        ca = sess.get_config_variable("ca_bundle") or None
+        cfg = AwsConfig(endpoint, region, style, ca, settings.verify_tls)
+        _configs[settings] = cfg
+    return cfg
+
+
+def set_region(settings: ClientSettings, bucket: str, region: str) -> None:
+    """Remember that ``bucket`` lives in ``region`` (after a redirect)."""
+    _regions[(settings, bucket)] = region
+
+
+def _proxy_for(scheme: str, host: str) -> tuple[str, int] | None:
+    import urllib.request
+
+    proxies = urllib.request.getproxies_environment()
+    url = proxies.get(scheme)
+    if not url or urllib.request.proxy_bypass_environment(host, proxies):
+        return None
+    u = urlsplit(url if "://" in url else f"http://{url}")
+    return (u.hostname or "", u.port or 80)
 
 
 def resolve_endpoint(settings: ClientSettings, bucket: str, region: str) -> Endpoint:
-    """Where GETs for ``bucket`` go: custom endpoints path-style, AWS virtual-hosted (https)."""
-    if settings.endpoint_url:
-        u = urlsplit(settings.endpoint_url)
+    """Where requests for ``bucket`` go (custom endpoints path-style unless configured otherwise)."""
+    cfg = aws_config(settings)
+    if cfg.endpoint_url:
+        u = urlsplit(cfg.endpoint_url)
         scheme = u.scheme or "http"
+        hostname = u.hostname or ""
         port = u.port or (443 if scheme == "https" else 80)
-        host = u.netloc
-        path_style = settings.path_style if settings.path_style is not None else True
+        netloc = u.netloc.rpartition("@")[2]
         base = u.path.rstrip("/")
-        if path_style:
-            return Endpoint(scheme, host, port, f"{base}/{bucket}")
-        return Endpoint(scheme, f"{bucket}.{host}", port, base)
-    if "." in bucket or settings.path_style:
-        return Endpoint("https", f"s3.{region}.amazonaws.com", 443, f"/{bucket}")
-    return Endpoint("https", f"{bucket}.s3.{region}.amazonaws.com", 443, "")
+        if cfg.addressing_style != "virtual":
+            ep = Endpoint(scheme, netloc, hostname, port, f"{base}/{bucket}")
+        else:
+            ep = Endpoint(scheme, f"{bucket}.{netloc}", f"{bucket}.{hostname}", port, base)
+    else:
+        host = f"s3.{region}.amazonaws.com"
+        if "." in bucket or cfg.addressing_style == "path":
+            ep = Endpoint("https", host, host, 443, f"/{bucket}")
+        else:
+            ep = Endpoint("https", f"{bucket}.{host}", f"{bucket}.{host}", 443, "")
+    proxy = _proxy_for(ep.scheme, ep.connect_host)
+    return replace(ep, proxy=proxy) if proxy else ep
+
+
+def ssl_context(settings: ClientSettings):
+    """TLS context with botocore's CA bundle (AWS_CA_BUNDLE / ca_bundle), or no verification."""
+    import ssl
+
+    cfg = aws_config(settings)
+    ctx = ssl.create_default_context(cafile=cfg.ca_bundle)
+    if not cfg.verify_tls:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
 
 
 class Signer:
-    """Signs GET requests; refreshes temporary credentials from the botocore chain as they age."""
+    """Signs requests; temporary credentials come from botocore's provider and are refreshed by it."""
 
     REFRESH = 60.0
 
     def __init__(self, settings: ClientSettings, region: str) -> None:
         self.region = region
         self.unsigned = settings.no_sign
+        self.clock_offset = 0.0      # server time - our time, learned from RequestTimeTooSkewed
         self._creds_source = None
         self._creds = None
         self._creds_at = 0.0
         self._keys: dict[str, bytes] = {}
         self._lock = threading.Lock()
         if not self.unsigned:
-            env = os.environ
-            if (not settings.profile and not env.get("AWS_PROFILE") and env.get("AWS_ACCESS_KEY_ID")
-                    and env.get("AWS_SECRET_ACCESS_KEY")):
-                # first link of the standard chain; skipping botocore's import saves ~0.2 s of CPU
-                self._creds_source = _StaticCreds(env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"],
-                                                  env.get("AWS_SESSION_TOKEN") or None)
-            else:
-                self._creds_source = botocore_session(settings).get_credentials()
+            self._creds_source = botocore_session(settings).get_credentials()
             if self._creds_source is None:
-                from botocore.exceptions import NoCredentialsError
+                NoCredentialsError = require("s3", "botocore.exceptions", S3_FEATURE).NoCredentialsError
 
                 raise NoCredentialsError()
             self._refresh()
 
     def _refresh(self) -> None:
+        # RefreshableCredentials refresh themselves here when they are about to expire
         self._creds = self._creds_source.get_frozen_credentials()
         self._creds_at = time.monotonic()
 
-    def headers(self, host: str, path: str, extra: list[tuple[str, str]] = (),
-                query: str = "") -> list[tuple[str, str]]:
-        """All headers (Host first) for ``GET path`` (``path`` already URI-encoded), ``extra`` signed too.
+    def correct_clock(self, server_date: str | None) -> None:
+        """Take the server's clock (its Date header) after a RequestTimeTooSkewed."""
+        if not server_date:
+            return
+        parsed = email.utils.parsedate(server_date)
+        if parsed:
+            self.clock_offset = calendar.timegm(parsed) - time.time()
 
-        Every header we send is signed: some servers (versitygw) refuse unsigned x-amz-* headers.
-        """
+    def headers(self, host: str, path: str, extra: list[tuple[str, str]] = (), query: str = "",
+                method: str = "GET", now: float | None = None) -> list[tuple[str, str]]:
+        """All headers (Host first) for ``METHOD path?query`` (``path`` already URI-encoded)."""
         if self.unsigned:
             return [("Host", host), *extra]
         if time.monotonic() - self._creds_at > self.REFRESH:
             with self._lock:
                 self._refresh()
         creds = self._creds
-        amzdate = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        t = (time.time() + self.clock_offset) if now is None else now
+        amzdate = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(t))
         day = amzdate[:8]
         hdrs = [("host", host), ("x-amz-content-sha256", _UNSIGNED), ("x-amz-date", amzdate)]
         if creds.token:
             hdrs.append(("x-amz-security-token", creds.token))
-        hdrs += [(k.lower(), v.strip()) for k, v in extra]
+        hdrs += [(k.lower(), " ".join(v.split())) for k, v in extra]
         hdrs.sort()
         canon_headers = "".join(f"{k}:{v}\n" for k, v in hdrs)
         signed = ";".join(k for k, _ in hdrs)
-        creq = f"GET\n{path}\n{query}\n{canon_headers}\n{signed}\n{_UNSIGNED}"
+        creq = f"{method}\n{path}\n{query}\n{canon_headers}\n{signed}\n{_UNSIGNED}"
         scope = f"{day}/{self.region}/s3/aws4_request"
         sts = f"AWS4-HMAC-SHA256\n{amzdate}\n{scope}\n{hashlib.sha256(creq.encode()).hexdigest()}"
         key = self._signing_key(creds.secret_key, day)
@@ -111,7 +220,7 @@ class Signer:
         return hdrs
 
     def _signing_key(self, secret: str, day: str) -> bytes:
-        cache_key = f"{secret}\0{day}"
+        cache_key = f"{secret}\0{day}\0{self.region}"
         key = self._keys.get(cache_key)
         if key is None:
             k = hmac.new(f"AWS4{secret}".encode(), day.encode(), hashlib.sha256).digest()
@@ -127,30 +236,6 @@ def uri_path(prefix: str, key: str) -> str:
     return f"{prefix}/{quote(key, safe='/~')}"
 
 
-@dataclass(frozen=True)
-class _StaticCreds:
-    access_key: str
-    secret_key: str
-    token: str | None
-
-    def get_frozen_credentials(self) -> _StaticCreds:
-        return self
-
-
-_sessions: dict = {}
-
-
-def botocore_session(settings: ClientSettings):
-    """A botocore session for the profile (the credential chain), shared; cheaper than boto3's."""
-    sess = _sessions.get(settings.profile)
-    if sess is None:
-        import botocore.session
-
-        sess = botocore.session.Session(profile=settings.profile)
-        _sessions[settings.profile] = sess
-    return sess
-
-
 def query_string(params: dict[str, str]) -> str:
     """SigV4 canonical query string (also usable as the request's query)."""
     return "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(params.items()))
@@ -160,7 +245,7 @@ _regions: dict = {}
 
 
 def bucket_region(settings: ClientSettings, bucket: str) -> str:
-    """The bucket's region: from the settings/profile, else asked of S3 (x-amz-bucket-region)."""
+    """The bucket's region: settings/profile/env; on AWS without one, asked of S3 (x-amz-bucket-region)."""
     key = (settings, bucket)
     region = _regions.get(key)
     if region is None:
@@ -169,15 +254,17 @@ def bucket_region(settings: ClientSettings, bucket: str) -> str:
 
 
 def _bucket_region(settings: ClientSettings, bucket: str) -> str:
-    if settings.endpoint_url:
-        env_region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        if settings.region or (env_region and not settings.profile):
-            return settings.region or env_region
-        return botocore_session(settings).get_config_variable("region") or "us-east-1"
+    cfg = aws_config(settings)
+    if cfg.region or cfg.endpoint_url:
+        return cfg.region or "us-east-1"
     client = settings.client(pool=1)
     try:
         resp = client.head_bucket(Bucket=bucket)
         hdrs = resp["ResponseMetadata"]["HTTPHeaders"]
     except Exception as exc:
         hdrs = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPHeaders", {})
-    return hdrs.get("x-amz-bucket-region") or settings.region or client.meta.region_name or "us-east-1"
+    return hdrs.get("x-amz-bucket-region") or client.meta.region_name or "us-east-1"
+
+
+__all__ = ["AwsConfig", "Endpoint", "Signer", "aws_config", "bucket_region", "configured_endpoint",
+           "query_string", "resolve_endpoint", "ssl_context", "uri_path"]

@@ -10,8 +10,7 @@ cannot redirect a write outside it.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import itertools
+import errno
 import os
 import stat as _stat
 import threading
@@ -19,14 +18,17 @@ import time
 from collections.abc import Callable
 
 from manyfiles import _fsops, iotrace
+from manyfiles.errors import from_oserror
 from manyfiles.s3.keys import UnsafeKey
-from manyfiles.s3.state import State
-
-_counter = itertools.count()
+from manyfiles.s3.state import State, open_file, unique_name
 
 
 class Target:
-    """One object being written; engines call ``write_at``/``append`` then ``commit`` or ``abort``."""
+    """One object being written; engines call ``write_at``/``append`` then ``commit`` or ``abort``.
+
+    Every write is complete or raises (a short write is retried, then ENOSPC); ``read`` returns
+    bytes already written, for hashing ranges that finished out of order.
+    """
 
     resumable_parts: set[int] = set()  # noqa: RUF012 -- overridden per instance
 
@@ -36,11 +38,17 @@ class Target:
     def append(self, data) -> None:
         raise NotImplementedError
 
+    def read(self, offset: int, n: int) -> bytes:
+        raise NotImplementedError
+
     def reset(self) -> None:
         """Forget what was written (a retried whole-object GET starts again)."""
 
     def part_done(self, index: int) -> None:
         """Remember that part ``index`` is complete (for resuming)."""
+
+    def forget_parts(self) -> None:
+        """The finished parts cannot be trusted (the object failed its check): start over."""
 
     def commit(self) -> None:
         raise NotImplementedError
@@ -50,51 +58,88 @@ class Target:
 
 
 class FileTarget(Target):
+    """A temp file in DEST/.s3pull/tmp, opened relative to the tmp folder's descriptor.
+
+    Plain temps get a random name (O_EXCL).  Resumable ones (large objects fetched in parts) get
+    a random name too; their identity (key, ETag, size, part layout) is the first line of the
+    ``.parts`` record next to them, which is how a re-run finds them.
+    """
+
     def __init__(self, sink: FolderSink, key: str, final: str, size: int | None, etag: str | None,
-                 resumable: bool) -> None:
+                 identity: str | None) -> None:
         self.sink, self.key, self.final, self.size, self.etag = sink, key, final, size, etag
         self.resumable_parts = set()
         self._parts_f = None
-        if resumable:
-            # a deterministic name, so a re-run finds the parts this run finished
-            tag = hashlib.sha1(f"{key}\0{etag}\0{size}".encode("utf-8", "surrogateescape")).hexdigest()
-            self.tmp = os.path.join(sink.state.tmp, tag + ".part")
-            parts_path = self.tmp + "s"
-            flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
-            self.fd = _open(self.tmp, flags)
-            if os.fstat(self.fd).st_size == size:
-                try:
-                    with open(parts_path, encoding="ascii") as f:
-                        self.resumable_parts = {int(x) for x in f.read().split()}
-                except (OSError, ValueError):
-                    self.resumable_parts = set()
-            else:
-                os.ftruncate(self.fd, 0)
-                if size:
-                    try:
-                        os.posix_fallocate(self.fd, 0, size)
-                    except OSError:
-                        os.ftruncate(self.fd, size)
-            self._parts_f = open(parts_path, "a" if self.resumable_parts else "w",  # noqa: SIM115
-                                 encoding="ascii")
-            self._parts_lock = threading.Lock()
+        self.dir_fd = sink.state.tmp_fd
+        self.name = None
+        self.fd = -1
+        if identity is not None:
+            self._open_resumable(identity)
         else:
-            self.tmp = os.path.join(sink.state.tmp, f"{os.getpid()}-{next(_counter)}.tmp")
-            self.fd = _open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC)
+            self.name = unique_name(".tmp")
+            self.fd = self._create(self.name)
+        self.tmp = os.path.join(sink.state.tmp, self.name)
         self._pos = 0
+
+    def _create(self, name: str) -> int:
+        return _fsops.traced("open", os.path.join(self.sink.state.tmp, name), open_file, self.dir_fd, name,
+                             os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+
+    def _open_resumable(self, identity: str) -> None:
+        sink, size = self.sink, self.size
+        name = sink.resume_index.pop(identity, None)
+        if name is not None:
+            try:
+                self.fd = open_file(self.dir_fd, name + ".part", os.O_RDWR)
+                if os.fstat(self.fd).st_size == size:
+                    pfd = open_file(self.dir_fd, name + ".parts", os.O_RDONLY)
+                    with os.fdopen(pfd, encoding="utf-8") as f:
+                        lines = f.read().split("\n")
+                    self.resumable_parts = {int(x) for x in lines[1:] if x.strip()}
+                else:
+                    os.close(self.fd)
+                    self.fd = -1
+            except (OSError, ValueError):
+                if self.fd >= 0:
+                    os.close(self.fd)
+                self.fd = -1
+                self.resumable_parts = set()
+            if self.fd < 0:
+                _unlink_quiet(self.dir_fd, name + ".part")
+                _unlink_quiet(self.dir_fd, name + ".parts")
+        if self.fd < 0:
+            name = unique_name("")
+            self.fd = self._create(name + ".part")
+            if size:
+                try:
+                    os.posix_fallocate(self.fd, 0, size)
+                except OSError:
+                    os.ftruncate(self.fd, size)
+            pfd = open_file(self.dir_fd, name + ".parts", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            self._parts_f = os.fdopen(pfd, "w", encoding="utf-8")
+            self._parts_f.write(identity + "\n")
+            self._parts_f.flush()
+        else:
+            pfd = open_file(self.dir_fd, name + ".parts", os.O_WRONLY | os.O_APPEND)
+            self._parts_f = os.fdopen(pfd, "a", encoding="utf-8")
+        self.name = name + ".part"
+        self._parts_name = name + ".parts"
+        self._parts_lock = threading.Lock()
+        self._identity = identity
 
     def write_at(self, offset: int, data) -> None:
         tr = iotrace.TRACER
-        if tr is None:
-            os.pwrite(self.fd, data, offset)
-            return
-        t0 = time.monotonic_ns()
-        os.pwrite(self.fd, data, offset)
-        tr.record("write", self.tmp, offset, len(data), t0, time.monotonic_ns() - t0, 0)
+        t0 = time.monotonic_ns() if tr is not None else 0
+        _pwrite_all(self.fd, data, offset)
+        if tr is not None:
+            tr.record("write", self.tmp, offset, len(data), t0, time.monotonic_ns() - t0, 0)
 
     def append(self, data) -> None:
         self.write_at(self._pos, data)
         self._pos += len(data)
+
+    def read(self, offset: int, n: int) -> bytes:
+        return os.pread(self.fd, n, offset)
 
     def reset(self) -> None:
         self._pos = 0
@@ -109,35 +154,55 @@ class FileTarget(Target):
             self._parts_f.write(f"{index}\n")
             self._parts_f.flush()
 
+    def forget_parts(self) -> None:
+        self.resumable_parts = set()
+        if self._parts_f is not None:
+            with self._parts_lock:
+                self._parts_f.truncate(0)
+                self._parts_f.write(self._identity + "\n")
+                self._parts_f.flush()
+
     def commit(self) -> None:
         try:
             if self.sink.fsync:
                 _fsops.fsync(self.fd, self.tmp)
         finally:
             os.close(self.fd)
-        self.sink.install(self.tmp, self.final)
+            self.fd = -1
+        self.sink.install(self.dir_fd, self.name, self.tmp, self.final)
         if self._parts_f is not None:
             self._parts_f.close()
-            _unlink_quiet(self.tmp + "s")
+            _unlink_quiet(self.dir_fd, self._parts_name)
 
     def abort(self, keep: bool = False) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
         if self._parts_f is not None:
-            self._parts_f.close()
+            with contextlib.suppress(OSError):
+                self._parts_f.close()
         if not keep:
-            _unlink_quiet(self.tmp)
+            _unlink_quiet(self.dir_fd, self.name)
             if self._parts_f is not None:
-                _unlink_quiet(self.tmp + "s")
+                _unlink_quiet(self.dir_fd, self._parts_name)
 
 
-def _open(path: str, flags: int) -> int:
-    return _fsops.traced("open", path, os.open, path, flags, 0o644)
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    """pwrite every byte of ``data`` at ``offset``: a short write is continued, and a write that
+    makes no progress is ENOSPC (never a hole that a later write could hide)."""
+    view = memoryview(data)
+    while len(view):
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[n:]
+        offset += n
 
 
-def _unlink_quiet(path: str) -> None:
+def _unlink_quiet(dir_fd: int | None, name: str) -> None:
     with contextlib.suppress(FileNotFoundError):
-        _fsops.unlink(path)
+        os.unlink(name, dir_fd=dir_fd)
 
 
 def shard_name(rel: str) -> str:
@@ -161,11 +226,18 @@ class FolderSink:
         self._dirs: set[str] = {""}
         self._sharded = None
         self.memory = False
+        self.resume_index: dict[str, str] = {}
 
     def open(self, load_state: bool = True) -> FolderSink:
-        _fsops.makedirs(self.dest)
+        """Create DEST and open its state folder (refusing unsafe ones); ``load_state`` also reads
+        the state file and tidies the temp folder (the main process only)."""
+        try:
+            _fsops.makedirs(self.dest)
+        except OSError as exc:
+            raise from_oserror(exc, self.dest) from exc
+        self.state.open(load=load_state)
         if load_state:
-            self.state.open()
+            self._tidy_temps()
         if self.layout == "sharded":
             from manyfiles.shard import ShardedDir
 
@@ -174,25 +246,45 @@ class FolderSink:
                 self._sharded.ensure_described()
         return self
 
-    def clean_stale_temps(self) -> None:
-        """Remove temp files of interrupted runs (resumable ``.part`` files are kept)."""
-        try:
-            names = os.listdir(self.state.tmp)
-        except OSError:
-            return
+    def _tidy_temps(self) -> None:
+        """Index resumable parts by identity; remove temps of interrupted runs.
+
+        Only names s3pull makes are touched, in a temp folder already checked to be a real
+        folder of ours holding no symlink: ``*.tmp``/``*.new`` (killed runs) and ``.part``
+        files whose ``.parts`` record is missing or unreadable.
+        """
+        fd = self.state.tmp_fd
+        names = set(self.state.tmp_names)
+        for name in sorted(names):
+            if name.endswith(".parts"):
+                base = name[: -len(".parts")]
+                try:
+                    pfd = open_file(fd, name, os.O_RDONLY)
+                    with os.fdopen(pfd, encoding="utf-8") as f:
+                        identity = f.readline().rstrip("\n")
+                except (OSError, ValueError):
+                    identity = ""
+                if identity and base + ".part" in names:
+                    self.resume_index[identity] = base
+                else:
+                    _unlink_quiet(fd, name)
+        keep = set(self.resume_index.values())
         for name in names:
-            if name.endswith(".tmp"):
-                _unlink_quiet(os.path.join(self.state.tmp, name))
+            stale = name.endswith((".tmp", ".new")) or (name.endswith(".part") and name[:-5] not in keep)
+            if stale:
+                _unlink_quiet(fd, name)
 
     def final_path(self, rel: str) -> str:
         if self._sharded is not None:
             return os.fspath(self._sharded.path_for(shard_name(rel)))
         return os.path.join(self.dest, rel)
 
-    def target(self, key: str, rel: str, size: int | None, etag: str | None, resumable: bool) -> FileTarget:
+    def target(self, key: str, rel: str, size: int | None, etag: str | None,
+               identity: str | None = None) -> FileTarget:
+        """A temp file for ``key``; ``identity`` (key, ETag, size, layout) makes it resumable."""
         final = self.final_path(rel)
         self._ensure_parent(final)
-        return FileTarget(self, key, final, size, etag, resumable)
+        return FileTarget(self, key, final, size, etag, identity)
 
     def _ensure_parent(self, final: str) -> None:
         parent = os.path.dirname(final)
@@ -220,17 +312,22 @@ class FolderSink:
                 raise UnsafeKey(f"'{so_far}' in DEST is a file, not a directory")
             self._dirs.add(so_far)
 
-    def install(self, tmp: str, final: str) -> None:
+    def install(self, dir_fd: int, name: str, tmp: str, final: str) -> None:
+        tr = iotrace.TRACER
+        t0 = time.monotonic_ns()
         try:
-            _fsops.rename(tmp, final)
+            os.rename(name, final, src_dir_fd=dir_fd)
         except IsADirectoryError:
-            _unlink_quiet(tmp)
+            _unlink_quiet(dir_fd, name)
             raise UnsafeKey(f"'{os.path.relpath(final, self.dest)}' is a directory in DEST") from None
+        if tr is not None:
+            tr.record("rename", f"{tmp} -> {final}", 0, 0, t0, time.monotonic_ns() - t0, 0)
         if self.fsync:
             _fsops.fsync_dir(os.path.dirname(final))
 
     def close(self) -> None:
         self.state.close()
+        self.state.release()
         self._dirs = {""}
 
 
@@ -250,6 +347,9 @@ class MemoryTarget(Target):
     def append(self, data) -> None:
         self.write_at(self._pos, data)
         self._pos += len(data)
+
+    def read(self, offset: int, n: int) -> bytes:
+        return bytes(self.buf[offset:offset + n])
 
     def reset(self) -> None:
         self._pos = 0
@@ -277,7 +377,8 @@ class MemorySink:
     def open(self) -> MemorySink:
         return self
 
-    def target(self, key: str, rel: str, size: int | None, etag: str | None, resumable: bool) -> MemoryTarget:
+    def target(self, key: str, rel: str, size: int | None, etag: str | None,
+               identity: str | None = None) -> MemoryTarget:
         return MemoryTarget(self, key, size)
 
     def close(self) -> None:

@@ -1,10 +1,15 @@
-"""The small state kept under ``DEST/.s3pull/`` so that a re-run skips finished work.
+"""The state kept under ``DEST/.s3pull/`` so that a re-run skips finished work, opened safely.
 
-``state.jsonl``  one line per finished object: key, size, ETag (append-only; a lost
-                 tail after a crash only means those objects are fetched again)
-``tmp/``         temp files; large objects also keep ``<name>.parts`` listing the
-                 finished part numbers so a re-run resumes them part by part
+``state.jsonl``  one line per finished object: key, size, ETag, the check its bytes passed
+                 (method, value, part sizes) and the installed file's inode and mtime
+``tmp/``         temp files (random names, ``O_EXCL``); a large object also keeps
+                 ``<random>.parts``: its identity on the first line, then finished part numbers
 ``failures.tsv`` key<TAB>reason for every object that failed in the last run
+
+Safety: everything here is opened relative to directory descriptors with ``O_NOFOLLOW``.
+s3pull refuses to start (one line, exit 1) if ``.s3pull``, ``tmp`` or anything in them is a
+symlink or is owned by another user, so a planted link can never redirect a write, an append
+or a deletion outside DEST.
 """
 
 from __future__ import annotations
@@ -12,59 +17,182 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
+import stat as _stat
 import threading
 import time
 
-from manyfiles import _fsops
+from manyfiles.errors import IntegrityError, ManyfilesError, from_oserror
+from manyfiles.s3.integrity import SIZE_ONLY, Claim, claim_for, rehash_file
 from manyfiles.s3.keys import STATE_DIR
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UnsafeStateDir(ManyfilesError):
+    """DEST/.s3pull (or something in it) is a symlink or belongs to someone else."""
+
+
+def _refuse(path: str, why: str) -> UnsafeStateDir:
+    return UnsafeStateDir(f"{path}: {why}; s3pull keeps its state only in a real folder it owns "
+                          f"(remove it and run again)")
+
+
+def _check(st: os.stat_result, path: str) -> None:
+    if _stat.S_ISLNK(st.st_mode):
+        raise _refuse(path, "is a symlink")
+    if st.st_uid != os.geteuid():
+        raise _refuse(path, f"is not owned by you (uid {st.st_uid})")
+
+
+def open_dir(parent_fd: int, name: str, path: str, create: bool) -> int | None:
+    """Open (or create, mode 0700) directory ``name`` under ``parent_fd`` without following links."""
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    _check(st, path)
+    if not _stat.S_ISDIR(st.st_mode):
+        raise _refuse(path, "is not a directory")
+    fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    st2 = os.fstat(fd)
+    if (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino):   # swapped between the two calls
+        os.close(fd)
+        raise _refuse(path, "changed while being opened")
+    return fd
+
+
+def check_entries(dir_fd: int, path: str) -> list[str]:
+    """Names in the directory; refuses if any is a symlink or not ours."""
+    names = os.listdir(dir_fd)
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            _check(os.stat(name, dir_fd=dir_fd, follow_symlinks=False), os.path.join(path, name))
+    return names
+
+
+def open_file(dir_fd: int, name: str, flags: int, mode: int = 0o600) -> int:
+    """``openat`` with O_NOFOLLOW; the result must be a regular file of ours with one link."""
+    fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    st = os.fstat(fd)
+    if not _stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+        os.close(fd)
+        raise OSError(1, "not a regular file of ours with a single link", name)
+    return fd
+
+
+def unique_name(suffix: str) -> str:
+    return f"{secrets.token_hex(10)}{suffix}"
 
 
 class State:
-    """Finished objects of previous runs (key -> (size, etag)) plus an append log."""
+    """Finished objects of previous runs (key -> record) plus an append log, in DEST/.s3pull."""
 
     def __init__(self, dest: str) -> None:
+        self.dest = dest
         self.dir = os.path.join(dest, STATE_DIR)
         self.tmp = os.path.join(self.dir, "tmp")
         self.path = os.path.join(self.dir, "state.jsonl")
-        self.done: dict[str, tuple[int, str | None]] = {}
+        self.fd: int | None = None
+        self.tmp_fd: int | None = None
+        self.done: dict[str, dict] = {}
+        self.tmp_names: list[str] = []
         self._lock = threading.Lock()
         self._pending: list[str] = []
         self._f = None
         self._lines = 0
         self._flushed = 0.0
 
-    def open(self) -> State:
-        _fsops.makedirs(self.tmp)
+    def open(self, *, create: bool = True, load: bool = True) -> State:
+        """Open (create) the state folder safely; ``load`` reads state.jsonl and opens it to append."""
         try:
-            with open(self.path, encoding="utf-8") as f:
-                for line in f:
-                    self._lines += 1
-                    try:
-                        rec = json.loads(line)
-                        self.done[rec["k"]] = (int(rec["s"]), rec.get("e"))
-                    except (ValueError, KeyError, TypeError):
-                        continue  # a torn last line from a crash
-        except FileNotFoundError:
-            pass
+            dest_fd = os.open(self.dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise from_oserror(exc, self.dest) from exc
+        try:
+            self.fd = open_dir(dest_fd, STATE_DIR, self.dir, create)
+        finally:
+            os.close(dest_fd)
+        if self.fd is None:
+            return self
+        self.tmp_fd = open_dir(self.fd, "tmp", self.tmp, create)
+        names = check_entries(self.fd, self.dir)
+        if self.tmp_fd is not None:
+            self.tmp_names = check_entries(self.tmp_fd, self.tmp)
+        if not load:
+            return self
+        if "state.jsonl" in names:
+            self._load()
+        if not create:
+            return self
         if self._lines > 2 * len(self.done) + 1000:
             self._compact()
-        self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 -- closed in close()
+        try:
+            fd = open_file(self.fd, "state.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        except OSError as exc:
+            raise from_oserror(exc, self.path) from exc
+        self._f = os.fdopen(fd, "a", encoding="utf-8")
         return self
 
-    def is_done(self, key: str, size: int | None, etag: str | None, path: str) -> bool:
-        """True if a previous run finished ``key`` with this size and ETag and the file is still there."""
+    def _load(self) -> None:
+        fd = open_file(self.fd, "state.jsonl", os.O_RDONLY)
+        with os.fdopen(fd, encoding="utf-8") as f:
+            for line in f:
+                self._lines += 1
+                try:
+                    rec = json.loads(line)
+                    rec["s"] = int(rec["s"])
+                    self.done[rec["k"]] = rec
+                except (ValueError, KeyError, TypeError):
+                    continue  # a torn last line from a crash
+
+    def is_done(self, key: str, size: int | None, etag: str | None, path: str, *,
+                verify: bool = False) -> bool:
+        """True if a previous run installed ``key`` with this size/ETag and the file still passes.
+
+        A file whose size, inode or mtime changed since (or every file, with ``verify``) is
+        re-hashed against the check recorded for it; a size-only record cannot be re-checked,
+        so a changed file is fetched again.
+        """
         rec = self.done.get(key)
-        if rec is None or size is None or rec[0] != size or (etag and rec[1] and rec[1] != etag):
+        if rec is None or size is None or rec["s"] != size or (etag and rec.get("e") and rec["e"] != etag):
             return False
         try:
-            return os.stat(path).st_size == size
+            st = os.stat(path, follow_symlinks=False)
         except OSError:
             return False
+        if not _stat.S_ISREG(st.st_mode) or st.st_size != size:
+            return False
+        unchanged = rec.get("i") == st.st_ino and rec.get("t") == st.st_mtime_ns
+        if unchanged and not verify:
+            return True
+        claim = Claim.from_record(rec) if "m" in rec else claim_for(rec.get("e"), {}, size, None)
+        if claim.method == SIZE_ONLY:
+            return unchanged
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                rehash_file(fd, size, claim)
+            finally:
+                os.close(fd)
+        except (OSError, IntegrityError):
+            return False
+        if not unchanged:
+            self.record(key, size, etag, claim.to_record(), path)
+        return True
 
-    def record(self, key: str, size: int, etag: str | None) -> None:
-        line = json.dumps({"k": key, "s": size, "e": etag}, ensure_ascii=False) + "\n"
+    def record(self, key: str, size: int, etag: str | None, check: dict | None, path: str | None) -> None:
+        rec = {"k": key, "s": size, "e": etag, **(check or {"m": SIZE_ONLY})}
+        if path is not None:
+            with contextlib.suppress(OSError):
+                st = os.stat(path, follow_symlinks=False)
+                rec["i"], rec["t"] = st.st_ino, st.st_mtime_ns
+        line = json.dumps(rec, ensure_ascii=False) + "\n"
         with self._lock:
-            self.done[key] = (size, etag)
+            self.done[key] = rec
             self._pending.append(line)
             now = time.monotonic()
             if len(self._pending) >= 256 or now - self._flushed > 0.5:
@@ -73,8 +201,12 @@ class State:
 
     def _flush_locked(self) -> None:
         if self._f is not None and self._pending:
-            self._f.write("".join(self._pending))
-            self._f.flush()
+            try:
+                self._f.write("".join(self._pending))
+                self._f.flush()
+            except OSError as exc:
+                self._pending.clear()
+                raise from_oserror(exc, self.path) from exc
             self._pending.clear()
 
     def flush(self) -> None:
@@ -82,34 +214,62 @@ class State:
             self._flush_locked()
 
     def close(self) -> None:
+        """Flush and close; raises ManyfilesError (``PATH: reason``) if the disk refuses."""
         with self._lock:
-            self._flush_locked()
-            if self._f is not None:
-                self._f.close()
-                self._f = None
+            try:
+                self._flush_locked()
+            finally:
+                if self._f is not None:
+                    with contextlib.suppress(OSError):
+                        self._f.close()
+                    self._f = None
+
+    def release(self) -> None:
+        for fd in (self.tmp_fd, self.fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.fd = self.tmp_fd = None
+
+    def _replace(self, name: str, text: str) -> None:
+        """Write ``name`` in the state folder atomically (random temp, O_EXCL, rename)."""
+        tmp = unique_name(".new")
+        fd = open_file(self.fd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=self.fd)
+            raise
 
     def _compact(self) -> None:
-        tmp = self.path + ".new"
-        with open(tmp, "w", encoding="utf-8") as f:
-            for k, (s, e) in self.done.items():
-                f.write(json.dumps({"k": k, "s": s, "e": e}, ensure_ascii=False) + "\n")
-            f.flush()
-            _fsops.fsync(f.fileno(), tmp)
-        _fsops.rename(tmp, self.path)
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.done.values())
+        try:
+            self._replace("state.jsonl", text)
+        except OSError as exc:
+            raise from_oserror(exc, self.path) from exc
         self._lines = len(self.done)
 
     def write_failures(self, failures: list[tuple[str, str]]) -> str | None:
-        """Write ``failures.tsv`` (or remove a stale one); returns its path if written."""
+        """Write ``failures.tsv`` (or remove a stale one); returns its path if written.
+
+        Raises ManyfilesError (``PATH: reason``) if the disk refuses (full, read-only...).
+        """
         path = os.path.join(self.dir, "failures.tsv")
-        if not failures:
-            with contextlib.suppress(FileNotFoundError):
-                _fsops.unlink(path)
+        if self.fd is None:
             return None
-        tmp = path + ".new"
-        with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
-            for key, reason in failures:
-                f.write(f"{_escape(key)}\t{reason}\n")
-        _fsops.rename(tmp, path)
+        try:
+            if not failures:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink("failures.tsv", dir_fd=self.fd)
+                return None
+            self._replace("failures.tsv", "".join(f"{_escape(k)}\t{r}\n" for k, r in failures))
+        except OSError as exc:
+            raise from_oserror(exc, path) from exc
         return path
 
 

@@ -1,28 +1,33 @@
-"""One object or one part: GET, stream into a Target, verify, retry.  Shared by all engines.
+"""One object or one part: GET, write into a Target, verify.  Shared by all engines.
 
 ``Job`` is the unit the planner hands to engines (picklable, for worker processes).
-The blocking functions here use a boto3 client; :mod:`manyfiles.s3.engines` has the
-asyncio twins for aioboto3, in the same order.
+:class:`WholeBody` is what every whole-object GET does with its body, whatever the transport:
+complete writes into the target, hashing of what was written, and the final checks (length,
+listed size, then the object's :class:`~manyfiles.s3.integrity.Claim`).  The blocking boto3
+GET is here; the asyncio twins live with their engines, in the same order.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from manyfiles import iotrace
-from manyfiles.s3.retry import ObjectChanged, RetryPolicy, TransferError, classify
+from manyfiles.errors import IntegrityError
+from manyfiles.s3.integrity import SIZE_ONLY, Claim, Digest, claim_for, etag_parts, part_layout
+from manyfiles.s3.retry import ObjectChanged, TransferError, classify
 
 CHUNK = 1 << 20
-_MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
 
 
 @dataclass
 class Job:
-    """One object to fetch, with the engine the planner chose for it."""
+    """One object to fetch, with the engine the planner chose for it.
+
+    ``extra`` carries results back to the planner: ``verified`` (the check's method),
+    ``check`` (its record for the state file), ``note``, ``resumed_parts``.
+    """
 
     key: str
     rel: str
@@ -41,33 +46,48 @@ class Job:
         n = (self.size + self.part_size - 1) // self.part_size
         return [(i, i * self.part_size, min(self.size, (i + 1) * self.part_size) - 1) for i in range(n)]
 
+    def verified(self, claim: Claim) -> None:
+        self.extra["verified"] = claim.method
+        self.extra["check"] = claim.to_record()
+        if claim.note:
+            self.extra["note"] = claim.note
 
-def md5_checkable(job: Job) -> bool:
-    """Single-part uploads (and unencrypted objects) have ETag == MD5 of the body."""
-    return bool(job.etag) and _MD5_ETAG.match(job.etag) is not None
+
+def needs_layout(job: Job, verify: bool) -> bool:
+    """A multipart ETag can only be checked with the part sizes (one HEAD ?partNumber=1)."""
+    return verify and etag_parts(job.etag) > 1
 
 
-class Verifier:
-    """Checks a whole-object body: its length against the listing, its MD5 against the ETag."""
+class WholeBody:
+    """The body of one whole-object GET on its way into ``target``."""
 
-    def __init__(self, job: Job, verify_md5: bool) -> None:
-        self.job = job
-        self.md5 = hashlib.md5() if verify_md5 and md5_checkable(job) else None
+    def __init__(self, job: Job, target, headers: Mapping[str, str], *, verify: bool,
+                 layout: tuple[int, ...] | None) -> None:
+        self.job, self.target = job, target
+        size = job.size
+        self.claim = claim_for(job.etag, headers, size, layout) if verify else Claim(SIZE_ONLY)
+        self.digest = Digest(self.claim, size, target.read)
         self.n = 0
 
-    def update(self, chunk) -> None:
+    def write(self, chunk) -> None:
+        self.target.append(chunk)       # complete, or raises (ENOSPC...)
+        self.digest.stream(chunk)       # what was written, in order
         self.n += len(chunk)
-        if self.md5 is not None:
-            self.md5.update(chunk)
 
-    def check(self, content_length: int | None) -> None:
-        expected = content_length if content_length is not None else self.job.size
+    def finish(self, content_length: int | None) -> int:
+        job = self.job
+        expected = content_length if content_length is not None else job.size
         if expected is not None and self.n != expected:
             raise TransferError(f"truncated body: got {self.n} of {expected} bytes", retryable=True)
-        if self.job.size is not None and content_length is not None and content_length != self.job.size:
-            raise ObjectChanged(f"size changed since listing ({self.job.size} -> {content_length})")
-        if self.md5 is not None and self.md5.hexdigest() != self.job.etag:
-            raise TransferError("MD5 of the body does not match the ETag", retryable=True)
+        if job.size is not None and content_length is not None and content_length != job.size:
+            raise ObjectChanged(f"size changed since listing ({job.size} -> {content_length})")
+        if job.size is None:
+            job.size = self.n
+            if self.digest.active and self.digest.units and self.digest.units[-1].end < 0:
+                self.digest.units[-1].end = self.n
+        self.digest.check()
+        job.verified(self.claim)
+        return self.n
 
 
 def _trace(op: str, bucket: str, key: str, offset: int, length: int, t0: int, status: int) -> None:
@@ -76,39 +96,44 @@ def _trace(op: str, bucket: str, key: str, offset: int, length: int, t0: int, st
         tr.record(op, f"{bucket}/{key}", offset, length, t0, time.monotonic_ns() - t0, status)
 
 
-def get_whole(client, bucket: str, job: Job, target, *, verify_md5: bool = True, on_bytes=None) -> int:
+def head_part_boto3(client, bucket: str, key: str, n: int) -> Mapping[str, str]:
+    resp = client.head_object(Bucket=bucket, Key=key, PartNumber=n)
+    return resp["ResponseMetadata"]["HTTPHeaders"]
+
+
+def get_whole(client, bucket: str, job: Job, target, *, verify: bool = True, on_bytes=None) -> int:
     """One GET of the whole object into ``target`` (sequential appends); returns bytes read."""
-    kw = {"Bucket": bucket, "Key": job.key}
+    kw = {"Bucket": bucket, "Key": job.key, "ChecksumMode": "ENABLED"}
     if job.etag:
         kw["IfMatch"] = f'"{job.etag}"'
     t0 = time.monotonic_ns()
     status = 0
-    ver = Verifier(job, verify_md5)
+    body_w = None
     try:
+        layout = None
+        if needs_layout(job, verify) and job.size is not None:
+            layout = part_layout(job.size, job.etag, lambda n: head_part_boto3(client, bucket, job.key, n))
         resp = client.get_object(**kw)
         status = resp["ResponseMetadata"]["HTTPStatusCode"]
-        length = resp.get("ContentLength")
+        body_w = WholeBody(job, target, resp["ResponseMetadata"]["HTTPHeaders"], verify=verify, layout=layout)
         body = resp["Body"]
         try:
             while True:
                 chunk = body.read(CHUNK)
                 if not chunk:
                     break
-                target.append(chunk)
-                ver.update(chunk)
+                body_w.write(chunk)
                 if on_bytes is not None:
                     on_bytes(len(chunk))
         finally:
             body.close()
-        ver.check(length)
+        body_w.finish(resp.get("ContentLength"))
     except Exception as exc:
         err = classify(exc)
-        _trace("s3.get", bucket, job.key, 0, ver.n, t0, err.status or status or -1)
+        _trace("s3.get", bucket, job.key, 0, body_w.n if body_w else 0, t0, err.status or status or -1)
         raise err from exc
-    _trace("s3.get", bucket, job.key, 0, ver.n, t0, status)
-    if job.size is None:
-        job.size = ver.n
-    return ver.n
+    _trace("s3.get", bucket, job.key, 0, body_w.n, t0, status)
+    return body_w.n
 
 
 def check_range(status: int, content_range: str | None, start: int, end: int, size: int | None) -> None:
@@ -123,38 +148,4 @@ def check_range(status: int, content_range: str | None, start: int, end: int, si
         raise ObjectChanged(f"size changed since listing ({size} -> {total})")
 
 
-def with_retries(fn, policy: RetryPolicy, on_retry=None, reset=None):
-    """Call ``fn()`` until it succeeds, a non-retryable error, or ``policy.attempts`` tries."""
-    for attempt in range(policy.attempts):
-        try:
-            return fn()
-        except TransferError as err:
-            if not err.retryable or attempt + 1 >= policy.attempts:
-                raise
-            if on_retry is not None:
-                on_retry(str(err))
-            if reset is not None:
-                reset()
-            time.sleep(policy.delay(attempt))
-    raise AssertionError("unreachable")
-
-
-async def awith_retries(fn, policy: RetryPolicy, on_retry=None, reset=None):
-    """The coroutine twin of :func:`with_retries` (``fn`` returns an awaitable); any other
-    exception is classified into a TransferError first, so it is retried or reported too."""
-    for attempt in range(policy.attempts):
-        try:
-            return await fn()
-        except Exception as exc:
-            err = classify(exc)
-            if not err.retryable or attempt + 1 >= policy.attempts:
-                if err is exc:
-                    raise
-                raise err from exc
-            if on_retry is not None:
-                on_retry(str(err))
-            if reset is not None:
-                reset()
-            await asyncio.sleep(policy.delay(attempt))
-    raise AssertionError("unreachable")
-
+__all__ = ["CHUNK", "IntegrityError", "Job", "WholeBody", "check_range", "get_whole", "needs_layout"]

@@ -14,43 +14,49 @@ import asyncio
 import time
 
 from manyfiles.s3.engines.base import Ctx, LoopThreadEngine
+from manyfiles.s3.integrity import apart_layout
 from manyfiles.s3.retry import classify
-from manyfiles.s3.transfer import CHUNK, Job, Verifier, _trace
+from manyfiles.s3.transfer import CHUNK, Job, WholeBody, _trace, needs_layout
 
 
-async def aget_whole(client, bucket: str, job: Job, target, *, verify_md5: bool = True, on_bytes=None) -> int:
+async def aget_whole(client, bucket: str, job: Job, target, *, verify: bool = True, on_bytes=None) -> int:
     """Async twin of :func:`manyfiles.s3.transfer.get_whole`."""
-    kw = {"Bucket": bucket, "Key": job.key}
+    kw = {"Bucket": bucket, "Key": job.key, "ChecksumMode": "ENABLED"}
     if job.etag:
         kw["IfMatch"] = f'"{job.etag}"'
     t0 = time.monotonic_ns()
     status = 0
-    ver = Verifier(job, verify_md5)
+    body_w = None
+
+    async def head_part(n: int):
+        resp = await client.head_object(Bucket=bucket, Key=job.key, PartNumber=n)
+        return resp["ResponseMetadata"]["HTTPHeaders"]
+
     try:
+        layout = None
+        if needs_layout(job, verify) and job.size is not None:
+            layout = await apart_layout(job.size, job.etag, head_part)
         resp = await client.get_object(**kw)
         status = resp["ResponseMetadata"]["HTTPStatusCode"]
-        length = resp.get("ContentLength")
+        body_w = WholeBody(job, target, resp["ResponseMetadata"]["HTTPHeaders"], verify=verify, layout=layout)
         body = resp["Body"]
         try:
             while True:
                 chunk = await body.read(CHUNK)
                 if not chunk:
                     break
-                target.append(chunk)
-                ver.update(chunk)
+                body_w.write(chunk)
                 if on_bytes is not None:
                     on_bytes(len(chunk))
         finally:
             body.close()
-        ver.check(length)
+        body_w.finish(resp.get("ContentLength"))
     except Exception as exc:
         err = classify(exc)
-        _trace("s3.get", bucket, job.key, 0, ver.n, t0, err.status or status or -1)
+        _trace("s3.get", bucket, job.key, 0, body_w.n if body_w else 0, t0, err.status or status or -1)
         raise err from exc
-    _trace("s3.get", bucket, job.key, 0, ver.n, t0, status)
-    if job.size is None:
-        job.size = ver.n
-    return ver.n
+    _trace("s3.get", bucket, job.key, 0, body_w.n, t0, status)
+    return body_w.n
 
 
 class AsyncEngine(LoopThreadEngine):
@@ -78,4 +84,4 @@ class AsyncEngine(LoopThreadEngine):
     async def _worker(self, client) -> None:
         opts = self.ctx.options
         await self._serve(lambda job, target: aget_whole(
-            client, opts.bucket, job, target, verify_md5=opts.verify_md5, on_bytes=self.ctx.bytes))
+            client, opts.bucket, job, target, verify=opts.verify, on_bytes=self.ctx.bytes))

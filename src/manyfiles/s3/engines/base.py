@@ -11,12 +11,15 @@ all submitted jobs.
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import threading
 from dataclasses import dataclass
 
+from manyfiles._retry import aretrying
 from manyfiles.s3.client import ClientSettings
-from manyfiles.s3.retry import RetryPolicy
+from manyfiles.s3.keys import UnsafeKey
+from manyfiles.s3.retry import LocalError, RetryPolicy, TransferError, classify
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,7 @@ class Options:
     bucket: str
     settings: ClientSettings
     retry: RetryPolicy
-    verify_md5: bool = True
+    verify: bool = True              # False: size-only (--no-verify)
     dest: str | None = None          # None: memory
     layout: str = "folder"
     fsync: bool = False
@@ -53,6 +56,43 @@ class Ctx:
 
     def failed(self, job, reason: str) -> None:
         self.events.put(("failed", job, reason))
+
+
+def open_target(ctx: Ctx, job, identity: str | None = None):
+    """The sink's target for ``job``, or None after reporting the failure."""
+    try:
+        return ctx.sink.target(job.key, job.rel, job.size, job.etag, identity)
+    except UnsafeKey as exc:
+        ctx.failed(job, str(exc))
+    except OSError as exc:
+        fail(ctx, job, classify(exc))
+    return None
+
+
+def fail(ctx: Ctx, job, error: BaseException) -> None:
+    """Report ``job`` failed; a full or failing disk also stops the run (``job.extra["fatal"]``)."""
+    if isinstance(error, LocalError) and error.stops_the_run and ctx.options.dest is not None:
+        job.extra["fatal"] = f"{os.path.join(ctx.options.dest, job.rel)}: {error}"
+    ctx.failed(job, str(error))
+
+
+def finish(ctx: Ctx, job, target, engine: str, error: BaseException | None, keep: bool = False) -> None:
+    """Commit or abort ``target`` and report the outcome."""
+    if error is None:
+        try:
+            target.commit()
+        except UnsafeKey as exc:
+            target.abort()
+            ctx.failed(job, str(exc))
+            return
+        except OSError as exc:
+            target.abort()
+            fail(ctx, job, classify(exc))
+            return
+        ctx.done(job, engine)
+    else:
+        target.abort(keep=keep)
+        fail(ctx, job, error)
 
 
 class Engine:
@@ -121,23 +161,19 @@ class LoopThreadEngine(Engine):
     async def _serve(self, fetch) -> None:
         """One worker coroutine: take jobs until its ``None``, run ``fetch(job, target)`` under the
         retry policy, and report each outcome."""
-        # threads.py imports this module, so its helpers are imported here, at first use
-        from manyfiles.s3.engines.threads import finish, open_target
-        from manyfiles.s3.retry import TransferError
-        from manyfiles.s3.transfer import awith_retries
-
         ctx, opts = self.ctx, self.ctx.options
         while (job := await self.q.get()) is not None:
             if ctx.cancel.is_set():
                 ctx.failed(job, "cancelled")
                 continue
-            target = open_target(ctx, job, resumable=False)
+            target = open_target(ctx, job)
             if target is None:
                 continue
             error = None
             try:
-                await awith_retries(lambda job=job, target=target: fetch(job, target), opts.retry,
-                                    on_retry=lambda why, job=job: ctx.retried(job, why), reset=target.reset)
+                await aretrying(lambda job=job, target=target: fetch(job, target), opts.retry,
+                                classify=classify, on_retry=lambda err, job=job: ctx.retried(job, str(err)),
+                                reset=target.reset)
             except TransferError as err:
                 error = err
             finish(ctx, job, target, self.name, error)

@@ -1,27 +1,27 @@
-"""A blocking, lean GetObject client for threads: sockets, recv_into and pwrite.
+"""A blocking, lean S3 client for threads: sockets, recv_into and pwrite.
 
-Used by the ``ranged`` pool.  Large bodies are bound by copies and the GIL, not
-by requests: botocore/urllib3 read a body through several Python layers and
-buffers, while here each thread ``recv_into``s a reusable 1 MiB buffer and
-``pwrite``s it at its offset in the temp file; both calls release the GIL, so
-several threads really do move bytes in parallel.  One keep-alive connection per
-thread (thread-local), reopened after any error.
+Used by the ``lean`` and ``ranged`` pools.  Large bodies are bound by copies and the GIL, not
+by requests: botocore/urllib3 read a body through several Python layers and buffers, while
+here each thread ``recv_into``s a reusable 1 MiB buffer and ``pwrite``s it at its offset in
+the temp file; both calls release the GIL, so several threads really do move bytes in
+parallel.  One keep-alive connection per thread (thread-local), reopened after any error.
+Endpoint, proxy, TLS and credentials come resolved from botocore (:mod:`manyfiles.s3.sigv4`);
+this module only signs and moves bytes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
-import ssl
 import struct
 import threading
 import time
 
 from manyfiles import iotrace
-from manyfiles.s3.engines.http import _Checksum, _http_error, _parse_head
+from manyfiles.s3.http1 import ClockSkewed, http_error, parse_head, request_head
 from manyfiles.s3.retry import TransferError, classify
 from manyfiles.s3.sigv4 import Endpoint, Signer, uri_path
-from manyfiles.s3.transfer import CHUNK, Job, Verifier, check_range
+from manyfiles.s3.transfer import CHUNK, Job, WholeBody, check_range
 
 _MAX_HEAD = 64 << 10
 
@@ -35,20 +35,23 @@ class _LocalError(Exception):
 
 
 class LeanClient:
-    def __init__(self, ep: Endpoint, signer: Signer, timeout: float) -> None:
+    def __init__(self, ep: Endpoint, signer: Signer, timeout: float, ssl_ctx=None) -> None:
         self.ep, self.signer, self.timeout = ep, signer, timeout
-        self.ssl_ctx = ssl.create_default_context() if ep.scheme == "https" else None
+        self.ssl_ctx = ssl_ctx if ep.scheme == "https" else None
         self._local = threading.local()
 
     # -- connection ---------------------------------------------------------------------
     def _conn(self) -> socket.socket:
         sock = getattr(self._local, "sock", None)
         if sock is None:
-            host = self.ep.host.rsplit(":", 1)[0] if self.ep.host.count(":") == 1 else self.ep.host
-            sock = socket.create_connection((host, self.ep.port), timeout=self.timeout)
+            ep = self.ep
+            target = ep.proxy or (ep.connect_host, ep.port)
+            sock = socket.create_connection(target, timeout=self.timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if ep.proxy and self.ssl_ctx is not None:
+                _tunnel(sock, ep)
             if self.ssl_ctx is not None:
-                sock = self.ssl_ctx.wrap_socket(sock, server_hostname=host)
+                sock = self.ssl_ctx.wrap_socket(sock, server_hostname=ep.connect_host)
                 self._local.flags = 0
             else:
                 # Blocking mode with kernel timeouts, so that MSG_WAITALL fills the whole buffer in
@@ -69,64 +72,145 @@ class LeanClient:
             with contextlib.suppress(OSError):
                 sock.close()
 
+    def _target(self, path: str, query: str) -> str:
+        t = f"{path}?{query}" if query else path
+        if self.ep.proxy and self.ssl_ctx is None:    # plain HTTP through a proxy: absolute form
+            t = f"http://{self.ep.host}{t}"
+        return t
+
+    def _exchange(self, method: str, path: str, extra: list, query: str = ""):
+        """Send one request and read the response head: (sock, status, headers, rest of buffer)."""
+        request = request_head(method, self._target(path, query),
+                               self.signer.headers(self.ep.host, path, extra, query=query, method=method))
+        reused = getattr(self._local, "sock", None) is not None
+        sock = self._conn()
+        try:
+            sock.sendall(request)
+            head, rest = self._read_head(sock)
+        except (_Closed, ConnectionError):
+            if not reused:
+                raise
+            # the server closed an idle keep-alive connection: not a failure, just reconnect
+            self._drop()
+            sock = self._conn()
+            sock.sendall(request)
+            head, rest = self._read_head(sock)
+        status, headers = parse_head(head)
+        return sock, status, headers, rest
+
+    def _error(self, sock, status: int, headers: dict, rest: bytes, method: str) -> TransferError:
+        length = int(headers.get("content-length", "-1"))
+        body = rest
+        want = min(length, 1 << 16) if length >= 0 and method != "HEAD" else 0
+        if length < 0 and method != "HEAD":
+            want = 1 << 16
+            sock.settimeout(min(self.timeout, 5.0))
+        while len(body) < want:     # the error document, for its <Code>
+            more = sock.recv(want - len(body))
+            if not more:
+                break
+            body += more
+        self._drop()
+        err = http_error(status, bytes(body[:want] if want else b""), headers)
+        if isinstance(err, ClockSkewed):
+            self.signer.correct_clock(err.server_date)
+        return err
+
+    def close(self) -> None:
+        self._drop()
+
+    def request_body(self, method: str, path: str, query: str = "", extra: list = ()) -> bytes:
+        """A small request (a listing page): the whole body of a 200 answer; raises TransferError."""
+        sock, status, headers, rest = self._exchange(method, path, list(extra), query)
+        if status != 200:
+            raise self._error(sock, status, headers, rest, method)
+        length = int(headers.get("content-length", "-1"))
+        body = bytearray(rest)
+        if length < 0 and headers.get("transfer-encoding", "").lower() == "chunked":
+            return self._read_chunked(sock, body)
+        while len(body) < length:
+            more = sock.recv(min(1 << 20, length - len(body)))
+            if not more:
+                raise TransferError(f"truncated body: got {len(body)} of {length} bytes", retryable=True)
+            body += more
+        if headers.get("connection", "").lower() == "close" or length < 0:
+            self._drop()
+        return bytes(body[:length]) if length >= 0 else bytes(body)
+
+    def _read_chunked(self, sock, buf: bytearray) -> bytes:
+        out = bytearray()
+        while True:
+            while b"\r\n" not in buf:
+                more = sock.recv(65536)
+                if not more:
+                    raise TransferError("truncated chunked body", retryable=True)
+                buf += more
+            line, _, rest = bytes(buf).partition(b"\r\n")
+            size = int(line.split(b";")[0], 16)
+            buf = bytearray(rest)
+            while len(buf) < size + 2:
+                more = sock.recv(65536)
+                if not more:
+                    raise TransferError("truncated chunked body", retryable=True)
+                buf += more
+            if size == 0:
+                return bytes(out)
+            out += buf[:size]
+            buf = buf[size + 2:]
+
+    # -- HEAD -----------------------------------------------------------------------------
+    def head(self, bucket: str, job: Job, part_number: int | None = None) -> dict[str, str]:
+        """The object's headers (``?partNumber=n``: that part's), checksum mode on."""
+        path = uri_path(self.ep.path_prefix, job.key)
+        query = f"partNumber={part_number}" if part_number else ""
+        extra = [("x-amz-checksum-mode", "ENABLED")]
+        if job.etag and not part_number:
+            extra.append(("if-match", f'"{job.etag}"'))
+        try:
+            sock, status, headers, rest = self._exchange("HEAD", path, extra, query)
+            if status not in (200, 206):
+                raise self._error(sock, status, headers, rest, "HEAD")
+            if headers.get("connection", "").lower() == "close":
+                self._drop()
+        except BaseException as exc:
+            self._drop()
+            raise self._classify(exc) from exc
+        return headers
+
     # -- one GET --------------------------------------------------------------------------
     def get(self, bucket: str, job: Job, target, start: int | None = None, end: int | None = None, *,
-            verify_md5: bool = True, on_bytes=None) -> int:
-        """GET the object (or bytes ``start..end``) into ``target``; raises TransferError."""
+            verify: bool = True, layout: tuple[int, ...] | None = None, feed=None, on_bytes=None) -> int:
+        """GET the object (or bytes ``start..end``) into ``target``; raises TransferError.
+
+        Whole objects are checked by a :class:`WholeBody`; a range is written at its offset and
+        hashed into ``feed`` (when it is next in its check unit) as it is written.
+        """
         ranged = start is not None
-        extra = []
-        if ranged:
-            extra.append(("range", f"bytes={start}-{end}"))
-        else:
-            extra.append(("x-amz-checksum-mode", "ENABLED"))
+        extra = [("range", f"bytes={start}-{end}")] if ranged else [("x-amz-checksum-mode", "ENABLED")]
         if job.etag:
             extra.append(("if-match", f'"{job.etag}"'))
         path = uri_path(self.ep.path_prefix, job.key)
-        hdrs = self.signer.headers(self.ep.host, path, extra)
-        lines = [f"GET {path} HTTP/1.1", *(f"{k}: {v}" for k, v in hdrs)]
-        request = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
         t0 = time.monotonic_ns()
         status = 0
         n = 0
-        ver = None if ranged else Verifier(job, verify_md5)
         try:
-            reused = getattr(self._local, "sock", None) is not None
-            sock = self._conn()
-            try:
-                sock.sendall(request)
-                head, rest = self._read_head(sock)
-            except (_Closed, ConnectionError):
-                if not reused:
-                    raise
-                # the server closed an idle keep-alive connection: not a failure, just reconnect
-                self._drop()
-                sock = self._conn()
-                sock.sendall(request)
-                head, rest = self._read_head(sock)
-            status, headers = _parse_head(head)
-            length = int(headers.get("content-length", "-1"))
+            sock, status, headers, rest = self._exchange("GET", path, extra)
             if status not in (200, 206):
-                body = rest
-                want = min(length, 1 << 16) if length >= 0 else 0
-                while len(body) < want:     # the error document, for its <Code>
-                    more = sock.recv(want - len(body))
-                    if not more:
-                        break
-                    body += more
-                self._drop()
-                raise _http_error(status, bytes(body[:want] if want else body))
+                raise self._error(sock, status, headers, rest, "GET")
+            length = int(headers.get("content-length", "-1"))
             if length < 0:
                 raise TransferError("response without Content-Length", retryable=True, status=status)
             if ranged:
                 check_range(status, headers.get("content-range"), start, end, job.size)
                 if length != end - start + 1:
                     raise TransferError(f"part length {length}, asked {end - start + 1}", retryable=True)
-            csum = None if ranged else _Checksum(headers if ver.md5 is None else {})
-            pos = start or 0
+                write = _RangeWriter(target, start, feed)
+            else:
+                write = WholeBody(job, target, headers, verify=verify, layout=layout)
             if rest:
                 rest = rest[:length]
-                n = self._write(target, ranged, pos, rest, ver, csum)
-                pos += n
+                _write(write, rest)
+                n = len(rest)
                 if on_bytes is not None:
                     on_bytes(n)
             buf = self._local.buf
@@ -137,47 +221,33 @@ class LeanClient:
                 if not got:
                     raise TransferError(f"truncated body: got {n} of {length} bytes", retryable=True,
                                         status=status)
-                self._write(target, ranged, pos, view[:got], ver, csum)
-                pos += got
+                _write(write, view[:got])
                 n += got
                 if on_bytes is not None:
                     on_bytes(got)
             if headers.get("connection", "").lower() == "close":
                 self._drop()
-            if ver is not None:
-                ver.check(length)
-            if csum is not None:
-                csum.check()
+            if not ranged:
+                write.finish(length)
         except BaseException as exc:
             self._drop()
-            if isinstance(exc, _LocalError):
-                err = classify(exc.__cause__)
-            elif isinstance(exc, (socket.timeout, BlockingIOError)):
-                err = TransferError("timed out", retryable=True)
-            elif isinstance(exc, OSError):   # any socket error: worth another connection
-                err = TransferError(f"{type(exc).__name__}: {exc.strerror or exc}", retryable=True)
-            else:
-                err = classify(exc)
+            err = self._classify(exc)
             _trace(bucket, job.key, ranged, start or 0, n, t0, err.status or status or -1)
             raise err from exc
         _trace(bucket, job.key, ranged, start or 0, n, t0, status)
-        if not ranged and job.size is None:
-            job.size = n
         return n
 
     @staticmethod
-    def _write(target, ranged: bool, pos: int, data, ver, csum) -> int:
-        try:
-            if ranged:
-                target.write_at(pos, data)
-            else:
-                target.append(data)
-        except OSError as exc:
-            raise _LocalError() from exc
-        if not ranged:
-            ver.update(data)
-            csum.update(data)
-        return len(data)
+    def _classify(exc: BaseException) -> TransferError:
+        if isinstance(exc, _LocalError):
+            return classify(exc.__cause__)
+        if isinstance(exc, TransferError):
+            return exc
+        if isinstance(exc, (socket.timeout, BlockingIOError)):
+            return TransferError("timed out", retryable=True)
+        if isinstance(exc, OSError):   # any socket error: worth another connection
+            return TransferError(f"{type(exc).__name__}: {exc.strerror or exc}", retryable=True)
+        return classify(exc)
 
     def _read_head(self, sock: socket.socket) -> tuple[bytes, bytes]:
         data = b""
@@ -193,6 +263,43 @@ class LeanClient:
                 return data[: i + 4], data[i + 4:]
             if len(data) > _MAX_HEAD:
                 raise TransferError("response head too large", retryable=True)
+
+
+class _RangeWriter:
+    """Writes a range at its offset; feeds the check unit's hasher when this range is next in it."""
+
+    __slots__ = ("feed", "pos", "target")
+
+    def __init__(self, target, start: int, feed) -> None:
+        self.target, self.pos, self.feed = target, start, feed
+
+    def write(self, data) -> None:
+        self.target.write_at(self.pos, data)     # complete, or raises
+        if self.feed is not None:
+            self.feed.update(data)
+        self.pos += len(data)
+
+
+def _write(writer, data) -> None:
+    try:
+        writer.write(data)
+    except OSError as exc:
+        raise _LocalError() from exc
+
+
+def _tunnel(sock: socket.socket, ep: Endpoint) -> None:
+    """HTTP CONNECT through the proxy (HTTPS_PROXY) before TLS."""
+    sock.sendall(f"CONNECT {ep.connect_host}:{ep.port} HTTP/1.1\r\nHost: {ep.connect_host}:{ep.port}\r\n\r\n"
+                 .encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise TransferError("proxy closed the connection during CONNECT", retryable=True)
+        data += chunk
+    status, _ = parse_head(data[: data.index(b"\r\n\r\n") + 4])
+    if status != 200:
+        raise TransferError(f"proxy refused CONNECT (HTTP {status})", retryable=False, status=status)
 
 
 def _trace(bucket: str, key: str, ranged: bool, offset: int, n: int, t0: int, status: int) -> None:

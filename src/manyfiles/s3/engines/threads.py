@@ -1,34 +1,44 @@
-"""Thread pool engines on one shared boto3 client: ``sync`` (1 thread), ``threads``, ``ranged``.
+"""Thread pool engines: ``sync`` (1 thread), ``threads`` (one shared boto3 client), ``lean`` and
+``ranged`` (raw sockets, see :mod:`manyfiles.s3.engines.lean`).
 
-botocore clients are thread-safe, and the client's urllib3 pool is sized to the
-number of threads so no thread waits for a connection.  Large objects are split
-into parts (``job.part_size``); every part is a ranged GET pinned to the listed
-ETag with IfMatch and written with pwrite at its offset into one preallocated
-temp file, by whichever thread fetched it, so parts of one object are fetched in
-parallel and parts of several objects share the pool.
+botocore clients are thread-safe, and the client's urllib3 pool is sized to the number of
+threads so no thread waits for a connection.  Large objects (``job.part_size``) start with a
+*probe*: one HEAD for the object's checksums and encryption (plus ``?partNumber=1`` for
+multipart ETags, which gives the part sizes), which decides the check (see
+:mod:`manyfiles.s3.integrity`) and the ranges: multipart objects are cut on their part
+boundaries, so each part's MD5 or checksum is taken as it is written.  Every range is a GET
+pinned to the listed ETag with If-Match, written with pwrite at its offset into one
+preallocated temp file by whichever thread fetched it.  When the last range is in, the
+object's check runs; if it fails, the whole object is fetched again (up to the retry policy),
+since no single range can be blamed.
 """
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 
-from manyfiles.s3.engines.base import Ctx, Engine
-from manyfiles.s3.keys import UnsafeKey
+from manyfiles._retry import retrying
+from manyfiles.errors import IntegrityError
+from manyfiles.s3.engines.base import Ctx, Engine, finish, open_target
+from manyfiles.s3.integrity import SIZE_ONLY, Claim, Digest, claim_for, etag_parts, part_layout
 from manyfiles.s3.retry import ObjectChanged, TransferError, classify
-from manyfiles.s3.transfer import Job, get_whole, with_retries
+from manyfiles.s3.transfer import Job, get_whole, needs_layout
 
 
 class _Ranged:
-    """Book-keeping of one object being fetched in parts."""
+    """Book-keeping of one object being fetched in ranges."""
 
-    def __init__(self, job: Job, target, remaining: int) -> None:
-        self.job, self.target, self.remaining = job, target, remaining
+    def __init__(self, job: Job, target, claim: Claim, ranges: list[tuple[int, int, int]]) -> None:
+        self.job, self.target, self.claim, self.ranges = job, target, claim, ranges
+        self.digest = Digest(claim, job.size, target.read)
+        self.remaining = 0
         self.error: TransferError | None = None
         self.lock = threading.Lock()
 
     def part_finished(self, error: TransferError | None) -> bool:
-        """Record one part's outcome; True for the caller that finished the last part."""
+        """Record one range's outcome; True for the caller that finished the last one."""
         with self.lock:
             if error is not None and self.error is None:
                 self.error = error
@@ -36,30 +46,18 @@ class _Ranged:
             return self.remaining == 0
 
 
-def open_target(ctx: Ctx, job: Job, resumable: bool):
-    """The sink's target for ``job``, or None after reporting the failure."""
-    try:
-        return ctx.sink.target(job.key, job.rel, job.size, job.etag, resumable)
-    except UnsafeKey as exc:
-        ctx.failed(job, str(exc))
-    except OSError as exc:
-        ctx.failed(job, f"{exc.strerror or exc}")
-    return None
-
-
-def finish(ctx: Ctx, job: Job, target, engine: str, error: BaseException | None, keep: bool = False) -> None:
-    """Commit or abort ``target`` and report the outcome."""
-    if error is None:
-        try:
-            target.commit()
-        except (OSError, UnsafeKey) as exc:
-            target.abort()
-            ctx.failed(job, str(exc) if isinstance(exc, UnsafeKey) else f"{exc.strerror or exc}")
-            return
-        ctx.done(job, engine)
-    else:
-        target.abort(keep=keep)
-        ctx.failed(job, str(error))
+def ranges_for(size: int, part_size: int, claim: Claim) -> list[tuple[int, int, int]]:
+    """(index, first, last) ranges of at most ``part_size`` that never straddle a check unit."""
+    units = claim.parts or (size,)
+    out = []
+    pos = 0
+    for usize in units:
+        end = pos + usize
+        while pos < end:
+            last = min(end, pos + part_size) - 1
+            out.append((len(out), pos, last))
+            pos = last + 1
+    return out
 
 
 class ThreadsEngine(Engine):
@@ -68,47 +66,55 @@ class ThreadsEngine(Engine):
     def __init__(self, ctx: Ctx, workers: int, name: str = "threads", transport: str = "boto3") -> None:
         self.ctx, self.name, self.workers = ctx, name, max(1, workers)
         opts = ctx.options
+        self.lean = None
         if transport == "lean":
             from manyfiles.s3.engines.lean import LeanClient
-            from manyfiles.s3.sigv4 import Signer, bucket_region, resolve_endpoint
+            from manyfiles.s3.sigv4 import Signer, bucket_region, resolve_endpoint, ssl_context
 
             region = bucket_region(opts.settings, opts.bucket)
-            lean = LeanClient(resolve_endpoint(opts.settings, opts.bucket, region),
-                              Signer(opts.settings, region), opts.settings.read_timeout)
-            self._get_whole = lambda job, target: lean.get(opts.bucket, job, target,
-                                                           verify_md5=opts.verify_md5, on_bytes=ctx.bytes)
-            self._get_part = lambda job, target, a, b: lean.get(opts.bucket, job, target, a, b,
-                                                                on_bytes=ctx.bytes)
+            self.lean = lean = LeanClient(resolve_endpoint(opts.settings, opts.bucket, region),
+                                          Signer(opts.settings, region), opts.settings.read_timeout,
+                                          ssl_context(opts.settings))
+
+            def whole(job, target):
+                layout = None
+                if needs_layout(job, opts.verify) and job.size is not None:
+                    layout = part_layout(job.size, job.etag, lambda n: lean.head(opts.bucket, job, n))
+                return lean.get(opts.bucket, job, target, verify=opts.verify, layout=layout,
+                                on_bytes=ctx.bytes)
+
+            self._get_whole = whole
         else:
             client = opts.settings.client(pool=self.workers)
             self._get_whole = lambda job, target: get_whole(client, opts.bucket, job, target,
-                                                            verify_md5=opts.verify_md5, on_bytes=ctx.bytes)
-            self._get_part = None    # ranged parts always go to the lean pool (plan.choose)
+                                                            verify=opts.verify, on_bytes=ctx.bytes)
         self.q: queue.SimpleQueue = queue.SimpleQueue()
+        # jobs submitted and not ended: a probe or a failed check queues more work, so close()
+        # waits for these before it sends the workers home
+        self._open_jobs = 0
+        self._cond = threading.Condition()
         self.threads = [threading.Thread(target=self._run, name=f"s3pull-{name}-{i}", daemon=True)
                         for i in range(self.workers)]
         for t in self.threads:
             t.start()
 
     def submit(self, job: Job) -> None:
-        parts = job.parts
-        if len(parts) <= 1:
+        with self._cond:
+            self._open_jobs += 1
+        if len(job.parts) <= 1 or self.lean is None:
             self.q.put(("whole", job, None))
-            return
-        target = open_target(self.ctx, job, resumable=self.ctx.sink.state is not None)
-        if target is None:
-            return
-        todo = [p for p in parts if p[0] not in target.resumable_parts]
-        if not todo:
-            finish(self.ctx, job, target, "ranged", None)
-            return
-        if len(todo) < len(parts):
-            job.extra["resumed_parts"] = len(parts) - len(todo)
-        tracker = _Ranged(job, target, len(todo))
-        for p in todo:
-            self.q.put(("part", tracker, p))
+        else:
+            self.q.put(("probe", job, None))
+
+    def _ended(self) -> None:
+        with self._cond:
+            self._open_jobs -= 1
+            self._cond.notify_all()
 
     def close(self) -> None:
+        with self._cond:
+            while self._open_jobs > 0 and any(t.is_alive() for t in self.threads):
+                self._cond.wait(0.5)
         for _ in self.threads:
             self.q.put(None)
         for t in self.threads:
@@ -126,52 +132,137 @@ class ThreadsEngine(Engine):
             if item is None:
                 return
             kind, obj, part = item
+            ended = False
             try:
                 if kind == "whole":
-                    self._whole(obj)
+                    ended = self._whole(obj) or True
+                elif kind == "probe":
+                    ended = self._probe(obj)
                 else:
-                    self._part(obj, part)
+                    ended = self._part(obj, part)
             except BaseException as exc:
-                job = obj if kind == "whole" else obj.job
+                job = obj if kind != "part" else obj.job
                 ctx.failed(job, f"internal error: {type(exc).__name__}: {exc}")
+                ended = kind != "part"
+            if ended:
+                self._ended()
+
+    def _retrying(self, fn, job: Job, reset=None):
+        return retrying(fn, self.ctx.options.retry, classify=classify,
+                        on_retry=lambda err: self.ctx.retried(job, str(err)), reset=reset)
 
     def _whole(self, job: Job) -> None:
         ctx = self.ctx
         if ctx.cancel.is_set():
             ctx.failed(job, "cancelled")
             return
-        target = open_target(ctx, job, resumable=False)
+        target = open_target(ctx, job)
         if target is None:
             return
-        opts = ctx.options
         error = None
         try:
-            with_retries(lambda: self._get_whole(job, target), opts.retry,
-                         on_retry=lambda r: ctx.retried(job, r), reset=target.reset)
+            self._retrying(lambda: self._get_whole(job, target), job, reset=target.reset)
         except TransferError as err:
             error = err
-        except OSError as exc:
-            error = classify(exc)
         finish(ctx, job, target, "ranged" if self.name == "ranged" else self.name, error)
 
-    def _part(self, tracker: _Ranged, part: tuple[int, int, int]) -> None:
-        ctx, opts, job = self.ctx, self.ctx.options, tracker.job
+    def _probe(self, job: Job) -> bool:
+        """HEAD the object, choose its check and ranges, open (or resume) its temp file, queue ranges."""
+        ctx, opts, lean = self.ctx, self.ctx.options, self.lean
+        if ctx.cancel.is_set():
+            ctx.failed(job, "cancelled")
+            return True
+
+        def probe() -> Claim:
+            if not opts.verify:
+                return Claim(SIZE_ONLY)
+            headers = lean.head(opts.bucket, job)
+            layout = None
+            if etag_parts(job.etag) or "-" in "".join(v for k, v in headers.items()
+                                                        if k.startswith("x-amz-checksum-")):
+                layout = part_layout(job.size, job.etag, lambda n: lean.head(opts.bucket, job, n))
+            return claim_for(job.etag, headers, job.size, layout)
+
+        try:
+            claim = self._retrying(probe, job)
+        except TransferError as err:
+            ctx.failed(job, str(err))
+            return True
+        ranges = ranges_for(job.size, job.part_size, claim)
+        identity = json.dumps([job.key, job.etag, job.size, [r[1] for r in ranges[:2]], len(ranges)],
+                              ensure_ascii=False)
+        target = open_target(ctx, job, identity)
+        if target is None:
+            return True
+        tracker = _Ranged(job, target, claim, ranges)
+        try:
+            for index, start, last in ranges:       # parts a previous run finished: hash them back
+                if index in target.resumable_parts:
+                    tracker.digest.written(start, last - start + 1)
+        except (OSError, IntegrityError):
+            target.forget_parts()
+            tracker = _Ranged(job, target, claim, ranges)
+        todo = [r for r in ranges if r[0] not in target.resumable_parts]
+        if len(todo) < len(ranges):
+            job.extra["resumed_parts"] = len(ranges) - len(todo)
+        if not todo:
+            return self._verdict(tracker)
+        tracker.remaining = len(todo)
+        for r in todo:
+            self.q.put(("part", tracker, r))
+        return False
+
+    def _part(self, tracker: _Ranged, part: tuple[int, int, int]) -> bool:
+        ctx, opts, job, lean = self.ctx, self.ctx.options, tracker.job, self.lean
         index, start, end = part
+        digest = tracker.digest
         error: TransferError | None = None
+
+        def attempt() -> None:
+            feed = digest.claim_feed(start)
+            try:
+                lean.get(opts.bucket, job, tracker.target, start, end, feed=feed, on_bytes=ctx.bytes)
+            except BaseException:
+                if feed is not None:
+                    digest.release(start)
+                raise
+            digest.written(start, end - start + 1, feed)
+
         if tracker.error is not None:
             error = tracker.error
         elif ctx.cancel.is_set():
             error = TransferError("cancelled", retryable=True)
         else:
             try:
-                with_retries(lambda: self._get_part(job, tracker.target, start, end), opts.retry,
-                             on_retry=lambda r: ctx.retried(job, r))
+                self._retrying(attempt, job)
                 tracker.target.part_done(index)
             except TransferError as err:
                 error = err
-            except OSError as exc:
-                error = classify(exc)
         if tracker.part_finished(error):
-            err = tracker.error
-            # keep finished parts for a re-run unless the object itself changed
-            finish(ctx, job, tracker.target, "ranged", err, keep=not isinstance(err, ObjectChanged))
+            return self._verdict(tracker)
+        return False
+
+    def _verdict(self, tracker: _Ranged) -> bool:
+        """Every range is in: check the object; fetch it all again if the check fails.
+
+        True when the object ended (installed or failed), False when it was queued again."""
+        ctx, job, err = self.ctx, tracker.job, tracker.error
+        if err is None:
+            try:
+                tracker.digest.check()
+                job.verified(tracker.claim)
+            except IntegrityError as exc:
+                job.tries += 1
+                if job.tries < ctx.options.retry.attempts and not ctx.cancel.is_set():
+                    ctx.retried(job, str(exc))
+                    tracker.target.forget_parts()
+                    again = _Ranged(job, tracker.target, tracker.claim, tracker.ranges)
+                    again.remaining = len(again.ranges)
+                    for r in again.ranges:
+                        self.q.put(("part", again, r))
+                    return False
+                err = exc
+        # keep finished parts for a re-run unless the object changed or failed its check
+        keep = err is not None and not isinstance(err, (ObjectChanged, IntegrityError))
+        finish(ctx, job, tracker.target, "ranged", err, keep=keep)
+        return True

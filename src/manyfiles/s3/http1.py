@@ -1,0 +1,78 @@
+"""HTTP/1.1 framing shared by the hand-signed transports (listing, ``lean`` threads, ``http`` asyncio).
+
+Pure functions on bytes and strings: the request head, the response head, S3 error documents.
+No sockets here, so the transports can import it without importing each other.
+"""
+
+from __future__ import annotations
+
+import re
+
+from manyfiles.errors import ObjectChanged, TransferError
+from manyfiles.s3.retry import FATAL_CODES, RETRYABLE_CODES
+
+_CODE = re.compile(rb"<Code>([^<]*)</Code>")
+_MSG = re.compile(rb"<Message>([^<]*)</Message>")
+_REGION = re.compile(rb"<Region>([^<]*)</Region>")
+
+
+def request_head(method: str, target: str, headers: list[tuple[str, str]]) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", *(f"{k}: {v}" for k, v in headers)]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
+
+
+def parse_head(head: bytes) -> tuple[int, dict[str, str]]:
+    """(status, headers with lower-case names) of a response head."""
+    text = head.decode("latin-1")
+    status_line, _, rest = text.partition("\r\n")
+    parts = status_line.split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/"):
+        raise TransferError(f"bad HTTP status line {status_line[:60]!r}", retryable=True)
+    headers = {}
+    for line in rest.split("\r\n"):
+        k, sep, v = line.partition(":")
+        if sep:
+            headers[k.strip().lower()] = v.strip()
+    return int(parts[1]), headers
+
+
+class RegionRedirect(TransferError):
+    """The bucket lives in another region (301 PermanentRedirect / 400 AuthorizationHeaderMalformed)."""
+
+    def __init__(self, message: str, region: str, status: int) -> None:
+        super().__init__(message, retryable=False, status=status)
+        self.region = region
+
+
+class ClockSkewed(TransferError):
+    """RequestTimeTooSkewed: retryable once the signer takes the server's clock (``server_date``)."""
+
+    def __init__(self, message: str, server_date: str | None) -> None:
+        super().__init__(message, retryable=True, status=403)
+        self.server_date = server_date
+
+
+def http_error(status: int, body: bytes, headers: dict[str, str] | None = None) -> TransferError:
+    """The TransferError for an S3 error response (``body`` is the XML error document)."""
+    headers = headers or {}
+    m = _CODE.search(body)
+    code = m.group(1).decode("utf-8", "replace") if m else str(status)
+    m = _MSG.search(body)
+    msg = m.group(1).decode("utf-8", "replace") if m else ""
+    text = f"{code}: {msg}" if msg else code
+    if status == 412 or code == "PreconditionFailed":
+        return ObjectChanged()
+    if status == 404 and code in ("NoSuchKey", "404"):
+        return TransferError("no such key (deleted since listing?)", retryable=False, status=404)
+    m = _REGION.search(body)
+    region = headers.get("x-amz-bucket-region") or (m.group(1).decode() if m else "")
+    if region and (status in (301, 307) or code in ("PermanentRedirect", "AuthorizationHeaderMalformed",
+                                                    "IllegalLocationConstraintException")):
+        return RegionRedirect(text, region, status)
+    if code == "RequestTimeTooSkewed":
+        return ClockSkewed(text, headers.get("date"))
+    if code in RETRYABLE_CODES or status >= 500 or status == 429:
+        return TransferError(text, retryable=True, status=status)
+    if code in FATAL_CODES or status in (400, 401, 403, 404):
+        return TransferError(text, retryable=False, status=status)
+    return TransferError(text, retryable=False, status=status)

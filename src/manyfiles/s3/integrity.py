@@ -1,0 +1,366 @@
+"""What an object's bytes must hash to, and the hashing of what was written, in order.
+
+Every object ends with one *check* over all its bytes, chosen from what the server says:
+
+=================  ==========================================================================
+method             expected value
+=================  ==========================================================================
+``crc64nvme``      ``x-amz-checksum-crc64nvme`` (FULL_OBJECT); needs ``manyfiles[checksums]``
+``crc32c``         ``x-amz-checksum-crc32c``, full object or ``-N`` composite; needs awscrt
+``crc32``          ``x-amz-checksum-crc32`` (zlib), full object or composite
+``md5``            the ETag of a single-part, non-KMS, non-SSE-C object
+``multipart-md5``  the ETag ``md5(md5(part 1) + ... + md5(part N))-N``
+``sha256``/``sha1``  ``x-amz-checksum-sha256`` / ``-sha1``, full object or composite
+``size-only``      nothing else applies (SSE-KMS/SSE-C object without a checksum, or --no-verify)
+=================  ==========================================================================
+
+The cheapest available check wins (CRCs cost a few percent of MD5's CPU); every method covers
+every byte.  Per-part methods (multipart ETags, composite checksums) need the part sizes, which
+one ``HEAD ?partNumber=1`` gives (:func:`part_layout`).
+
+:class:`Digest` hashes what was *written*: engines report each byte range after every byte of
+it reached the target.  Ranges may finish in any order (ranged GETs on several threads); each
+check unit (the object, or one part) is hashed strictly in order: the range at the unit's
+frontier is hashed from the buffer in hand while it streams, the others are read back from the
+target (page cache) when the frontier reaches them.
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import hashlib
+import re
+import threading
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from manyfiles.errors import IntegrityError
+
+SIZE_ONLY = "size-only"
+_MD5 = re.compile(r"^[0-9a-f]{32}$")
+_MULTIPART = re.compile(r"^[0-9a-f]{32}-(\d+)$")
+_CHECKSUMS = ("crc64nvme", "crc32c", "crc32", "sha256", "sha1")
+_NEEDS_CRT = ("crc64nvme", "crc32c")
+READ_BACK = 1 << 20
+
+try:  # optional: manyfiles[checksums]
+    from awscrt import checksums as _crt
+except ImportError:  # pragma: no cover - depends on the environment
+    _crt = None
+
+
+def have_crt() -> bool:
+    return _crt is not None
+
+
+class _Crc:
+    __slots__ = ("fn", "n", "value")
+
+    def __init__(self, fn, n: int, value: int = 0) -> None:
+        self.fn, self.n, self.value = fn, n, value
+
+    def update(self, data) -> None:
+        self.value = self.fn(data, self.value)
+
+    def digest(self) -> bytes:
+        return self.value.to_bytes(self.n, "big")
+
+    def copy(self) -> _Crc:
+        return _Crc(self.fn, self.n, self.value)
+
+
+def new_hash(alg: str):
+    """A hashlib-like object (update, digest, copy) for ``alg``."""
+    if alg in ("md5", "multipart-md5"):
+        return hashlib.md5(usedforsecurity=False)
+    if alg == "crc32":
+        return _Crc(zlib.crc32, 4)
+    if alg == "crc32c":
+        return _Crc(_crt.crc32c, 4)
+    if alg == "crc64nvme":
+        return _Crc(_crt.crc64nvme, 8)
+    return hashlib.new(alg)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The check an object's bytes must pass.
+
+    ``parts`` holds the part sizes for per-part methods (empty: one unit, the whole object);
+    ``note`` says why a better check could not be used (e.g. awscrt missing).
+    """
+
+    method: str
+    value: str | None = None
+    parts: tuple[int, ...] = ()
+    composite: bool = False
+    note: str = ""
+
+    def to_record(self) -> dict:
+        rec: dict = {"m": self.method}
+        if self.value:
+            rec["c"] = self.value
+        if self.parts:
+            rec["p"] = list(self.parts) if len(set(self.parts[:-1])) > 1 else [self.parts[0], len(self.parts),
+                                                                                sum(self.parts)]
+            rec["u"] = len(set(self.parts[:-1])) <= 1
+        if self.composite:
+            rec["x"] = 1
+        return rec
+
+    @classmethod
+    def from_record(cls, rec: dict) -> Claim:
+        parts: tuple[int, ...] = ()
+        p = rec.get("p")
+        if p:
+            parts = tuple(uniform_parts(p[2], p[0])) if rec.get("u") else tuple(p)
+        return cls(rec.get("m", SIZE_ONLY), rec.get("c"), parts, bool(rec.get("x")))
+
+
+def uniform_parts(size: int, part_size: int) -> list[int]:
+    n = max(1, -(-size // part_size))
+    return [part_size] * (n - 1) + [size - part_size * (n - 1)]
+
+
+def etag_parts(etag: str | None) -> int:
+    """N for a multipart ETag ``<md5>-N``, 0 otherwise."""
+    m = _MULTIPART.match(etag or "")
+    return int(m.group(1)) if m else 0
+
+
+def encrypted(headers: Mapping[str, str]) -> bool:
+    """SSE-KMS, DSSE-KMS and SSE-C objects have ETags that are not the MD5 of their bytes."""
+    sse = headers.get("x-amz-server-side-encryption", "")
+    return sse.startswith("aws:kms") or "x-amz-server-side-encryption-customer-algorithm" in headers
+
+
+def claim_for(etag: str | None, headers: Mapping[str, str], size: int | None,
+              parts: tuple[int, ...] | None) -> Claim:
+    """The cheapest full check for an object, from its ETag and response headers (lower-case keys).
+
+    ``parts``: the part sizes, when known (needed by multipart ETags and composite checksums).
+    """
+    note = ""
+    for alg in _CHECKSUMS:
+        want = headers.get(f"x-amz-checksum-{alg}")
+        if not want:
+            continue
+        if alg in _NEEDS_CRT and _crt is None:
+            note = f"{alg} checksum not checked: pip install 'manyfiles[checksums]'"
+            continue
+        n = want.rpartition("-")[2] if "-" in want else ""
+        composite = bool(n) or headers.get("x-amz-checksum-type", "").upper() == "COMPOSITE"
+        if composite:
+            if not parts or (n.isdigit() and int(n) != len(parts)):
+                continue   # needs the part layout
+            return Claim(alg, want, parts, True, note)
+        return Claim(alg, want, (), False, note)
+    if etag and not encrypted(headers):
+        if _MD5.match(etag):
+            return Claim("md5", etag, (), False, note)
+        n = etag_parts(etag)
+        if n and parts and len(parts) == n:
+            return Claim("multipart-md5", etag, parts, False, note)
+    return Claim(SIZE_ONLY, None, (), False, note)
+
+
+def part_layout(size: int, etag: str | None,
+                head_part: Callable[[int], Mapping[str, str]]) -> tuple[int, ...]:
+    """Part sizes of a multipart object from ``head_part(n)`` (headers of ``HEAD ?partNumber=n``).
+
+    One HEAD when the parts are uniform (every uploader's case); one per part otherwise.
+    """
+    n = etag_parts(etag)
+    if n <= 1:
+        return (size,) if n == 1 else ()
+    h1 = head_part(1)
+    count = int(h1.get("x-amz-mp-parts-count") or n)
+    first = int(h1.get("content-length") or 0)
+    if count != n or first <= 0:
+        return ()
+    if -(-size // first) == n:
+        return tuple(uniform_parts(size, first))
+    sizes = [first] + [int(head_part(i).get("content-length") or 0) for i in range(2, n + 1)]
+    return tuple(sizes) if sum(sizes) == size else ()
+
+
+async def apart_layout(size: int, etag: str | None, head_part) -> tuple[int, ...]:
+    """The coroutine twin of :func:`part_layout` (``head_part(n)`` returns an awaitable)."""
+    n = etag_parts(etag)
+    if n <= 1:
+        return (size,) if n == 1 else ()
+    h1 = await head_part(1)
+    count = int(h1.get("x-amz-mp-parts-count") or n)
+    first = int(h1.get("content-length") or 0)
+    if count != n or first <= 0:
+        return ()
+    if -(-size // first) == n:
+        return tuple(uniform_parts(size, first))
+    sizes = [first] + [int((await head_part(i)).get("content-length") or 0) for i in range(2, n + 1)]
+    return tuple(sizes) if sum(sizes) == size else ()
+
+
+class _Unit:
+    __slots__ = ("busy", "end", "frontier", "h", "pending", "start")
+
+    def __init__(self, start: int, end: int, h) -> None:
+        self.start, self.end, self.frontier, self.h = start, end, start, h
+        self.pending: dict[int, int] = {}
+        self.busy = False
+
+
+class Digest:
+    """Hashes one object's written bytes in check units and checks them against a :class:`Claim`.
+
+    Sequential writers call :meth:`stream`; ranged writers call :meth:`claim` before a range
+    (a feed to hash while streaming, or None), :meth:`written` after every byte of it is in the
+    target, :meth:`release` if it failed.  ``read_back(offset, n)`` returns bytes already written.
+    """
+
+    def __init__(self, claim: Claim, size: int | None, read_back: Callable[[int, int], bytes] | None = None):
+        self.claim, self.size, self.read_back = claim, size, read_back
+        self.lock = threading.Lock()
+        self.units: list[_Unit] = []
+        self.active = claim.method != SIZE_ONLY
+        if self.active:
+            sizes = claim.parts or ((size or 0,) if size is not None else ())
+            pos = 0
+            for s in sizes:
+                self.units.append(_Unit(pos, pos + s, new_hash(claim.method)))
+                pos += s
+            if not sizes:    # size unknown: one open-ended unit, streamed
+                self.units.append(_Unit(0, -1, new_hash(claim.method)))
+        self._starts = [u.start for u in self.units]
+        self._pos = 0
+        self._ui = 0
+
+    # -- sequential (whole-object GETs) ------------------------------------------------------
+    def stream(self, data) -> None:
+        if not self.active:
+            return
+        mv = memoryview(data)
+        while len(mv):
+            u = self.units[self._ui] if self._ui < len(self.units) else None
+            if u is None:
+                raise IntegrityError("more bytes than the parts of the object hold")
+            room = len(mv) if u.end < 0 else u.end - self._pos
+            take = mv[:room]
+            u.h.update(take)
+            self._pos += len(take)
+            u.frontier = self._pos
+            mv = mv[len(take):]
+            if self._pos == u.end:
+                self._ui += 1
+
+    # -- ranged writers ----------------------------------------------------------------------
+    def _unit(self, offset: int) -> _Unit:
+        i = bisect.bisect_right(self._starts, offset) - 1
+        if i >= 0:
+            u = self.units[i]
+            if offset < u.end or u.end < 0:
+                return u
+        raise IntegrityError(f"offset {offset} outside the object")
+
+    def claim_feed(self, offset: int):
+        """A hasher to feed while writing the range at ``offset``, if it is next in its unit."""
+        if not self.active:
+            return None
+        u = self._unit(offset)
+        with self.lock:
+            if u.busy or u.frontier != offset:
+                return None
+            u.busy = True
+        return u.h.copy()
+
+    def written(self, offset: int, n: int, feed=None) -> None:
+        """Bytes ``offset .. offset+n`` are in the target (hashed in ``feed`` if it was claimed)."""
+        if not self.active or n == 0:
+            return
+        u = self._unit(offset)
+        if feed is not None:
+            with self.lock:
+                u.h = feed
+                u.frontier = offset + n
+        else:
+            with self.lock:
+                u.pending[offset] = n
+                if u.busy:
+                    return      # the unit's owner hashes it when its frontier gets there
+                u.busy = True
+        self._drain(u)
+
+    def release(self, offset: int) -> None:
+        """A claimed range failed: give the unit back."""
+        if not self.active:
+            return
+        u = self._unit(offset)
+        self._drain(u)
+
+    def _drain(self, u: _Unit) -> None:
+        while True:
+            with self.lock:
+                n = u.pending.pop(u.frontier, None)
+                if n is None:
+                    u.busy = False
+                    return
+                at = u.frontier
+            h = u.h
+            end = at + n
+            pos = at
+            while pos < end:
+                k = min(READ_BACK, end - pos)
+                data = self.read_back(pos, k)
+                if len(data) != k:
+                    with self.lock:
+                        u.busy = False
+                    raise IntegrityError(f"read back {len(data)} of {k} bytes at offset {pos}")
+                h.update(data)
+                pos += k
+            with self.lock:
+                u.frontier = end
+
+    # -- the verdict -----------------------------------------------------------------------------
+    def check(self) -> str:
+        """Raise IntegrityError unless every byte was hashed and matches; returns the method."""
+        c = self.claim
+        if not self.active:
+            return c.method
+        for u in self.units:
+            if u.end >= 0 and u.frontier != u.end:
+                raise IntegrityError(f"bytes {u.frontier}-{u.end - 1} were never hashed")
+        if c.method == "md5":
+            got = self.units[0].h.hexdigest()
+        elif c.method == "multipart-md5":
+            got = hashlib.md5(b"".join(u.h.digest() for u in self.units), usedforsecurity=False).hexdigest()
+            got += f"-{len(self.units)}"
+        elif c.composite:
+            outer = new_hash(c.method)
+            outer.update(b"".join(u.h.digest() for u in self.units))
+            got = base64.b64encode(outer.digest()).decode() + f"-{len(self.units)}"
+            if "-" not in (c.value or ""):
+                got = got.rpartition("-")[0]
+        else:
+            got = base64.b64encode(self.units[0].h.digest()).decode()
+        if got != c.value:
+            raise IntegrityError(f"{c.method} of the bytes written does not match the server's "
+                                 f"({got} != {c.value})")
+        return c.method
+
+
+def rehash_file(fd: int, size: int, claim: Claim) -> None:
+    """Check an installed file (open ``fd``) against a recorded claim; raises IntegrityError."""
+    import os
+
+    d = Digest(claim, size, lambda off, n: os.pread(fd, n, off))
+    pos = 0
+    while True:
+        data = os.pread(fd, READ_BACK, pos)
+        if not data:
+            break
+        d.stream(data)
+        pos += len(data)
+    if pos != size:
+        raise IntegrityError(f"file has {pos} bytes, {size} expected")
+    d.check()
