@@ -225,8 +225,9 @@ class Cache:
                  whole: bool = False) -> tuple[Version, bytes | None]:
         """(version, its first block if fetching it was the cheapest way to learn the version).
 
-        For a whole-object read of an S3 object the cache has never seen, one ranged GET of the
-        first block tells the version too: a miss then costs one round trip, not a HEAD and a GET.
+        Opening an S3 object the cache has never seen (``whole``) asks for its first block with a
+        ranged GET, whose answer tells the version too: a miss costs one round trip, not a HEAD
+        and a GET.  (A reader that then only wants the end of the object has paid for one block.)
         """
         now = time.time()
         known = None
@@ -256,8 +257,9 @@ class Cache:
     def reader(self, src: Source, *, settings: Any = None) -> CachedReader:
         """The raw reader of ``src`` (what :meth:`open` wraps in a BufferedReader)."""
         origin = self.origin(src, settings)
-        return CachedReader(origin, self.version(origin), store=self._store, block_size=self.block_size,
-                            pool=self._pool, prefetch=self.prefetch)
+        v, first = self._resolve(origin, whole=True)
+        return CachedReader(origin, v, store=self._store, block_size=self.block_size, pool=self._pool,
+                            prefetch=self.prefetch, first_block=first)
 
     def open(self, src: Source, mode: str = "rb", *, buffering: int = -1, settings: Any = None) -> Any:
         """``src`` as a binary file object: a seekable reader (``"rb"``) or a write-through writer

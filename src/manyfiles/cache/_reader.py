@@ -111,7 +111,7 @@ class CachedReader(io.RawIOBase):
             if data is None and index in self._pending:
                 data = self._from_origin(index, length)
             if data is not None:
-                dst[:] = data[off:off + take]
+                dst[:] = memoryview(data)[off:off + take]
             elif not self._read_cached(index, off, dst, length):
                 if self._store is None and not sequential and index not in self._pending:
                     dst[:] = self._fetcher.fetch(pos, take)     # pass-through random read: just these bytes
@@ -119,7 +119,7 @@ class CachedReader(io.RawIOBase):
                     self._miss_bytes += take
                 else:
                     data = self._from_origin(index, length)
-                    dst[:] = data[off:off + take]
+                    dst[:] = memoryview(data)[off:off + take]
             if sequential and self._max_ahead:
                 self._prefetch(index)
             done += take
@@ -169,7 +169,7 @@ class CachedReader(io.RawIOBase):
             if fd is None:
                 queued = store.queued_block(self._v.objid, index)
                 if queued is not None:         # fetched a moment ago, not on disk yet
-                    dst[:] = queued[off:off + len(dst)]
+                    dst[:] = memoryview(queued)[off:off + len(dst)]
                     self._hits += 1
                     self._hit_bytes += len(dst)
                     return True
