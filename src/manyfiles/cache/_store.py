@@ -31,6 +31,7 @@ from manyfiles.cache import _format as fmt
 from manyfiles.cache._index import Fill, Index, Version, Victim, bits_set, block_disk_bytes
 from manyfiles.errors import ManyfilesError, UsageError, from_oserror
 
+FILLERS = 4                          # filler threads per process
 FLUSH_INTERVAL = 1.0                 # seconds between flushes of accesses and counters
 FILL_QUEUE_BYTES = 256 << 20         # lazy fills waiting for the disk; beyond this they are dropped
 DEGRADED_RETRY = 30.0                # seconds of pass-through after the cache disk failed
@@ -100,7 +101,8 @@ class BlockStore:
         self._accesses: dict[bytes, tuple[float, float]] = {}
         self._counts: dict[str, int] = {}
         self._last_flush = time.monotonic()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._evicting = threading.Lock()
 
     def after_fork(self) -> None:
         self._fresh_process_state()
@@ -297,12 +299,16 @@ class BlockStore:
                     max(1, -(-version.size // self.block_size)))
 
     def _start_filler(self) -> None:
-        if self._thread is None:
+        if not self._threads:
             with self._lock:
-                if self._thread is None and not self._closed:
-                    self._thread = threading.Thread(target=self._run, name="manyfiles-cache-filler",
-                                                    daemon=True)
-                    self._thread.start()
+                if not self._threads and not self._closed:
+                    # Several fillers: creating and renaming a file waits on the filesystem's journal
+                    # (with the GIL released), and a busy disk makes one filler fall behind the network.
+                    for i in range(FILLERS):
+                        t = threading.Thread(target=self._run, name=f"manyfiles-cache-filler-{i}",
+                                             daemon=True)
+                        t.start()
+                        self._threads.append(t)
 
     def _run(self) -> None:
         while True:
@@ -311,20 +317,19 @@ class BlockStore:
             except queue.Empty:
                 item = None
             batch = [] if item is None else [item]
-            while len(batch) < 256:
+            while len(batch) < 64 and not (batch and batch[-1][0] == "stop"):   # one stop per filler
                 try:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            stop = any(b[0] == "stop" for b in batch)
             try:
-                self._write_batch([b for b in batch if b[0] in ("data", "fill")])
-            except Exception as exc:  # never let the filler die: flush() would wait for it forever
+                self._write_batch([b for b in batch if b[0] != "stop"])
+            except Exception as exc:  # never let a filler die: flush() would wait for it forever
                 self._degrade(exc)
-            for b in batch:
-                if b[0] == "flush":
-                    b[1].set()
-            if stop:
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+            if any(b[0] == "stop" for b in batch):
                 return
 
     def _write_batch(self, batch: list) -> None:
@@ -381,12 +386,10 @@ class BlockStore:
         except sqlite3.Error as exc:
             self._degrade(exc)
 
-    def flush(self, timeout: float | None = None) -> None:
+    def flush(self) -> None:
         """Wait until every queued fill is written and accounted, then flush the counters."""
-        if self._thread is not None and self._thread.is_alive():
-            done = threading.Event()
-            self._queue.put(("flush", done, 0, b""))
-            done.wait(timeout)
+        if any(t.is_alive() for t in self._threads):
+            self._queue.join()
         self.flush_counters()
 
     def close(self) -> None:
@@ -395,9 +398,10 @@ class BlockStore:
         self.flush()
         with self._lock:
             self._closed = True
-        if self._thread is not None and self._thread.is_alive():
+        for _ in self._threads:
             self._queue.put(("stop", None, 0, b""))
-            self._thread.join()
+        for t in self._threads:
+            t.join()
         self.flush_counters()
         self.index.close()
 
@@ -425,6 +429,14 @@ class BlockStore:
 
     def evict_to_watermarks(self) -> list[Victim]:
         """Evict LRU entries when above ``max_size`` (down to ``low_water`` of it) or below ``min_free``."""
+        if not self._evicting.acquire(blocking=False):
+            return []               # another filler is at it
+        try:
+            return self._evict_to_watermarks()
+        finally:
+            self._evicting.release()
+
+    def _evict_to_watermarks(self) -> list[Victim]:
         need = 0
         try:
             if self.max_size is not None:
