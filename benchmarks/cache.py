@@ -212,18 +212,27 @@ def seed_runs(origin: str, args, srcs: list[str], size: int, settings, endpoint:
     first: dict[str, list[float]] = {m: [] for m in methods}
     reread: dict[str, list[float]] = {m: [] for m in methods}
     warm: dict[str, tuple] = {}
+    failed: dict[str, str] = {}
     for rep in range(args.repeat):
         for name in methods:             # interleaved; a fresh cache directory per repetition
             storage = Path(tempfile.mkdtemp(prefix="mf-cache-bench-", dir=DATA))
             open_first, between, open_again, close = _openers(name, storage, settings, endpoint,
                                                               nocache_open)
-            secs, n = threaded(lambda s, o=open_first: _read_all(o, s), srcs, threads)
-            assert n == total, (name, n, total)
-            first[name].append(total / secs / MiB)
-            between()                        # not timed: e.g. a new Cache object, as a new process would
-            secs, n = threaded(lambda s, o=open_again: _read_all(o, s), srcs, threads)
-            assert n == total, (name, n, total)
-            reread[name].append(total / secs / MiB)
+            try:
+                secs, n = threaded(lambda s, o=open_first: _read_all(o, s), srcs, threads)
+                assert n == total, (name, n, total)
+                first[name].append(total / secs / MiB)
+                between()                    # not timed: e.g. a new Cache object, as a new process would
+                secs, n = threaded(lambda s, o=open_again: _read_all(o, s), srcs, threads)
+                assert n == total, (name, n, total)
+                reread[name].append(total / secs / MiB)
+            except Exception as exc:         # a peer that breaks is reported, the others go on
+                failed[name] = f"{type(exc).__name__}: {exc}"
+                print(f"  {origin}: {name} failed: {failed[name]}", file=sys.stderr, flush=True)
+                methods = tuple(m for m in methods if m != name)
+                close()
+                shutil.rmtree(storage, ignore_errors=True)
+                continue
             print(f"  {origin} rep {rep}: {name} first {first[name][-1]:.0f} MiB/s, "
                   f"reread {reread[name][-1]:.0f} MiB/s", file=sys.stderr, flush=True)
             if rep == args.repeat - 1:
@@ -232,9 +241,11 @@ def seed_runs(origin: str, args, srcs: list[str], size: int, settings, endpoint:
                 close()
                 shutil.rmtree(storage, ignore_errors=True)
     table(f"{origin}: first read (cold cache), {len(srcs)} x {size // MiB} MiB, {threads} threads",
-          [(k, statistics.median(v)) for k, v in first.items()], "MiB/s", "no cache", True)
+          [(k, statistics.median(v)) for k, v in first.items() if v], "MiB/s", "no cache", True)
     table(f"{origin}: reread, {len(srcs)} x {size // MiB} MiB, {threads} threads",
-          [(k, statistics.median(v)) for k, v in reread.items()], "MiB/s", "no cache", True)
+          [(k, statistics.median(v)) for k, v in reread.items() if v], "MiB/s", "no cache", True)
+    for name, why in failed.items():
+        print(f"\n{name} failed: {why}")
     iops = {}
     for name in methods:
         opener = nocache_random if name == "no cache" else warm[name][0]
@@ -258,6 +269,9 @@ def _openers(name: str, storage: Path, settings, endpoint: str | None, nocache_o
         def between() -> None:
             caches[0].close()               # the lazy fills finish here
             caches[0] = Cache(storage / "c", settings=settings)
+            s = caches[0].stats()
+            print(f"  manyfiles after the first read: {s.fills} blocks filled, {s.fills_dropped} dropped, "
+                  f"{s.misses} misses", file=sys.stderr, flush=True)
 
         return (lambda s: mf.open(s, cache=caches[0])), between, (lambda s: mf.open(s, cache=caches[0])), \
             (lambda: caches[0].close())
