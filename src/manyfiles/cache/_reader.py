@@ -100,6 +100,8 @@ class CachedReader(io.RawIOBase):
         view = memoryview(b).cast("B")
         pos, size, bs = self._pos, self.size, self._bs
         sequential = pos == self._seq_end
+        if not sequential and (self._pending or self._ahead_from):
+            self._restart_prefetch()
         done = 0
         n = len(view)
         while done < n and pos < size:
@@ -212,6 +214,14 @@ class CachedReader(io.RawIOBase):
         if self._store is not None:
             self._store.fill_async(self._v, index, data)
         return data
+
+    def _restart_prefetch(self) -> None:
+        """After a seek: blocks fetched ahead for the old position are not wanted any more."""
+        for fut in self._pending.values():
+            fut.cancel()          # a fetch already running still fills the cache
+        self._pending.clear()
+        self._ahead_from = 0
+        self._window = 1
 
     def _prefetch(self, index: int) -> None:
         """Start fetching the blocks after ``index`` that are neither cached nor on their way."""
