@@ -125,3 +125,18 @@ def test_min_free_keeps_room_on_the_cache_filesystem(tmp_path: Path):
             assert st.f_bavail * st.f_frsize >= 5 << 20
             s = cache.stats()
             assert s.evictions > 0 and s.entries >= 5
+
+
+def test_a_full_fill_queue_drops_blocks_and_never_the_read(tmp_path: Path):
+    files = _files(tmp_path / "src", 6, size=20 * BS + 3)
+    with Cache(tmp_path / "c", block_size=BS, fill_queue=BS, min_free=0) as cache:
+        for p, data in files.items():
+            assert cache.get_bytes(p) == data
+        cache.flush()
+        s = cache.stats()
+    # every miss was either written or dropped (a queue of one block cannot hold a burst)
+    assert s.misses == 6 * 21 and s.fills + s.fills_dropped == s.misses
+    with Cache(tmp_path / "c") as cache:
+        for p, data in files.items():
+            assert cache.get_bytes(p) == data
+        assert cache.stats().fills_dropped == s.fills_dropped

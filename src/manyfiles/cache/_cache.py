@@ -153,6 +153,8 @@ class Cache:
             any process, skip it (changes may then be seen up to ``ttl`` late).
         settings: :class:`manyfiles.s3.ClientSettings` for ``s3://`` sources.
         prefetch: blocks fetched ahead of a sequential reader.
+        fill_queue: bytes fetched on misses that may wait for the cache disk (default: 1/16 of the
+            RAM, 256 MiB to 1 GiB); past it, blocks are not cached (``fills_dropped``).
 
     Example:
         >>> import manyfiles as mf
@@ -164,9 +166,10 @@ class Cache:
 
     def __init__(self, dir: str | os.PathLike, *, max_size: int | None = None,
                  min_free: float | int | None = 0.1, block_size: int | None = None, verify: bool = False,
-                 ttl: float = 0.0, settings: Any = None, prefetch: int = 4, low_water: float = 0.9) -> None:
+                 ttl: float = 0.0, settings: Any = None, prefetch: int = 4, low_water: float = 0.9,
+                 fill_queue: int | None = None) -> None:
         self._store = BlockStore(dir, block_size=block_size, max_size=max_size, min_free=min_free,
-                                 low_water=low_water, verify=verify)
+                                 low_water=low_water, verify=verify, fill_queue_bytes=fill_queue)
         self.dir = self._store.root
         self.block_size = self._store.block_size
         self.ttl = float(ttl)

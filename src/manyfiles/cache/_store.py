@@ -33,7 +33,19 @@ from manyfiles.errors import ManyfilesError, UsageError, from_oserror
 
 FILLERS = 4                          # filler threads per process
 FLUSH_INTERVAL = 1.0                 # seconds between flushes of accesses and counters
-FILL_QUEUE_BYTES = 256 << 20         # lazy fills waiting for the disk; beyond this they are dropped
+
+
+def _default_fill_queue() -> int:
+    """Bytes of lazy fills that may wait for the disk: 1/16 of the RAM, 256 MiB to 1 GiB.  Enough
+    for bursts of parallel sequential readers; a disk slower than the network for longer drops."""
+    try:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        ram = 0
+    return max(256 << 20, min(1 << 30, ram // 16))
+
+
+FILL_QUEUE_BYTES = _default_fill_queue()
 DEGRADED_RETRY = 30.0                # seconds of pass-through after the cache disk failed
 STALE_TEMP_AGE = 3600.0
 _O_READ = os.O_RDONLY | os.O_CLOEXEC
@@ -61,14 +73,14 @@ class BlockStore:
 
     def __init__(self, root: str | os.PathLike, *, block_size: int | None = None, max_size: int | None = None,
                  min_free: float | int | None = 0.1, low_water: float = 0.9, verify: bool = False,
-                 fill_queue_bytes: int = FILL_QUEUE_BYTES) -> None:
+                 fill_queue_bytes: int | None = None) -> None:
         self.root = os.path.abspath(os.fspath(root))
         if not 0.0 < low_water <= 1.0:
             raise UsageError(f"low_water {low_water}: must be in (0, 1]")
         self.low_water = low_water
         self.max_size = max_size
         self.verify = verify
-        self.fill_queue_bytes = fill_queue_bytes
+        self.fill_queue_bytes = FILL_QUEUE_BYTES if fill_queue_bytes is None else fill_queue_bytes
         try:
             desc = self._open_dir(block_size)
             self.block_size = int(desc["block_size"])
