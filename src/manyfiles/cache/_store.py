@@ -3,9 +3,9 @@
 Readers call :meth:`BlockStore.open_block` (a hit: one open and one pread of the header)
 and hand what they fetched from the origin to :meth:`BlockStore.fill_async`, which never
 blocks: when the bounded queue is full the block is dropped (the cache disk is slower
-than the network), counted, and the read goes on.  One filler thread per store writes
-queued blocks (temp file, then rename), accounts them in the index in batches, flushes
-batched accesses and counters about once a second, and evicts by LRU past the watermarks.
+than the network), counted, and the read goes on.  Four filler threads per store write
+queued blocks (temp file, then rename), account them in the index in batches, flush
+batched accesses and counters about once a second, and evict by LRU past the watermarks.
 
 A block being read is never taken away from its reader: readers hold an open descriptor,
 and an unlinked file's data lives until its last descriptor is closed.
@@ -69,7 +69,7 @@ def _fs_bytes(path: str) -> int:
 
 
 class BlockStore:
-    """One cache directory: its index, its block files, its filler thread."""
+    """One cache directory: its index, its block files, its filler threads."""
 
     def __init__(self, root: str | os.PathLike, *, block_size: int | None = None, max_size: int | None = None,
                  min_free: float | int | None = 0.1, low_water: float = 0.9, verify: bool = False,
@@ -102,7 +102,7 @@ class BlockStore:
         self.clean_stale_temps()
 
     def _fresh_process_state(self) -> None:
-        """What belongs to one process: locks, the fill queue, the filler thread, batched counters.
+        """What belongs to one process: locks, the fill queue, the filler threads, batched counters.
         Also called in a forked child (a DataLoader worker), whose parent's threads do not exist."""
         self._lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
