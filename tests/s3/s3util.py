@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import os
 import re
 import socket
 import struct
@@ -13,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from manyfiles.s3 import RetryPolicy
+from manyfiles.s3.keys import STATE_DIR
 
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
          "AWS_DEFAULT_REGION": "us-east-1"}
@@ -29,6 +31,36 @@ def blob(n: int, seed: str = "") -> bytes:
         out += hashlib.sha256(f"{seed}:{i}".encode()).digest()
         i += 1
     return bytes(out[:n])
+
+
+def files_under(root) -> dict[str, bytes]:
+    """Every file under ``root`` but s3pull's state folder: relative path -> content."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != STATE_DIR]
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, root)] = fh.read()
+    return out
+
+
+def put_multipart(client, bucket: str, key: str, parts: list[bytes]) -> bytes:
+    """Upload ``parts`` as one multipart object (ETag ``md5-N``); returns the whole body."""
+    up = client.create_multipart_upload(Bucket=bucket, Key=key)
+    done = []
+    for i, body in enumerate(parts, 1):
+        r = client.upload_part(Bucket=bucket, Key=key, UploadId=up["UploadId"], PartNumber=i, Body=body)
+        done.append({"ETag": r["ETag"], "PartNumber": i})
+    client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up["UploadId"],
+                                     MultipartUpload={"Parts": done})
+    return b"".join(parts)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # --- fault-injecting proxy ------------------------------------------------------------------------

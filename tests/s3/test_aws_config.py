@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,10 +19,10 @@ import urllib.request
 import uuid
 
 import pytest
-from s3util import blob
+from s3util import blob, free_port, put_multipart
 
 from manyfiles.s3 import ClientSettings, RetryPolicy, pull
-from manyfiles.s3.plan import STRATEGIES
+from manyfiles.s3.routing import STRATEGIES
 from manyfiles.s3.sigv4 import Signer, query_string, uri_path
 
 FAST = RetryPolicy(attempts=3, base=0.002, cap=0.01)
@@ -78,18 +77,12 @@ def test_signer_matches_botocore(key, params, extra, token, monkeypatch):
 
 # --- a moto server that checks signatures -------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def auth_server():
     """moto_server in a subprocess; an IAM user with s3:* is created, then auth is switched on."""
     import boto3
 
-    port = _free_port()
+    port = free_port()
     exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
     proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -121,7 +114,6 @@ def auth_server():
 @pytest.fixture(scope="module")
 def auth_bucket(auth_server):
     import boto3
-    from test_integrity import put_multipart
 
     url, key_id, secret = auth_server
     s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id=key_id,

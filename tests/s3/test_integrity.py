@@ -6,29 +6,15 @@ or listed in the failures, and a clean re-run makes every object exact.
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from s3util import CONTENT_FAULTS, blob
+from s3util import CONTENT_FAULTS, blob, files_under, put_multipart
 
 from manyfiles.s3 import ClientSettings, RetryPolicy, get_objects, pull
-from manyfiles.s3.keys import STATE_DIR
-from manyfiles.s3.plan import STRATEGIES
+from manyfiles.s3.routing import STRATEGIES
 
 KiB, MiB = 1 << 10, 1 << 20
 FAST = RetryPolicy(attempts=4, base=0.002, cap=0.01)
 MATRIX_FAULTS = ("flip", "wrong-range", "reset", "truncate", "503", "ignore-range")
-
-
-def files_under(root) -> dict[str, bytes]:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != STATE_DIR]
-        for f in filenames:
-            p = os.path.join(dirpath, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, root)] = fh.read()
-    return out
 
 
 def object_get(method, path, headers) -> bool:
@@ -38,17 +24,6 @@ def object_get(method, path, headers) -> bool:
 def cfg(**kw):
     return {"ranged_min": 1 * MiB, "part_size": 1 * MiB, "retry": FAST, "concurrency": 4, "processes": 2,
             **kw}
-
-
-def put_multipart(client, bucket: str, key: str, parts: list[bytes]) -> bytes:
-    up = client.create_multipart_upload(Bucket=bucket, Key=key)
-    done = []
-    for i, body in enumerate(parts, 1):
-        r = client.upload_part(Bucket=bucket, Key=key, UploadId=up["UploadId"], PartNumber=i, Body=body)
-        done.append({"ETag": r["ETag"], "PartNumber": i})
-    client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up["UploadId"],
-                                     MultipartUpload={"Parts": done})
-    return b"".join(parts)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +61,7 @@ def test_fault_matrix_never_installs_wrong_bytes(strategy, fault, p, corpus, pro
     want = {k.removeprefix("c/"): v for k, v in data.items()}
     wrong = sorted(k for k, v in got.items() if want.get(k) != v)
     assert wrong == [], f"wrong bytes installed: {wrong}"
-    failed = {k.removeprefix("c/") for k, _ in report.failures}
+    failed = {f.path.removeprefix("c/") for f in report.failures}
     assert failed | set(got) == set(want) and not failed & set(got)
     assert report.done == len(got)
     proxy.random_faults = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from manyfiles.errors import ObjectChanged, TransferError
-from manyfiles.s3.retry import FATAL_CODES, RETRYABLE_CODES
+from manyfiles.s3.retry import FATAL_CODES, RETRYABLE_CODES, coded
 
 _CODE = re.compile(rb"<Code>([^<]*)</Code>")
 _MSG = re.compile(rb"<Message>([^<]*)</Message>")
@@ -56,23 +56,22 @@ def http_error(status: int, body: bytes, headers: dict[str, str] | None = None) 
     """The TransferError for an S3 error response (``body`` is the XML error document)."""
     headers = headers or {}
     m = _CODE.search(body)
-    code = m.group(1).decode("utf-8", "replace") if m else str(status)
+    # a HEAD's error has no body: name the status as S3 would
+    code = m.group(1).decode("utf-8", "replace") if m else {
+        403: "AccessDenied", 404: "NoSuchKey", 503: "SlowDown"}.get(status, str(status))
     m = _MSG.search(body)
     msg = m.group(1).decode("utf-8", "replace") if m else ""
     text = f"{code}: {msg}" if msg else code
     if status == 412 or code == "PreconditionFailed":
         return ObjectChanged()
-    if status == 404 and code in ("NoSuchKey", "404"):
-        return TransferError("no such key (deleted since listing?)", retryable=False, status=404)
+    if status == 404 and code == "NoSuchKey":
+        return coded(TransferError("no such key (deleted since listing?)", retryable=False, status=404), code)
     m = _REGION.search(body)
     region = headers.get("x-amz-bucket-region") or (m.group(1).decode() if m else "")
     if region and (status in (301, 307) or code in ("PermanentRedirect", "AuthorizationHeaderMalformed",
                                                     "IllegalLocationConstraintException")):
-        return RegionRedirect(text, region, status)
+        return coded(RegionRedirect(text, region, status), code)
     if code == "RequestTimeTooSkewed":
-        return ClockSkewed(text, headers.get("date"))
-    if code in RETRYABLE_CODES or status >= 500 or status == 429:
-        return TransferError(text, retryable=True, status=status)
-    if code in FATAL_CODES or status in (400, 401, 403, 404):
-        return TransferError(text, retryable=False, status=status)
-    return TransferError(text, retryable=False, status=status)
+        return coded(ClockSkewed(text, headers.get("date")), code)
+    retryable = code in RETRYABLE_CODES or status >= 500 or status == 429
+    return coded(TransferError(text, retryable=retryable and code not in FATAL_CODES, status=status), code)

@@ -19,9 +19,9 @@ from manyfiles import iotrace
 from manyfiles.s3.engines.base import Ctx, LoopThreadEngine
 from manyfiles.s3.http1 import ClockSkewed, http_error, parse_head, request_head
 from manyfiles.s3.integrity import apart_layout
-from manyfiles.s3.retry import TransferError, classify
+from manyfiles.s3.retry import TransferError, classify, tls_refusal
 from manyfiles.s3.sigv4 import Endpoint, Signer, bucket_region, resolve_endpoint, ssl_context, uri_path
-from manyfiles.s3.transfer import CHUNK, Job, WholeBody, needs_layout
+from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, needs_layout
 
 
 class _Conn:
@@ -96,13 +96,13 @@ def _classified(exc: BaseException) -> TransferError:
         return exc
     if isinstance(exc, asyncio.TimeoutError):
         return TransferError("timed out", retryable=True)
-    return classify(exc)
+    return tls_refusal(exc) or classify(exc)
 
 
 async def ahead_lean(conn: _Conn, signer: Signer, job: Job, part_number: int | None, timeout: float) -> dict:
     path = uri_path(conn.ep.path_prefix, job.key)
     try:
-        status, headers = await _exchange(conn, signer, "HEAD", path, [("x-amz-checksum-mode", "ENABLED")],
+        status, headers = await _exchange(conn, signer, "HEAD", path, [],
                                           f"partNumber={part_number}" if part_number else "", timeout)
         if status not in (200, 206):
             await _raise_for(conn, signer, status, headers, "HEAD", timeout)
@@ -117,10 +117,10 @@ async def ahead_lean(conn: _Conn, signer: Signer, job: Job, part_number: int | N
 
 
 async def aget_lean(conn: _Conn, signer: Signer, bucket: str, job: Job, target, *, verify: bool,
-                    timeout: float, on_bytes=None) -> int:
-    """GET the whole object over ``conn`` into ``target``; raises TransferError."""
+                    checksum_mode: bool, timeout: float, on_bytes=None) -> Fetched:
+    """GET the whole object over ``conn`` into ``target``, checked; raises TransferError."""
     path = uri_path(conn.ep.path_prefix, job.key)
-    extra = [("x-amz-checksum-mode", "ENABLED")]
+    extra = [("x-amz-checksum-mode", "ENABLED")] if checksum_mode else []
     if job.etag:
         extra.append(("if-match", f'"{job.etag}"'))
     t0 = time.monotonic_ns()
@@ -151,7 +151,7 @@ async def aget_lean(conn: _Conn, signer: Signer, bucket: str, job: Job, target, 
                 on_bytes(len(chunk))
         if headers.get("connection", "").lower() == "close":
             conn.close()
-        body.finish(length)
+        fetched = body.finish(length)
     except BaseException as exc:
         conn.close()
         if isinstance(exc, asyncio.CancelledError):
@@ -165,7 +165,7 @@ async def aget_lean(conn: _Conn, signer: Signer, bucket: str, job: Job, target, 
     tr = iotrace.TRACER
     if tr is not None:
         tr.record("s3.get", f"{bucket}/{job.key}", 0, body.n, t0, time.monotonic_ns() - t0, status)
-    return body.n
+    return fetched
 
 
 class HttpEngine(LoopThreadEngine):
@@ -192,6 +192,6 @@ class HttpEngine(LoopThreadEngine):
         try:
             await self._serve(lambda job, target: aget_lean(
                 conn, self.signer, opts.bucket, job, target, verify=opts.verify,
-                timeout=self.timeout, on_bytes=self.ctx.bytes))
+                checksum_mode=opts.checksum_mode, timeout=self.timeout, on_bytes=self.ctx.bytes))
         finally:
             conn.close()

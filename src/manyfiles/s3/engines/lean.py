@@ -19,9 +19,9 @@ import time
 
 from manyfiles import iotrace
 from manyfiles.s3.http1 import ClockSkewed, http_error, parse_head, request_head
-from manyfiles.s3.retry import TransferError, classify
+from manyfiles.s3.retry import TransferError, classify, tls_refusal
 from manyfiles.s3.sigv4 import Endpoint, Signer, uri_path
-from manyfiles.s3.transfer import CHUNK, Job, WholeBody, check_range
+from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, check_range
 
 _MAX_HEAD = 64 << 10
 
@@ -35,8 +35,10 @@ class _LocalError(Exception):
 
 
 class LeanClient:
-    def __init__(self, ep: Endpoint, signer: Signer, timeout: float, ssl_ctx=None) -> None:
+    def __init__(self, ep: Endpoint, signer: Signer, timeout: float, ssl_ctx=None, *,
+                 checksum_mode: bool = True) -> None:
         self.ep, self.signer, self.timeout = ep, signer, timeout
+        self.checksum_mode = checksum_mode
         self.ssl_ctx = ssl_ctx if ep.scheme == "https" else None
         self._local = threading.local()
 
@@ -163,7 +165,7 @@ class LeanClient:
         """The object's headers (``?partNumber=n``: that part's), checksum mode on."""
         path = uri_path(self.ep.path_prefix, job.key)
         query = f"partNumber={part_number}" if part_number else ""
-        extra = [("x-amz-checksum-mode", "ENABLED")]
+        extra = [("x-amz-checksum-mode", "ENABLED")] if self.checksum_mode else []
         if job.etag and not part_number:
             extra.append(("if-match", f'"{job.etag}"'))
         try:
@@ -179,14 +181,19 @@ class LeanClient:
 
     # -- one GET --------------------------------------------------------------------------
     def get(self, bucket: str, job: Job, target, start: int | None = None, end: int | None = None, *,
-            verify: bool = True, layout: tuple[int, ...] | None = None, feed=None, on_bytes=None) -> int:
+            verify: bool = True, layout: tuple[int, ...] | None = None, feed=None,
+            on_bytes=None) -> Fetched | int:
         """GET the object (or bytes ``start..end``) into ``target``; raises TransferError.
 
-        Whole objects are checked by a :class:`WholeBody`; a range is written at its offset and
-        hashed into ``feed`` (when it is next in its check unit) as it is written.
+        Whole objects are checked by a :class:`WholeBody` (returns :class:`Fetched`); a range is
+        written at its offset and hashed into ``feed`` (when it is next in its check unit) as it
+        is written (returns the bytes written).
         """
         ranged = start is not None
-        extra = [("range", f"bytes={start}-{end}")] if ranged else [("x-amz-checksum-mode", "ENABLED")]
+        if ranged:
+            extra = [("range", f"bytes={start}-{end}")]
+        else:
+            extra = [("x-amz-checksum-mode", "ENABLED")] if self.checksum_mode else []
         if job.etag:
             extra.append(("if-match", f'"{job.etag}"'))
         path = uri_path(self.ep.path_prefix, job.key)
@@ -227,15 +234,14 @@ class LeanClient:
                     on_bytes(got)
             if headers.get("connection", "").lower() == "close":
                 self._drop()
-            if not ranged:
-                write.finish(length)
+            result = n if ranged else write.finish(length)
         except BaseException as exc:
             self._drop()
             err = self._classify(exc)
             _trace(bucket, job.key, ranged, start or 0, n, t0, err.status or status or -1)
             raise err from exc
         _trace(bucket, job.key, ranged, start or 0, n, t0, status)
-        return n
+        return result
 
     @staticmethod
     def _classify(exc: BaseException) -> TransferError:
@@ -243,6 +249,9 @@ class LeanClient:
             return classify(exc.__cause__)
         if isinstance(exc, TransferError):
             return exc
+        refused = tls_refusal(exc)
+        if refused is not None:
+            return refused
         if isinstance(exc, (socket.timeout, BlockingIOError)):
             return TransferError("timed out", retryable=True)
         if isinstance(exc, OSError):   # any socket error: worth another connection
