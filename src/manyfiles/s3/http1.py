@@ -21,6 +21,14 @@ def request_head(method: str, target: str, headers: list[tuple[str, str]]) -> by
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
 
 
+def request_target(ep, path: str, query: str) -> str:
+    """The request line's target: origin form, or absolute form through a plain-HTTP proxy."""
+    target = f"{path}?{query}" if query else path
+    if ep.proxy and ep.scheme != "https":
+        target = f"http://{ep.host}{target}"
+    return target
+
+
 def parse_head(head: bytes) -> tuple[int, dict[str, str]]:
     """(status, headers with lower-case names) of a response head."""
     text = head.decode("latin-1")
@@ -52,9 +60,29 @@ class ClockSkewed(TransferError):
         self.server_date = server_date
 
 
-def http_error(status: int, body: bytes, headers: dict[str, str] | None = None) -> TransferError:
-    """The TransferError for an S3 error response (``body`` is the XML error document)."""
+def _skewed(date: str | None, amzdate: str | None) -> bool:
+    import calendar
+    import email.utils
+    import time
+
+    parsed = email.utils.parsedate(date) if date else None
+    if not parsed or not amzdate:
+        return False
+    sent = calendar.timegm(time.strptime(amzdate, "%Y%m%dT%H%M%SZ"))
+    return abs(calendar.timegm(parsed) - sent) > 900
+
+
+def http_error(status: int, body: bytes, headers: dict[str, str] | None = None,
+               signed: list[tuple[str, str]] = ()) -> TransferError:
+    """The TransferError for an S3 error response (``body`` is the XML error document).
+
+    ``signed``: the request's headers.  A HEAD's 403 has no body to say RequestTimeTooSkewed,
+    so one whose ``Date`` is more than 15 minutes from the request's ``x-amz-date`` is taken
+    for it."""
     headers = headers or {}
+    if status == 403 and not body and _skewed(headers.get("date"), dict(signed).get("x-amz-date")):
+        return coded(ClockSkewed("RequestTimeTooSkewed: (a HEAD refused; the server's Date is more than "
+                                 "15 minutes from ours)", headers.get("date")), "RequestTimeTooSkewed")
     m = _CODE.search(body)
     # a HEAD's error has no body: name the status as S3 would
     code = m.group(1).decode("utf-8", "replace") if m else {
@@ -68,8 +96,10 @@ def http_error(status: int, body: bytes, headers: dict[str, str] | None = None) 
         return coded(TransferError("no such key (deleted since listing?)", retryable=False, status=404), code)
     m = _REGION.search(body)
     region = headers.get("x-amz-bucket-region") or (m.group(1).decode() if m else "")
-    if region and (status in (301, 307) or code in ("PermanentRedirect", "AuthorizationHeaderMalformed",
-                                                    "IllegalLocationConstraintException")):
+    # (a HEAD's 400 has no body: with the region header it is AuthorizationHeaderMalformed)
+    if region and (status in (301, 307) or (status == 400 and not body)
+                   or code in ("PermanentRedirect", "AuthorizationHeaderMalformed",
+                               "IllegalLocationConstraintException")):
         return coded(RegionRedirect(text, region, status), code)
     if code == "RequestTimeTooSkewed":
         return coded(ClockSkewed(text, headers.get("date")), code)

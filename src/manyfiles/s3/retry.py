@@ -84,8 +84,9 @@ def failure_code(err: BaseException) -> str:
 def stopping_error(err: TransferError, where: str) -> ManyfilesError | None:
     """The run-stopping error for a failure that every other object would meet too, else None.
 
-    No such bucket -> NotFound; refused or missing credentials -> CredentialsError (with
-    ``where``, e.g. ``s3://bucket/prefix``, in the message).  The caller keeps ``err`` as the
+    No such bucket -> NotFound; refused or missing credentials -> CredentialsError; a server
+    certificate the CA bundle refuses -> ManyfilesError (with ``where``, e.g.
+    ``s3://bucket/prefix``, in the message).  The caller keeps ``err`` as the
     cause.
     """
     code = failure_code(err)
@@ -93,6 +94,8 @@ def stopping_error(err: TransferError, where: str) -> ManyfilesError | None:
         return NotFound(f"{where}: no such bucket")
     if code in CREDENTIAL_CODES:
         return CredentialsError(f"{where}: {err}")
+    if code == "TLS":
+        return ManyfilesError(f"{where}: {err}")
     return None
 
 
@@ -113,9 +116,9 @@ def tls_refusal(exc: BaseException) -> TransferError | None:
     """A server certificate the CA bundle does not vouch for: the same on every try, never retried."""
     if isinstance(exc, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(exc):
         cert = exc if isinstance(exc, ssl.SSLCertVerificationError) else None
-        reason = (cert.verify_message if cert is not None else "") or "certificate verify failed"
-        return coded(TransferError(f"TLS: {reason} (CA bundle: AWS_CA_BUNDLE or the profile's ca_bundle)",
-                                   retryable=False), "TLS")
+        why = f": {cert.verify_message}" if cert is not None and cert.verify_message else ""
+        return coded(TransferError(f"TLS: certificate verify failed{why} (CA bundle: AWS_CA_BUNDLE or the "
+                                   "profile's ca_bundle)", retryable=False), "TLS")
     return None
 
 

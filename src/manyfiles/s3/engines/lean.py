@@ -18,9 +18,16 @@ import threading
 import time
 
 from manyfiles import iotrace
-from manyfiles.s3.http1 import ClockSkewed, http_error, parse_head, request_head
+from manyfiles.s3.http1 import (
+    ClockSkewed,
+    RegionRedirect,
+    http_error,
+    parse_head,
+    request_head,
+    request_target,
+)
 from manyfiles.s3.retry import TransferError, classify, tls_refusal
-from manyfiles.s3.sigv4 import Endpoint, Signer, uri_path
+from manyfiles.s3.sigv4 import Endpoint, Route, uri_path
 from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, check_range
 
 _MAX_HEAD = 64 << 10
@@ -35,25 +42,32 @@ class _LocalError(Exception):
 
 
 class LeanClient:
-    def __init__(self, ep: Endpoint, signer: Signer, timeout: float, ssl_ctx=None, *,
-                 checksum_mode: bool = True) -> None:
-        self.ep, self.signer, self.timeout = ep, signer, timeout
+    """Hand-signed requests for one bucket on thread-local keep-alive connections (see :class:`Route`)."""
+
+    def __init__(self, route: Route, timeout: float, *, checksum_mode: bool = True) -> None:
+        self.route, self.timeout = route, timeout
         self.checksum_mode = checksum_mode
-        self.ssl_ctx = ssl_ctx if ep.scheme == "https" else None
         self._local = threading.local()
 
+    @property
+    def ep(self) -> Endpoint:
+        return self.route.ep
+
     # -- connection ---------------------------------------------------------------------
-    def _conn(self) -> socket.socket:
+    def _conn(self, ep: Endpoint) -> socket.socket:
         sock = getattr(self._local, "sock", None)
+        if sock is not None and self._local.ep is not ep:   # the route moved (region redirect)
+            self._drop()
+            sock = None
         if sock is None:
-            ep = self.ep
+            ssl_ctx = self.route.ssl_ctx if ep.scheme == "https" else None
             target = ep.proxy or (ep.connect_host, ep.port)
             sock = socket.create_connection(target, timeout=self.timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if ep.proxy and self.ssl_ctx is not None:
+            if ep.proxy and ssl_ctx is not None:
                 _tunnel(sock, ep)
-            if self.ssl_ctx is not None:
-                sock = self.ssl_ctx.wrap_socket(sock, server_hostname=ep.connect_host)
+            if ssl_ctx is not None:
+                sock = ssl_ctx.wrap_socket(sock, server_hostname=ep.connect_host)
                 self._local.flags = 0
             else:
                 # Blocking mode with kernel timeouts, so that MSG_WAITALL fills the whole buffer in
@@ -64,6 +78,7 @@ class LeanClient:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
                 self._local.flags = socket.MSG_WAITALL
             self._local.sock = sock
+            self._local.ep = ep
             self._local.buf = bytearray(CHUNK)
         return sock
 
@@ -74,18 +89,28 @@ class LeanClient:
             with contextlib.suppress(OSError):
                 sock.close()
 
-    def _target(self, path: str, query: str) -> str:
-        t = f"{path}?{query}" if query else path
-        if self.ep.proxy and self.ssl_ctx is None:    # plain HTTP through a proxy: absolute form
-            t = f"http://{self.ep.host}{t}"
-        return t
-
     def _exchange(self, method: str, path: str, extra: list, query: str = ""):
-        """Send one request and read the response head: (sock, status, headers, rest of buffer)."""
-        request = request_head(method, self._target(path, query),
-                               self.signer.headers(self.ep.host, path, extra, query=query, method=method))
+        """Send one request and read the response head: (sock, status, headers, rest of buffer).
+
+        A region redirect is followed once: the route moves, the request is signed again."""
+        for redirected in (False, True):
+            sock, status, headers, rest = self._send(method, path, extra, query)
+            if status in (301, 307, 400) and not redirected:
+                err = self._error(sock, status, headers, rest, method)
+                if isinstance(err, RegionRedirect):
+                    self.route.relocate(err.region)
+                    continue
+                raise err
+            break
+        return sock, status, headers, rest
+
+    def _send(self, method: str, path: str, extra: list, query: str):
+        ep = self.route.ep
+        signed = self.route.signer.headers(ep.host, path, extra, query=query, method=method)
+        self._local.signed = signed
+        request = request_head(method, request_target(ep, path, query), signed)
         reused = getattr(self._local, "sock", None) is not None
-        sock = self._conn()
+        sock = self._conn(ep)
         try:
             sock.sendall(request)
             head, rest = self._read_head(sock)
@@ -94,7 +119,7 @@ class LeanClient:
                 raise
             # the server closed an idle keep-alive connection: not a failure, just reconnect
             self._drop()
-            sock = self._conn()
+            sock = self._conn(ep)
             sock.sendall(request)
             head, rest = self._read_head(sock)
         status, headers = parse_head(head)
@@ -113,9 +138,9 @@ class LeanClient:
                 break
             body += more
         self._drop()
-        err = http_error(status, bytes(body[:want] if want else b""), headers)
+        err = http_error(status, bytes(body[:want] if want else b""), headers, self._local.signed)
         if isinstance(err, ClockSkewed):
-            self.signer.correct_clock(err.server_date)
+            self.route.signer.correct_clock(err.server_date)
         return err
 
     def close(self) -> None:

@@ -71,12 +71,10 @@ class ThreadsEngine(Engine):
         self.lean = None
         if transport == "lean":
             from manyfiles.s3.engines.lean import LeanClient
-            from manyfiles.s3.sigv4 import Signer, bucket_region, resolve_endpoint, ssl_context
+            from manyfiles.s3.sigv4 import Route
 
-            region = bucket_region(opts.settings, opts.bucket)
-            self.lean = lean = LeanClient(resolve_endpoint(opts.settings, opts.bucket, region),
-                                          Signer(opts.settings, region), opts.settings.read_timeout,
-                                          ssl_context(opts.settings), checksum_mode=opts.checksum_mode)
+            self.lean = lean = LeanClient(Route(opts.settings, opts.bucket), opts.settings.read_timeout,
+                                          checksum_mode=opts.checksum_mode)
 
             def whole(job, target) -> Fetched:
                 layout = None
