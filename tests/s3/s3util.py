@@ -19,6 +19,7 @@ from manyfiles.s3.keys import STATE_DIR
 
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
          "AWS_DEFAULT_REGION": "us-east-1"}
+SECRETS = {CREDS["AWS_ACCESS_KEY_ID"]: CREDS["AWS_SECRET_ACCESS_KEY"]}   # what the test edges accept
 
 # Fast retries: the tests exercise the retry paths, not the sleeping.
 FAST_RETRY = RetryPolicy(attempts=4, base=0.01, cap=0.05)
@@ -66,6 +67,8 @@ def free_port() -> int:
 
 # --- fault-injecting proxy ------------------------------------------------------------------------
 
+Refusal = tuple[int, str, dict[str, str], bytes]    # status, S3 error code, headers, extra XML
+
 # What each fault kind does to one request (the proxy stays a real HTTP/1.1 server in front of moto).
 CONTENT_FAULTS = ("flip", "wrong-range", "wrong-range-honest", "other-body")
 TRANSPORT_FAULTS = ("503", "reset", "truncate", "ignore-range")
@@ -98,9 +101,13 @@ class FaultProxy:
     (and its ``Date``), as S3 does; ``bucket_region`` answers requests signed for another region
     with a region redirect (``redirect = "301"``: PermanentRedirect, ``"400"``:
     AuthorizationHeaderMalformed), with ``x-amz-bucket-region``.  ``refused`` counts those answers.
+    ``secrets`` (access key -> secret) makes it check every signed request's SigV4 signature,
+    as received and before any fault touches it (botocore's S3SigV4Auth recomputes it), and
+    answer 403 SignatureDoesNotMatch / InvalidAccessKeyId otherwise, as S3 would.
     """
 
-    def __init__(self, upstream: str, seed: int = 1234, tls=None) -> None:
+    def __init__(self, upstream: str, seed: int = 1234, tls=None,
+                 secrets: dict[str, str] | None = None) -> None:
         import random
 
         self.upstream = urlsplit(upstream)
@@ -114,6 +121,8 @@ class FaultProxy:
         self.bucket_region: str | None = None
         self.redirect = "301"
         self.redirect_always = False    # a server that redirects every request (to test "once")
+        self.secrets = secrets
+        self.signed = 0                 # requests whose signature was checked and right
         self.refused: list[tuple[str, str, str]] = []    # (method, path, error code)
         self.applied: list[str] = []
         self.requests: list[tuple[str, str, str | None]] = []
@@ -137,7 +146,7 @@ class FaultProxy:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
-                refusal = proxy._refusal(self.headers)
+                refusal = proxy._refusal(self.command, self.path, self.headers)
                 if refusal is not None:
                     with proxy.lock:
                         proxy.refused.append((self.command, self.path, refusal[1]))
@@ -271,12 +280,18 @@ class FaultProxy:
         raw = etag.strip('"')
         return f'"{getattr(self, "_etags", {}).get(raw, raw)}"'
 
-    def _refusal(self, headers) -> tuple[int, str, dict[str, str], bytes] | None:
+    def _refusal(self, method: str, path: str, headers) -> tuple[int, str, dict[str, str], bytes] | None:
         """(status, code, headers, extra XML) for a request S3 would refuse here, or None."""
         import calendar
         import email.utils
 
         auth = headers.get("Authorization") or ""
+        if self.secrets is not None and auth:
+            code = self._signature_error(method, path, headers, auth)
+            if code:
+                return 403, code, {}, b""
+            with self.lock:
+                self.signed += 1
         if self.clock_offset is not None and headers.get("X-Amz-Date"):
             server_now = time.time() + self.clock_offset
             sent = calendar.timegm(time.strptime(headers["X-Amz-Date"], "%Y%m%dT%H%M%SZ"))
@@ -292,6 +307,31 @@ class FaultProxy:
             region = f"<Region>{self.bucket_region}</Region>".encode()
             return 400, "AuthorizationHeaderMalformed", where, region
         return None
+
+    def _signature_error(self, method: str, path: str, headers, auth: str) -> str | None:
+        import hmac
+
+        from botocore.auth import S3SigV4Auth
+        from botocore.awsrequest import AWSRequest
+        from botocore.credentials import Credentials
+
+        m = re.fullmatch(r"AWS4-HMAC-SHA256 Credential=([^/]+)/\d{8}/([^/]+)/s3/aws4_request, ?"
+                         r"SignedHeaders=([^,]+), ?Signature=([0-9a-f]{64})", auth)
+        if m is None:
+            return "AuthorizationHeaderMalformed"
+        key, region, signed, signature = m.groups()
+        secret = self.secrets.get(key)
+        if secret is None:
+            return "InvalidAccessKeyId"
+        names = signed.split(";")
+        if "host" not in names or any(headers.get(n) is None for n in names):
+            return "SignatureDoesNotMatch"
+        req = AWSRequest(method=method, url=f"http://{headers['Host']}{path}",
+                         headers={n: headers[n] for n in names})
+        req.context["timestamp"] = headers.get("X-Amz-Date", "")
+        signer = S3SigV4Auth(Credentials(key, secret, headers.get("X-Amz-Security-Token")), "s3", region)
+        want = signer.signature(signer.string_to_sign(req, signer.canonical_request(req)), req)
+        return None if hmac.compare_digest(want, signature) else "SignatureDoesNotMatch"
 
     def _take(self, method, path, headers) -> str | None:
         with self.lock:

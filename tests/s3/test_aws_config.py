@@ -213,3 +213,27 @@ def test_ipv6_endpoint(bucket, tmp_path):
             assert (dest / "big.bin").read_bytes() == blob(3 << 20, "v6")
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_suites_server_checks_every_engines_signature(strategy, bucket, moto_server, tmp_path,
+                                                          monkeypatch):
+    """Every s3 test pulls through an edge that checks signatures: a wrong secret is refused
+    by it, for the GETs of every engine (a manifest: no listing first)."""
+    from manyfiles.errors import CredentialsError
+    from manyfiles.s3 import sigv4
+
+    name, put = bucket
+    put("w/x.bin", blob(1000, "x"))
+    manifest = tmp_path / "keys"
+    manifest.write_text("w/x.bin\t1000\n")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    sigv4._sessions.clear()
+    try:
+        with pytest.raises(CredentialsError, match="SignatureDoesNotMatch"):
+            pull(f"s3://{name}/w/", str(tmp_path / "o"), strategy=strategy, manifest=str(manifest),
+                 settings=ClientSettings(endpoint_url=moto_server, region="us-east-1"), retry=FAST,
+                 processes=2, concurrency=2)
+    finally:
+        sigv4._sessions.clear()
+    assert not (tmp_path / "o" / "x.bin").exists()

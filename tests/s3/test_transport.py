@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from s3util import FAST_RETRY, FaultProxy, ForwardProxy, blob, files_under, make_ca, put_multipart
+from s3util import FAST_RETRY, SECRETS, FaultProxy, ForwardProxy, blob, files_under, make_ca, put_multipart
 
 from manyfiles.errors import CredentialsError, ManyfilesError
 from manyfiles.s3 import ClientSettings, pull
@@ -64,9 +64,9 @@ def aws_env(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tls_edge(moto_server, tmp_path_factory):
+def tls_edge(moto_direct, tmp_path_factory):
     ca, ctx = make_ca(tmp_path_factory.mktemp("ca"))
-    edge = FaultProxy(moto_server, tls=ctx)
+    edge = FaultProxy(moto_direct, tls=ctx, secrets=SECRETS)
     yield edge, ca
     edge.close()
 
@@ -169,9 +169,9 @@ def test_http_proxy_and_https_proxy_carry_every_request(strategy, corpus, moto_s
 # --- a server clock far from ours -------------------------------------------------------------------
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_clock_skew_is_corrected_from_the_servers_date(strategy, corpus, moto_server, aws_env, tmp_path):
+def test_clock_skew_is_corrected_from_the_servers_date(strategy, corpus, moto_direct, aws_env, tmp_path):
     name, data = corpus
-    edge = FaultProxy(moto_server)
+    edge = FaultProxy(moto_direct, secrets=SECRETS)
     edge.clock_offset = 2 * 3600.0
     try:
         settings = ClientSettings(endpoint_url=edge.url, region="us-east-1")
@@ -200,11 +200,11 @@ def test_clock_skew_is_corrected_from_the_servers_date(strategy, corpus, moto_se
 # --- a bucket in another region ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_region_redirects_are_followed_for_listing_and_gets(strategy, corpus, moto_server, aws_env, tmp_path):
+def test_region_redirects_are_followed_for_listing_and_gets(strategy, corpus, moto_direct, aws_env, tmp_path):
     from manyfiles.s3 import sigv4
 
     name, data = corpus
-    edge = FaultProxy(moto_server)
+    edge = FaultProxy(moto_direct, secrets=SECRETS)
     edge.bucket_region = "eu-west-1"
     try:
         settings = ClientSettings(endpoint_url=edge.url, region="us-east-1")
@@ -225,9 +225,9 @@ def test_region_redirects_are_followed_for_listing_and_gets(strategy, corpus, mo
         edge.close()
 
 
-def test_a_redirect_is_followed_once(corpus, moto_server, aws_env, tmp_path):
+def test_a_redirect_is_followed_once(corpus, moto_direct, aws_env, tmp_path):
     name, _ = corpus
-    edge = FaultProxy(moto_server)
+    edge = FaultProxy(moto_direct, secrets=SECRETS)
     edge.bucket_region, edge.redirect_always = "eu-west-1", True
     try:
         settings = ClientSettings(endpoint_url=edge.url, region="us-east-1")

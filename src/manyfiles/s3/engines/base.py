@@ -160,6 +160,8 @@ class LoopThreadEngine(Engine):
 
     def __init__(self, ctx: Ctx, workers: int) -> None:
         self.ctx, self.workers = ctx, max(1, workers)
+        self._closing = threading.Lock()
+        self._closed = False
 
     def _start(self) -> None:
         self.loop = asyncio.new_event_loop()
@@ -175,8 +177,16 @@ class LoopThreadEngine(Engine):
         self.loop.call_soon_threadsafe(self.q.put_nowait, job)
 
     def close(self) -> None:
-        for _ in range(self.workers):
-            self.loop.call_soon_threadsafe(self.q.put_nowait, None)
+        # the planner closes at the end of the listing while the consumer may kill (an error
+        # that stops the run): the workers get their None once, from whoever comes first
+        with self._closing:
+            first, self._closed = not self._closed, True
+        if first:
+            try:
+                for _ in range(self.workers):
+                    self.loop.call_soon_threadsafe(self.q.put_nowait, None)
+            except RuntimeError:    # the loop already ended (its workers failed to start)
+                pass
         self.thread.join()
 
     def kill(self) -> None:
