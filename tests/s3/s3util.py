@@ -123,6 +123,7 @@ class FaultProxy:
         self.redirect_always = False    # a server that redirects every request (to test "once")
         self.secrets = secrets
         self.signed = 0                 # requests whose signature was checked and right
+        self.checksum_mode_asked = 0    # requests with x-amz-checksum-mode
         self.refused: list[tuple[str, str, str]] = []    # (method, path, error code)
         self.applied: list[str] = []
         self.requests: list[tuple[str, str, str | None]] = []
@@ -152,6 +153,9 @@ class FaultProxy:
                         proxy.refused.append((self.command, self.path, refusal[1]))
                     self._refuse(*refusal)
                     return
+                if self.headers.get("x-amz-checksum-mode"):
+                    with proxy.lock:
+                        proxy.checksum_mode_asked += 1
                 fault = proxy._take(self.command, self.path, self.headers)
                 if proxy.delay and self.command == "GET" and "list-type" not in self.path:
                     time.sleep(proxy.delay)

@@ -176,3 +176,21 @@ def test_failure_codes_of_local_errors():
     assert failure_code(classify(OSError(errno.ENOSPC, "No space left on device"))) == "ENOSPC"
     assert failure_code(classify(PermissionError(errno.EACCES, "Permission denied"))) == "EACCES"
     assert os.strerror(errno.ENOSPC) in str(classify(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))))
+
+
+@pytest.mark.parametrize("strategy", ["auto", "lean", "ranged", "http", "sync", "async"])
+def test_etag_only_checks_the_md5_and_never_asks_for_checksums(strategy, bucket, proxy, tmp_path):
+    name, put = bucket
+    small = put("e/small.bin", blob(3000, "s"))        # uploaded with a CRC32 checksum
+    big = put("e/big.bin", blob(300 * KiB, "b"))
+    via = ClientSettings(endpoint_url=proxy.url, region="us-east-1")
+    first = pull(f"s3://{name}/e/", str(tmp_path / "a"), strategy=strategy, settings=via, **cfg())
+    assert first.verified == {"crc32": 2}
+    asked = proxy.checksum_mode_asked
+    assert asked > 0
+    proxy.checksum_mode_asked = 0
+    report = pull(f"s3://{name}/e/", str(tmp_path / "b"), strategy=strategy, settings=via,
+                  checksum_mode=False, **cfg())
+    assert report.ok and report.verified == {"md5": 2}
+    assert files_under(tmp_path / "b") == {"small.bin": small, "big.bin": big}
+    assert proxy.checksum_mode_asked == 0

@@ -71,6 +71,9 @@ class _PullOrVerify(click.Command):
               help="Retries per object or part on 5xx, SlowDown, resets and short bodies.")
 @click.option("--no-verify", is_flag=True,
               help="Skip the content checks (MD5/ETag, checksums); sizes are still checked.")
+@click.option("--etag-only", is_flag=True,
+              help="Check content against the ETag (MD5) only: do not ask the server for its checksums "
+                   "(x-amz-checksum-mode).")
 @click.option("--verify-existing", is_flag=True,
               help="Re-hash the files a previous run finished against their recorded checks; "
                    "refetch on mismatch.")
@@ -88,7 +91,8 @@ class _PullOrVerify(click.Command):
 @instrumented
 def command(source: str, dest: str, strategy: str, concurrency: int, processes: int,
             include: tuple[str, ...], exclude: tuple[str, ...], manifest: str | None, layout: str,
-            part_size: int, retries: int, no_verify: bool, verify_existing: bool, fsync: bool, dry_run: bool,
+            part_size: int, retries: int, no_verify: bool, etag_only: bool, verify_existing: bool,
+            fsync: bool, dry_run: bool,
             as_json: bool, quiet: bool, aws_profile: str | None, region: str | None, endpoint_url: str | None,
             path_style: bool | None, no_sign_request: bool) -> int:
     """Download every object under SOURCE (s3://bucket/prefix, wildcards allowed) into DEST.
@@ -109,7 +113,8 @@ def command(source: str, dest: str, strategy: str, concurrency: int, processes: 
     report = pull(source, dest, strategy=strategy, concurrency=concurrency, processes=processes,
                   include=include, exclude=exclude, manifest=manifest, layout=layout, dry_run=dry_run,
                   settings=settings, on_event=view.on_event, progress=view.progress, retry=retry,
-                  part_size=part_size, verify=not no_verify, verify_existing=verify_existing, fsync=fsync)
+                  part_size=part_size, verify=not no_verify, checksum_mode=not etag_only,
+                  verify_existing=verify_existing, fsync=fsync)
     view.summary(report)
     return 0 if report.ok else 1
 

@@ -68,7 +68,8 @@ class AsyncEngine(LoopThreadEngine):
 
     async def _main(self) -> None:
         try:
-            cm = self.ctx.options.settings.aio_client(pool=self.workers)
+            opts = self.ctx.options
+            cm = opts.settings.aio_client(pool=self.workers, checksums=opts.checksum_mode)
             client = await cm.__aenter__()
         except BaseException as exc:
             self._error = exc

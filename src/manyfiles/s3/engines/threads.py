@@ -83,7 +83,7 @@ class ThreadsEngine(Engine):
                 return lean.get(opts.bucket, job, target, verify=opts.verify, layout=layout,
                                 on_bytes=ctx.bytes)
         else:
-            client = opts.settings.client(pool=self.workers)
+            client = opts.settings.client(pool=self.workers, checksums=opts.checksum_mode)
 
             def whole(job, target) -> Fetched:
                 return get_whole(client, opts.bucket, job, target, verify=opts.verify,
