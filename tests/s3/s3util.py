@@ -67,6 +67,28 @@ def free_port() -> int:
 
 # --- fault-injecting proxy ------------------------------------------------------------------------
 
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def read_body(self) -> bytes | None:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else None
+
+
+def _relay(host: str, port: int, method: str, target: str, body, headers: dict):
+    """One request to ``host:port``: (status, headers, body)."""
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    try:
+        conn.request(method, target, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.getheaders(), resp.read()
+    finally:
+        conn.close()
+
+
 Refusal = tuple[int, str, dict[str, str], bytes]    # status, S3 error code, headers, extra XML
 
 # What each fault kind does to one request (the proxy stays a real HTTP/1.1 server in front of moto).
@@ -130,23 +152,12 @@ class FaultProxy:
         self.lock = threading.Lock()
         proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
+        class Handler(_Handler):
             def _upstream(self, method, path, body, headers):
-                conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=30)
-                conn.request(method, path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-                conn.close()
-                return resp.status, resp.getheaders(), data
+                return _relay(proxy.upstream.hostname, proxy.upstream.port, method, path, body, headers)
 
             def _handle(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
+                body = self.read_body()
                 refusal = proxy._refusal(self.command, self.path, self.headers)
                 if refusal is not None:
                     with proxy.lock:
@@ -417,12 +428,7 @@ class ForwardProxy:
         self.lock = threading.Lock()
         proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
+        class Handler(_Handler):
             def do_CONNECT(self) -> None:
                 host, _, port = self.path.rpartition(":")
                 with proxy.lock:
@@ -438,16 +444,11 @@ class ForwardProxy:
                 u = urlsplit(self.path)
                 with proxy.lock:
                     proxy.requests.append((self.command, self.path))
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
-                conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
                 target = u.path + (f"?{u.query}" if u.query else "")
-                conn.request(self.command, target, body=body, headers=dict(self.headers.items()))
-                resp = conn.getresponse()
-                data = resp.read()
-                conn.close()
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
+                status, headers, data = _relay(u.hostname, u.port, self.command, target, self.read_body(),
+                                               dict(self.headers.items()))
+                self.send_response(status)
+                for k, v in headers:
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(k, v)
                 self.send_header("Content-Length", str(len(data)))
