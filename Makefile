@@ -1,5 +1,6 @@
 # The two commands of the README:
 #   make demo   -- set up everything, then run the main job on an embedded default
+#                  (FILES=1000000 for a bigger folder; it all lands in ./demo, ~60 MB)
 #   make test   -- set up everything, then run ruff and the whole test suite
 PYTHON ?= python3
 VENV   := .venv
@@ -8,7 +9,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test lint venv bench-venv clean
 
-$(STAMP): pyproject.toml setup.py src/manyfiles/_dents.c
+$(STAMP): pyproject.toml setup.py $(wildcard src/manyfiles/*.c src/manyfiles/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	MANYFILES_REQUIRE_C_EXTENSION=1 $(PY) -m pip install -q -e '.[dev]'
@@ -17,14 +18,14 @@ $(STAMP): pyproject.toml setup.py src/manyfiles/_dents.c
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m manyfiles.demo
+	$(PY) -m manyfiles.demo $(if $(FILES),--files $(FILES))
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks notebooks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks notebooks
 	MANYFILES_REQUIRE_C_EXTENSION=1 $(PY) -m pytest -q
 
 # Benchmark peers (awscli pins botocore exactly, so it lives in its own venv).
@@ -33,4 +34,4 @@ bench-venv:
 	.venv-bench/bin/pip install -q -r benchmarks/requirements.txt
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info src/manyfiles/*.so demo
+	rm -rf $(VENV) build src/*.egg-info src/manyfiles/*.so src/manyfiles/_dents_not_built.txt demo

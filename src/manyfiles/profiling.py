@@ -20,7 +20,10 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
+from manyfiles._extras import require
 from manyfiles.errors import ManyfilesError, UsageError
+
+FEATURE = "profiling (--profile, manyfiles.profile)"
 
 __all__ = ["profile"]
 
@@ -44,7 +47,7 @@ def profile(output_file: str | os.PathLike = "manyfiles-profile.json",
         ...     mf.count("/data/flat")
     """
     global _ACTIVE
-    from viztracer import VizTracer
+    VizTracer = require("profile", "viztracer", FEATURE).VizTracer
 
     if _ACTIVE:
         raise ManyfilesError(f"{os.fsdecode(output_file)}: a profile is already being recorded")
@@ -85,7 +88,7 @@ def profile(output_file: str | os.PathLike = "manyfiles-profile.json",
 
 
 def _combine(scratch: str, output_file: str) -> None:
-    from viztracer.report_builder import ReportBuilder
+    ReportBuilder = require("profile", "viztracer.report_builder", FEATURE).ReportBuilder
 
     parts = [os.path.join(scratch, "main.json")]
     parts += sorted(glob.glob(os.path.join(scratch, "worker-*.json")))
@@ -119,7 +122,8 @@ def start_worker() -> Any:
     scratch = os.environ.get(ENV_DIR)
     if not scratch or not os.path.isdir(scratch):
         return None
-    from viztracer import VizTracer, get_tracer
+    viztracer = require("profile", "viztracer", FEATURE)
+    VizTracer, get_tracer = viztracer.VizTracer, viztracer.get_tracer
 
     tracer = get_tracer()
     if tracer is not None and tracer.enable:

@@ -8,12 +8,13 @@ does the work.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import sys
 
 import click
 
+from manyfiles import _testing
 from manyfiles.cli._common import Size, instrumented, run_main
 from manyfiles.s3.routing import STRATEGIES
 
@@ -78,6 +79,9 @@ class _PullOrVerify(click.Command):
               help="Re-hash the files a previous run finished against their recorded checks; "
                    "refetch on mismatch.")
 @click.option("--fsync", is_flag=True, help="fsync each file and its folder before it counts as done.")
+@click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
+              help="Read through this manyfiles cache: objects it holds at the listed ETag are copied "
+                   "from it (and checked), the others fill it (see docs/cache.md).")
 @click.option("--dry-run", is_flag=True, help="List and plan only: print each object's engine.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON event a line on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, no summary (errors still go to stderr).")
@@ -92,7 +96,7 @@ class _PullOrVerify(click.Command):
 def command(source: str, dest: str, strategy: str, concurrency: int, processes: int,
             include: tuple[str, ...], exclude: tuple[str, ...], manifest: str | None, layout: str,
             part_size: int, retries: int, no_verify: bool, etag_only: bool, verify_existing: bool,
-            fsync: bool, dry_run: bool,
+            fsync: bool, cache_dir: str | None, dry_run: bool,
             as_json: bool, quiet: bool, aws_profile: str | None, region: str | None, endpoint_url: str | None,
             path_style: bool | None, no_sign_request: bool) -> int:
     """Download every object under SOURCE (s3://bucket/prefix, wildcards allowed) into DEST.
@@ -108,13 +112,20 @@ def command(source: str, dest: str, strategy: str, concurrency: int, processes: 
 
     settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,
                               no_sign=no_sign_request, path_style=path_style)
-    retry = RetryPolicy(attempts=retries + 1, base=float(os.environ.get("MANYFILES_RETRY_BASE", "0.1")))
+    base = _testing.retry_base if _testing.retry_base is not None else RetryPolicy.base
+    retry = RetryPolicy(attempts=retries + 1, base=base)
     view = _View("s3pull", as_json=as_json, dry_run=dry_run, quiet=quiet)
-    report = pull(source, dest, strategy=strategy, concurrency=concurrency, processes=processes,
-                  include=include, exclude=exclude, manifest=manifest, layout=layout, dry_run=dry_run,
-                  settings=settings, on_event=view.on_event, progress=view.progress, retry=retry,
-                  part_size=part_size, verify=not no_verify, checksum_mode=not etag_only,
-                  verify_existing=verify_existing, fsync=fsync)
+    with contextlib.ExitStack() as stack:
+        cache = None
+        if cache_dir:
+            from manyfiles.cache import Cache
+
+            cache = stack.enter_context(Cache(cache_dir, settings=settings.resolved()))
+        report = pull(source, dest, strategy=strategy, concurrency=concurrency, processes=processes,
+                      include=include, exclude=exclude, manifest=manifest, layout=layout, dry_run=dry_run,
+                      settings=settings, on_event=view.on_event, progress=view.progress, retry=retry,
+                      part_size=part_size, verify=not no_verify, checksum_mode=not etag_only,
+                      verify_existing=verify_existing, fsync=fsync, cache=cache)
     view.summary(report)
     return 0 if report.ok else 1
 

@@ -15,6 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from manyfiles._extras import require, require_installed
+
+S3_FEATURE = "S3 access"
+ASYNC_FEATURE = "the async engine (--strategy async)"
+
 
 @dataclass(frozen=True)
 class ClientSettings:
@@ -28,13 +33,18 @@ class ClientSettings:
     verify_tls: bool = True
 
     def resolved(self) -> ClientSettings:
-        """Fill the endpoint botocore would use (env, then the profile's config) when not given."""
+        """Fill the endpoint botocore would use (env, then the profile's config) when not given.
+
+        Every S3 entry point starts here, so a missing [s3] extra is reported (MissingExtra)
+        before anything is listed or written.
+        """
+        require_installed("s3", "boto3", S3_FEATURE)
         from manyfiles.s3.sigv4 import configured_endpoint
 
         return replace(self, endpoint_url=configured_endpoint(self))
 
     def _config_kwargs(self, pool: int, checksums: bool = True) -> dict[str, Any]:
-        from botocore import UNSIGNED
+        UNSIGNED = require("s3", "botocore", S3_FEATURE).UNSIGNED
 
         from manyfiles.s3.sigv4 import aws_config
 
@@ -55,14 +65,14 @@ class ClientSettings:
         return kw
 
     def boto3_session(self):
-        import boto3
+        boto3 = require("s3", "boto3", S3_FEATURE)
 
         return boto3.session.Session(profile_name=self.profile, region_name=self.region)
 
     def client(self, pool: int = 10, checksums: bool = True):
         """A boto3 S3 client whose connection pool holds ``pool`` connections (``checksums=False``:
         it never asks for flexible checksums on its own)."""
-        from botocore.config import Config
+        Config = require("s3", "botocore.config", S3_FEATURE).Config
 
         session = self.boto3_session()
         config = Config(**self._config_kwargs(pool, checksums))
@@ -71,8 +81,8 @@ class ClientSettings:
 
     def aio_client(self, pool: int = 10, checksums: bool = True):
         """An aioboto3 client context manager (``async with``) with a ``pool``-sized pool."""
-        import aioboto3
-        from aiobotocore.config import AioConfig
+        aioboto3 = require("async", "aioboto3", ASYNC_FEATURE)
+        AioConfig = require("async", "aiobotocore.config", ASYNC_FEATURE).AioConfig
 
         session = aioboto3.Session(profile_name=self.profile, region_name=self.region)
         config = AioConfig(**self._config_kwargs(pool, checksums))

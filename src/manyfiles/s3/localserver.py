@@ -1,7 +1,7 @@
 """A throw-away local S3 endpoint (moto's server mode) with a seeded demo bucket.
 
-Used by ``make demo`` and handy in notebooks.  Needs ``moto[server]`` (the
-``dev`` extra).
+Used by ``make demo`` and the notebooks.  Needs moto's S3 server: the ``demo``
+extra (``pip install "manyfiles[demo]"``).
 
 Example:
     >>> from manyfiles.s3.localserver import local_s3
@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from manyfiles._extras import require
 from manyfiles.s3.client import ClientSettings
 
 DEMO_BUCKET = "manyfiles-demo"
@@ -59,8 +60,8 @@ def local_s3(*, small: int = 300, medium: int = 8, large: int = 1, large_size: i
     under ``medium/`` and ``large`` objects of ``large_size`` under ``large/``: one of each
     of the size classes the auto strategy routes differently.
     """
-    import boto3
-    from moto.server import ThreadedMotoServer
+    boto3 = require("s3", "boto3", "the local S3 server")
+    ThreadedMotoServer = require("demo", "moto.server", "the local S3 server").ThreadedMotoServer
 
     for k, v in (("AWS_ACCESS_KEY_ID", "demo"), ("AWS_SECRET_ACCESS_KEY", "demo")):
         os.environ.setdefault(k, v)

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 from manyfiles._progress import Progress, ProgressArg, check_progress, progress_for
-from manyfiles.errors import ManyfilesError, PartialFailure, UsageError
+from manyfiles.errors import IntegrityError, ManyfilesError, PartialFailure, UsageError
 from manyfiles.s3 import routing as _plan
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.engines.base import Ctx, Done, Engine, Failed, Options
+from manyfiles.s3.integrity import SIZE_ONLY, Claim, Digest, claim_for
 from manyfiles.s3.keys import STATE_DIR, S3Url, UnsafeKey, local_relpath, make_filter, parse_url
 from manyfiles.s3.listing import ObjectInfo, list_objects_lean, read_manifest
 from manyfiles.s3.report import PullReport
@@ -63,6 +64,7 @@ class PullConfig:
     fsync: bool = False
     layout: str = "folder"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    cache: Any = None                   # a manyfiles.cache.Cache: hits are copied from it, downloads fill it
 
     def check(self) -> None:
         """UsageError for a bad value, before anything is listed or created."""
@@ -245,6 +247,11 @@ def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings
                 while not slots.acquire(timeout=0.5):
                     if ctx.cancel.is_set():
                         return
+                if cfg.cache is not None and not sink.memory:
+                    hit = _from_cache(cfg, sink, url, job)
+                    if hit is not None:
+                        put(("done", job, hit))
+                        continue
                 get_engine(job.engine).submit(job)
             put(("listed", None, listed))
             for eng in get_engine.engines.values():  # type: ignore[attr-defined]
@@ -282,6 +289,9 @@ def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings
                 if state is not None:
                     state.record(job.key, outcome.size, job.etag, outcome.claim.to_record(),
                                  final_path(job.rel))
+                if cfg.cache is not None and outcome.engine != "cache" and job.etag and not sink.memory:
+                    cfg.cache.import_file(f"s3://{url.bucket}/{job.key}", job.etag, outcome.size,
+                                          final_path(job.rel))
                 if progress:
                     progress.add(1)
                 yield Event("done", job.key, outcome.size, outcome.engine, job.rel)
@@ -332,6 +342,36 @@ def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings
                 eng.kill()
         if state is not None and not dry_run:
             _close_state(state, report, raising=clean)
+
+
+def _from_cache(cfg: PullConfig, sink: Any, url: S3Url, job: Job) -> Done | None:
+    """``--cache``: install the object from the cache if it holds this version (ETag, size).
+
+    The exported bytes pass the same check a download would where the listing allows one (a
+    single-part ETag is the MD5 of the body); a miss, a short block or a failed check leaves the
+    object to the engines (None)."""
+    if not job.etag or job.size is None:
+        return None
+    try:
+        target = sink.target(job.key, job.rel, job.size, job.etag)
+    except (UnsafeKey, OSError):
+        return None                # the engine reports it
+    claim = claim_for(job.etag, {}, job.size, None) if cfg.verify else Claim(SIZE_ONLY)
+    digest = Digest(claim, job.size, target.read)
+
+    def write(data: bytes) -> None:
+        target.append(data)
+        digest.stream(data)
+
+    try:
+        if cfg.cache.export(f"s3://{url.bucket}/{job.key}", job.etag, job.size, write):
+            digest.check()
+            target.commit()
+            return Done("cache", job.size, claim)
+    except (UnsafeKey, OSError, IntegrityError):
+        pass
+    target.abort()
+    return None
 
 
 def _close_state(state: State, report: PullReport, raising: bool) -> None:

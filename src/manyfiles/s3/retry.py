@@ -126,6 +126,10 @@ def classify(exc: BaseException) -> TransferError:
     """Turn any exception raised while downloading into a TransferError."""
     if isinstance(exc, TransferError):
         return exc
+    from manyfiles._extras import require
+    from manyfiles.s3.client import S3_FEATURE
+
+    require("s3", "botocore.exceptions", S3_FEATURE)
     from botocore.exceptions import (
         ClientError,
         FlexibleChecksumError,

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass, replace
 from urllib.parse import quote, urlsplit
 
-from manyfiles.s3.client import ClientSettings
+from manyfiles._extras import require
+from manyfiles.s3.client import S3_FEATURE, ClientSettings
 
 _UNSIGNED = "UNSIGNED-PAYLOAD"
 
@@ -54,6 +55,7 @@ def botocore_session(settings: ClientSettings):
     """The botocore session for the profile (one per profile, shared)."""
     sess = _sessions.get(settings.profile)
     if sess is None:
+        require("s3", "botocore.session", S3_FEATURE)
         import botocore.session
 
         sess = botocore.session.Session(profile=settings.profile)
@@ -66,6 +68,7 @@ def configured_endpoint(settings: ClientSettings) -> str | None:
     profile's ``services`` section, the profile's ``endpoint_url`` (unless ignored by config)."""
     if settings.endpoint_url:
         return settings.endpoint_url
+    require("s3", "botocore.configprovider", S3_FEATURE)
     from botocore.configprovider import ConfiguredEndpointProvider
 
     sess = botocore_session(settings)
@@ -169,7 +172,7 @@ class Signer:
         if not self.unsigned:
             self._creds_source = botocore_session(settings).get_credentials()
             if self._creds_source is None:
-                from botocore.exceptions import NoCredentialsError
+                NoCredentialsError = require("s3", "botocore.exceptions", S3_FEATURE).NoCredentialsError
 
                 raise NoCredentialsError()
             self._refresh()

@@ -1,0 +1,99 @@
+"""Test-only knobs: plain module settings that tests set and production code reads where it acts.
+
+Rules (shared by every tool; add a knob here rather than reading the environment elsewhere):
+
+* one module attribute per knob; its default is the production behaviour;
+* tests set it (``monkeypatch.setattr(_testing, "kill_at", ("move", 3))``); production code
+  reads it at call time (once per operation in hot paths), never copies it at import time
+  and never reads the environment for it;
+* subprocess tests (a real CLI killed with -9) cannot reach into the child process: for them,
+  and only for them, the environment variable ``MANYFILES_TESTING`` holds ``knob=value``
+  pairs separated by commas.  The command-line entry point (``cli._common.run_main``) applies
+  it with :func:`apply_environ`; importing the library never reads it.
+
+Example:
+    >>> configure("kill_at=move:3")
+    >>> kill_at
+    ('move', 3)
+    >>> configure("kill_at=")
+    >>> kill_at is None
+    True
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+from collections.abc import Callable, Iterator
+from typing import Any
+
+ENV = "MANYFILES_TESTING"
+
+#: shard: SIGKILL this process the n-th time it reaches the named point
+#: ("move", "mkdir", "journal" (half-way through writing a record), "finish", ...).
+kill_at: tuple[str, int] | None = None
+
+#: the C core (manyfiles._dents) reads every d_type as this value: 0 (DT_UNKNOWN) behaves as
+#: sshfs, NFSv3 READDIR and XFS ftype=0 do, so the fstatat fallback is exercised on any
+#: filesystem; an out-of-range value (e.g. 200) exercises the guard against garbage d_types.
+#: Read by the C core itself at the start of each call (from sys.modules: never imported by it).
+fake_dtype: int | None = None
+
+#: s3pull: the base of its retry backoff in seconds (production: RetryPolicy's 0.1), so that
+#: subprocess tests exercising retries do not sleep.  Read by the s3pull command when it builds
+#: its RetryPolicy.
+retry_base: float | None = None
+
+_counters: dict[str, Iterator[int]] = {}
+
+
+def _parse_kill_at(value: str) -> tuple[str, int] | None:
+    if not value:
+        return None
+    point, _, n = value.partition(":")
+    return point, int(n or 1)
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "kill_at": _parse_kill_at,
+    "fake_dtype": lambda value: int(value) if value else None,
+    "retry_base": lambda value: float(value) if value else None,
+}
+
+
+def configure(spec: str) -> None:
+    """Set knobs from ``"knob=value,knob=value"``; an unknown knob is an error."""
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, value = item.partition("=")
+        if name not in _PARSERS:
+            raise ValueError(f"{ENV}: unknown knob {name!r} (known: {', '.join(sorted(_PARSERS))})")
+        globals()[name] = _PARSERS[name](value)
+        if name == "kill_at":
+            _counters.clear()
+
+
+def apply_environ() -> None:
+    """The bridge for subprocess tests: apply ``$MANYFILES_TESTING`` (called by the CLI entry only)."""
+    spec = os.environ.get(ENV)
+    if spec:
+        configure(spec)
+
+
+def reached(point: str) -> bool:
+    """True the n-th time ``point`` is reached when ``kill_at`` is ``(point, n)``."""
+    if kill_at is None or kill_at[0] != point:
+        return False
+    counter = _counters.setdefault(point, itertools.count(1))
+    return next(counter) == kill_at[1]  # itertools.count is atomic under the GIL
+
+
+def killpoint(point: str) -> None:
+    """SIGKILL this process here if ``kill_at`` asks for it (a no-op in production)."""
+    if kill_at is not None and reached(point):
+        die()
+
+
+def die() -> None:
+    """SIGKILL this process: the crash of the kill tests (no cleanup, no flush)."""
+    os.kill(os.getpid(), signal.SIGKILL)

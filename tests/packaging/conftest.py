@@ -1,0 +1,64 @@
+"""Real installs of manyfiles into fresh virtual environments, built once per session.
+
+* ``nocc_wheel`` -- a wheel built from a copy of the working tree with a C compiler
+  that does not exist (``CC=/nonexistent/cc``): what a machine without gcc gets.
+* ``bare_venv`` -- that wheel installed with no extras (pip fetches click and rich only).
+* ``boto_venv`` -- an environment that already has a newer boto3 than aioboto3 accepts.
+
+Venvs are made ``--without-pip`` and driven by this interpreter's pip (``pip --python``),
+which saves the ensurepip step; downloads come from pip's cache after the first run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from installkit import NEWER_BOTO3, REPO, clean_env, make_venv, pip
+
+
+@pytest.fixture(scope="session")
+def nocc_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """(wheel, pip's verbose build log) for a build on a machine with no C compiler."""
+    src = tmp_path_factory.mktemp("src")
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
+    for rel in filter(None, files):
+        source = REPO / os.fsdecode(rel)
+        if source.is_file():
+            (src / os.fsdecode(rel)).parent.mkdir(parents=True, exist_ok=True)
+            (src / os.fsdecode(rel)).write_bytes(source.read_bytes())
+    out = tmp_path_factory.mktemp("wheel")
+    env = clean_env() | {"CC": "/nonexistent/cc"}
+    proc = pip(None, "wheel", "-v", "--no-deps", "-w", str(out), str(src), env=env)
+    (wheel,) = out.glob("manyfiles-*.whl")
+    return wheel, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="session")
+def bare_venv(tmp_path_factory: pytest.TempPathFactory, nocc_wheel) -> Path:
+    """A venv with ``pip install manyfiles`` (no extras) from the no-compiler wheel; returns its bin/."""
+    python = make_venv(tmp_path_factory.mktemp("bare") / "venv")
+    pip(python, "install", "-q", str(nocc_wheel[0]), env=clean_env())
+    return python.parent
+
+
+@pytest.fixture(scope="session")
+def boto_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv where a newer boto3 is already installed (the user's existing environment)."""
+    python = make_venv(tmp_path_factory.mktemp("boto") / "venv")
+    pip(python, "install", "-q", f"boto3=={NEWER_BOTO3}", env=clean_env())
+    return python
+
+
+@pytest.fixture
+def run_in(tmp_path: Path):
+    """``run_in(bindir, script, *args)``: a console script of another venv, as a subprocess."""
+
+    def run(bindir: Path, script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([str(bindir / script), *args], capture_output=True, text=True,
+                              env=clean_env() | (env or {}), cwd=tmp_path, timeout=300)
+
+    return run
