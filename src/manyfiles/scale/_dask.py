@@ -46,10 +46,12 @@ from manyfiles.scale.executor import (
 
 distributed = require("dask", "distributed", CLUSTER_FEATURE)
 
-CONNECT_TIMEOUT = "20s"
+CONNECT_TIMEOUT = "10s"        # a wrong address fails within this (Dask retries refused connections)
 TICK = 0.2                 # seconds between two progress renderings while waiting
 WORKERS_REFRESH = 2.0      # seconds between two looks at the cluster's size
 TRACE_CHUNK = 16 << 20     # bytes of a worker's trace file fetched per Client.run
+# No dashboard; the scheduler's HTTP routes on a free port (the default, 8787, may be taken).
+LOCAL_QUIET = {"dashboard_address": None, "scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"}}
 
 
 class DaskExecutor(Executor):
@@ -87,7 +89,7 @@ class DaskExecutor(Executor):
         # One thread per worker process: our shards bring their own threads (s3 engines, the
         # tree walker), and one shard at a time per process keeps their budgets as tuned.
         lc = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                      dashboard_address=None, silence_logs=logging.ERROR)
+                                      silence_logs=logging.ERROR, **LOCAL_QUIET)
         try:
             return cls(distributed.Client(lc), owns_client=True, local_cluster=lc)
         except BaseException:

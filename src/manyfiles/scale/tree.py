@@ -6,8 +6,8 @@ until it has listed ``entries_per_shard`` entries; the directories it found but 
 enter go back to the client as new shards (at most ``dirs_per_shard`` each), so the tree
 spreads over the cluster as it is discovered, like dwalk's work queues.
 
-* A directory with more than ``SLICE_DIRS`` subdirectories is not sent back name by name:
-  its subdirectories become ``SLICE_DIRS``-sized slices (those whose name hashes to residue
+* A directory with more than ``slice_dirs`` subdirectories is not sent back name by name:
+  its subdirectories become ``slice_dirs``-sized slices (those whose name hashes to residue
   ``r`` modulo ``m``), each re-listed by the worker that runs it.  No result carries 10^6 names.
 * A huge flat directory is listed by one worker (getdents on one directory is sequential);
   what it lists is counted, or written to that shard's part file, never returned.
@@ -91,6 +91,7 @@ class TreeJob(Job):
     threads: int = 8
     entries_per_shard: int = ENTRIES_PER_SHARD
     dirs_per_shard: int = DIRS_PER_SHARD
+    slice_dirs: int = SLICE_DIRS
     split: int = 8                    # new shards per handful of leftovers: ~ the cluster's threads
     name = "fastls"
     unit = "entries"
@@ -182,8 +183,8 @@ class _ShardWalk:
         if job.max_depth is not None and item.depth >= job.max_depth:
             return
         subdirs = [e.name for e in entries if e.type == "d"]
-        if len(subdirs) > SLICE_DIRS:
-            mod = math.ceil(len(subdirs) / SLICE_DIRS)
+        if len(subdirs) > job.slice_dirs:
+            mod = math.ceil(len(subdirs) / job.slice_dirs)
             for residue in range(mod):
                 self.push(SubdirSlice(item.rel, item.depth, mod, residue))
             return
