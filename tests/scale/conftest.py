@@ -11,13 +11,14 @@ import logging
 import distributed
 import pytest
 
-from manyfiles.scale._dask import LOCAL_QUIET
+from manyfiles.scale._dask import LOCAL_QUIET, SPAWN_ENV, dask, worker_environ
 
 
 @pytest.fixture(scope="session")
 def dask_client():
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       silence_logs=logging.CRITICAL, **LOCAL_QUIET)
+    with dask.config.set({SPAWN_ENV: worker_environ()}):
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                           silence_logs=logging.CRITICAL, **LOCAL_QUIET)
     client = distributed.Client(cluster)
     yield client
     client.close()

@@ -189,8 +189,10 @@ def test_local_n_starts_a_cluster_traces_its_workers_and_stops_it(tmp_path: Path
             (tree / f"d{i}" / f"f{k}").write_bytes(b"")
     before = _children()
     out = tmp_path / "run.mftrace"
-    with iotrace.tracing(out):
-        report = scale.count_tree(tree, cluster="local:2", entries_per_shard=50, threads=1)
+    with iotrace.tracing(out), connect("local:2") as executor:
+        # Dask's default MALLOC_TRIM_THRESHOLD_ makes every getdents buffer an mmap: not in ours
+        assert set(executor.client.run(os.environ.get, "MALLOC_TRIM_THRESHOLD_").values()) == {None}
+        report = scale.count_tree(tree, cluster=executor, entries_per_shard=50, threads=1)
     assert report.entries == 20 * 31
     assert _children() == before                       # the LocalCluster is gone
     ts = trace.load([out])

@@ -45,6 +45,7 @@ from manyfiles.scale.executor import (
 )
 
 distributed = require("dask", "distributed", CLUSTER_FEATURE)
+dask = require("dask", "dask", CLUSTER_FEATURE)
 
 CONNECT_TIMEOUT = "10s"        # a wrong address fails within this (Dask retries refused connections)
 TICK = 0.2                 # seconds between two progress renderings while waiting
@@ -52,6 +53,17 @@ WORKERS_REFRESH = 2.0      # seconds between two looks at the cluster's size
 TRACE_CHUNK = 16 << 20     # bytes of a worker's trace file fetched per Client.run
 # No dashboard; the scheduler's HTTP routes on a free port (the default, 8787, may be taken).
 LOCAL_QUIET = {"dashboard_address": None, "scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"}}
+SPAWN_ENV = "distributed.nanny.pre-spawn-environ"
+
+
+def worker_environ() -> dict:
+    """The nanny's environment for new worker processes, without ``MALLOC_TRIM_THRESHOLD_``.
+
+    Dask sets it (64 KiB) to hand memory back to the OS; it also turns off glibc's adaptive
+    mmap threshold, so every 1 MiB getdents buffer becomes an mmap + munmap + page faults:
+    listing a 65,536-directory tree made 131,000 such calls and ran ~1.7x slower here.
+    """
+    return {k: v for k, v in dask.config.get(SPAWN_ENV, {}).items() if k != "MALLOC_TRIM_THRESHOLD_"}
 
 
 class DaskExecutor(Executor):
@@ -88,8 +100,9 @@ class DaskExecutor(Executor):
     def _local(cls, n: int) -> DaskExecutor:
         # One thread per worker process: our shards bring their own threads (s3 engines, the
         # tree walker), and one shard at a time per process keeps their budgets as tuned.
-        lc = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                      silence_logs=logging.ERROR, **LOCAL_QUIET)
+        with dask.config.set({SPAWN_ENV: worker_environ()}):
+            lc = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                          silence_logs=logging.ERROR, **LOCAL_QUIET)
         try:
             return cls(distributed.Client(lc), owns_client=True, local_cluster=lc)
         except BaseException:

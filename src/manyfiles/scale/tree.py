@@ -30,8 +30,10 @@ import os
 import secrets
 import threading
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from manyfiles import listing
@@ -46,6 +48,7 @@ ENTRIES_PER_SHARD = 200_000     # ~0.1-0.5 s of listing on a local disk; more on
 DIRS_PER_SHARD = 2_000          # directories handed back per new shard
 SLICE_DIRS = 50_000             # subdirectories of one directory per slice
 PART_PREFIX = "part-"
+_TYPE = attrgetter("type")
 
 
 class Dir(NamedTuple):
@@ -145,12 +148,13 @@ class _ShardWalk:
         size = max(1, min(self.job.dirs_per_shard, math.ceil(len(left) / max(1, self.job.split))))
         return [tuple(left[i:i + size]) for i in range(0, len(left), size)]
 
-    def push(self, item: Dir | SubdirSlice) -> None:
+    def push(self, items: list[Dir] | list[SubdirSlice]) -> None:
+        """Directories found: this shard lists them while under budget, else they go back."""
         with self.lock:
             if self.listed >= self.job.entries_per_shard:
-                self.leftover.append(item)
+                self.leftover.extend(items)
                 return
-        self.pool.submit(item)
+        self.pool.submit(*items)      # one wake-up for the lot
 
     def visit(self, item: Dir | SubdirSlice) -> None:
         if isinstance(item, SubdirSlice):
@@ -171,12 +175,13 @@ class _ShardWalk:
             base = os.path.join(job.shown, item.rel, b"")
             sep = job.sep
             self.out.write(base + (sep + base).join([e.name for e in shown]) + sep)
+        types = Counter(map(_TYPE, shown))
         with self.lock:
             r = self.report
             r.directories += 1
             r.entries += len(shown)
-            for e in shown:
-                r.by_type[e.type] = r.by_type.get(e.type, 0) + 1
+            for letter, n in types.items():
+                r.by_type[letter] = r.by_type.get(letter, 0) + n
             self.listed += len(entries)
             done, failed = r.entries, len(r.failures)
         self.publish(done, 0, failed)
@@ -185,11 +190,10 @@ class _ShardWalk:
         subdirs = [e.name for e in entries if e.type == "d"]
         if len(subdirs) > job.slice_dirs:
             mod = math.ceil(len(subdirs) / job.slice_dirs)
-            for residue in range(mod):
-                self.push(SubdirSlice(item.rel, item.depth, mod, residue))
-            return
-        for name in subdirs:
-            self.push(Dir(os.path.join(item.rel, name), item.depth + 1))
+            self.push([SubdirSlice(item.rel, item.depth, mod, residue) for residue in range(mod)])
+        elif subdirs:
+            join, rel, depth = os.path.join, item.rel, item.depth + 1
+            self.push([Dir(join(rel, name), depth) for name in subdirs])
 
     def _visit_slice(self, s: SubdirSlice) -> None:
         try:
@@ -199,8 +203,7 @@ class _ShardWalk:
             with self.lock:
                 self.report.failures.append(Failure.from_oserror(_join(self.job.shown, s.parent), exc))
             return
-        for name in names:
-            self.push(Dir(os.path.join(s.parent, name), s.depth + 1))
+        self.push([Dir(os.path.join(s.parent, name), s.depth + 1) for name in names])
 
 
 def _join(root: bytes, rel: bytes) -> bytes:
