@@ -79,7 +79,7 @@ def to_flat(root: Path) -> float:
     t0 = time.perf_counter()
     rep = revert(root, workers=4)
     secs = time.perf_counter() - t0
-    assert rep.ok, rep.errors[:3]
+    assert rep.ok, rep.failures[:3]
     return secs
 
 

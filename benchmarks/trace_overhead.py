@@ -138,7 +138,7 @@ def bench_shard(n: int, repeat: int, with_strace: bool) -> dict:
     def to_flat() -> None:
         if (root / ".manyfiles-shard.json").exists():
             rep = revert(root, workers=4)
-            assert rep.ok, rep.errors[:3]
+            assert rep.ok, rep.failures[:3]
 
     cmd = [str(BIN / "shard"), "apply", "-q", str(root)]
     # Warm-up cycle, untimed: a freshly created folder is easier to migrate than one that has

@@ -264,3 +264,33 @@ def test_parse_size_minimum_and_format():
     with pytest.raises(ValueError, match="minimum"):
         parse_size("100", minimum=280)
     assert format_size(512) == "512 B" and format_size(1572864) == "1.5 MiB"
+
+
+@pytest.mark.parametrize("workers", [2, 8])
+def test_pool_wakes_the_right_threads_and_never_stalls(workers):
+    # A tree-shaped workload (tasks submit tasks, some slow, fed from a bounded iterable):
+    # each wake-up goes to a worker, the feeder or the waiting thread, never lost.
+    import random
+
+    rng = random.Random(workers)
+    done, made = [], []
+    lock = threading.Lock()
+
+    def fn(n: int) -> None:
+        with lock:
+            done.append(n)
+            kids = [len(made) + k for k in range(rng.randint(0, 3))] if len(made) < 3000 else []
+            made.extend(kids)
+        pool.submit(*kids)
+        if n % 97 == 0:
+            time.sleep(0.001)
+
+    for _ in range(20):
+        done.clear()
+        made[:] = range(1000, 1050)  # the fed items; submitted ones are numbered after them
+        pool = Pool(fn, workers, lifo=True, max_pending=2)
+        runner = threading.Thread(target=pool.run, args=(range(1000, 1050),))
+        runner.start()
+        runner.join(30)
+        assert not runner.is_alive(), "the pool stalled"
+        assert sorted(done) == sorted(made)

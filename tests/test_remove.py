@@ -9,12 +9,15 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import manyfiles as mf
+import manyfiles.remove
 from manyfiles import _fsops
+from manyfiles._progress import Snapshot
 from manyfiles.errors import UsageError
 
 
@@ -238,7 +241,7 @@ def test_permission_denied_deep_in_tree_rest_still_removed(tmp_path: Path) -> No
     locked.chmod(0o555)
     code = (
         "import json, sys, manyfiles as mf; r = mf.remove_tree(sys.argv[1], workers=4); "
-        "print(json.dumps({'files': r.files, 'failures': [[f.path, f.errno] for f in r.failures]}))"
+        "print(json.dumps({'files': r.files, 'failures': [[f.path, f.code] for f in r.failures]}))"
     )
     try:
         out = subprocess.run(
@@ -250,7 +253,7 @@ def test_permission_denied_deep_in_tree_rest_still_removed(tmp_path: Path) -> No
     finally:
         locked.chmod(0o755)
     result = json.loads(out.stdout)
-    assert sorted(result["failures"]) == [[str(locked / "a"), 13], [str(locked / "b"), 13]]
+    assert sorted(result["failures"]) == [[str(locked / "a"), "EACCES"], [str(locked / "b"), "EACCES"]]
     assert result["files"] == 301
     assert sorted(os.path.relpath(p, root) for p in all_paths(root)) == [
         ".",
@@ -299,7 +302,7 @@ def test_missing_argument_is_reported_and_others_still_go(tmp_path: Path) -> Non
     (tmp_path / "a" / "x").touch()
     (tmp_path / "f").touch()
     report = mf.remove_tree([tmp_path / "missing", tmp_path / "a", tmp_path / "f"])
-    assert [(f.path, f.errno) for f in report.failures] == [(str(tmp_path / "missing"), 2)]
+    assert [(f.path, f.code) for f in report.failures] == [(str(tmp_path / "missing"), "ENOENT")]
     assert os.listdir(tmp_path) == []
     assert mf.remove_tree(tmp_path / "missing", missing_ok=True).ok
 
@@ -315,11 +318,114 @@ def test_refuses_root_and_dot(path: str, tmp_path: Path) -> None:
 def test_progress_callback_sees_growing_counts(tmp_path: Path) -> None:
     root = tmp_path / "tree"
     make_tree(root, 300)
-    seen: list[mf.remove.RemoveProgress] = []
-    report = mf.remove_tree(root, progress=seen.append)
+    seen: list[Snapshot] = []
+    report = mf.remove_tree(root, workers=2, progress=seen.append)
     assert seen, "the final snapshot is always delivered"
-    assert seen[-1].files == report.files and seen[-1].found >= report.files
-    assert all(a.files <= b.files for a, b in itertools.pairwise(seen))
+    last = seen[-1]
+    assert last.finished and last.done == report.files + report.dirs and last.total >= last.done
+    assert last.unit == "entries" and last.task == "remove"
+    assert all(a.done <= b.done for a, b in itertools.pairwise(seen))
+
+
+def test_progress_true_works_without_a_terminal(tmp_path: Path) -> None:
+    make_tree(tmp_path / "tree", 50)
+    code = "import sys, manyfiles as mf; print(mf.remove_tree(sys.argv[1], progress=True).files)"
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tree")], capture_output=True,
+                         text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "50" and not (tmp_path / "tree").exists()
+    assert out.stderr.strip().endswith("[done]")  # one plain line at the end, no escape codes
+    assert "\x1b" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"progress": "yes"}, {"workers": 0}, {"workers": "8"}, {"retries": -1}, {"include": 5},
+     {"exclude": [b"*.tmp"]}, {"on_removed": "out.txt"}],
+)
+def test_bad_arguments_are_refused_before_anything_is_removed(tmp_path: Path, bad: dict) -> None:
+    root = tmp_path / "tree"
+    make_tree(root, 30)
+    before = all_paths(root)
+    with pytest.raises(UsageError):
+        mf.remove_tree(root, **bad)
+    assert all_paths(root) == before
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_ctrl_c_stops_and_releases_every_directory_fd(tmp_path: Path, workers: int) -> None:
+    root = tmp_path / "tree"
+    make_tree(root, 2000, levels=3)
+    fds_before = set(os.listdir("/proc/self/fd"))
+    calls = []
+
+    def interrupt(snap: Snapshot) -> None:  # progress runs in the waiting thread: Ctrl-C lands there
+        calls.append(snap)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    def slowly(batch: list[str]) -> None:  # keeps the run going for seconds, so Ctrl-C lands mid-way
+        time.sleep(0.002)
+
+    with pytest.raises(KeyboardInterrupt):
+        mf.remove_tree(root, workers=workers, progress=interrupt, on_removed=slowly)
+    assert set(os.listdir("/proc/self/fd")) == fds_before
+    assert root.exists()  # interrupted part-way...
+    report = mf.remove_tree(root)  # ...and the same call finishes the job
+    assert report.ok and not root.exists()
+
+
+def test_dry_run_is_a_plan_that_executes(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    for rel in ["a/x.tmp", "a/y.txt", "b/c.tmp/inner", "d.tmp"]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).touch()
+    before = all_paths(root)
+    listed: list[str] = []
+    plan = mf.remove.plan(root, include=["*.tmp"], on_removed=listed.extend)
+    assert isinstance(plan, mf.remove.RemovePlan) and plan.dry_run
+    assert all_paths(root) == before
+    assert (plan.files, plan.dirs) == (3, 1)
+    assert str(plan).startswith("would remove 3 files and 1 directories")
+    removed: list[str] = []
+    report = plan.execute(workers=2, on_removed=removed.extend)
+    assert report.ok and not report.dry_run and sorted(removed) == sorted(listed)
+    assert sorted(os.path.relpath(p, root) for p in all_paths(root)) == [".", "a", "a/y.txt", "b"]
+    # remove_tree(dry_run=True) is the same plan
+    again = mf.remove_tree(root / "a", dry_run=True)
+    assert isinstance(again, mf.remove.RemovePlan) and (again.files, again.dirs) == (1, 1)
+
+
+def test_a_stale_plan_does_not_remove_what_replaced_its_target(tmp_path: Path) -> None:
+    old, new = tmp_path / "run", tmp_path / "run.new"
+    make_tree(old, 20)
+    (tmp_path / "file").write_text("planned")
+    plan = mf.remove.plan([old, tmp_path / "file"])
+    os.rename(old, tmp_path / "run.old")  # the argument now names another directory...
+    new.mkdir()
+    (new / "precious").write_text("keep")
+    os.rename(new, old)
+    (tmp_path / "file.new").write_text("new")  # ...and the file another file
+    os.replace(tmp_path / "file.new", tmp_path / "file")
+    report = plan.execute()
+    assert sorted((os.path.basename(f.path), f.code) for f in report.failures) == [("file", "ESTALE"),
+                                                                                    ("run", "ESTALE")]
+    assert (old / "precious").read_text() == "keep" and (tmp_path / "file").read_text() == "new"
+    assert (tmp_path / "run.old").exists()  # the planned directory is elsewhere now: not followed
+
+
+def test_report_follows_the_shared_conventions(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    make_tree(root, 10)
+    report = mf.remove_tree(root, dry_run=True)
+    d = report.to_dict()
+    assert d["ok"] is True and d["files"] == 10 and d["dry_run"] is True
+    assert d["summary"].startswith("would remove 10 files")
+    assert "RemovePlan" in report._repr_html_()
+    missing = mf.remove_tree(tmp_path / "nope")
+    with pytest.raises(mf.PartialFailure) as info:
+        missing.raise_for_failures()
+    assert info.value.report is missing and info.value.failures[0].code == "ENOENT"
+    assert str(missing).splitlines()[1] == f"  {tmp_path / 'nope'}: No such file or directory"
 
 
 def test_unlink_nondir_primitive(tmp_path: Path) -> None:

@@ -43,7 +43,12 @@ class Pool(Generic[T]):
         self.max_pending = max_pending if max_pending is not None else 64 * self.workers
         self.leftover: list[T] = []
         self._items: collections.deque[T] = collections.deque()
-        self._cv = threading.Condition(threading.Lock())
+        # one lock, three conditions, so that a wake-up goes to whoever can use it: idle
+        # workers (new items), the feeder (room in the queue), the waiting thread (all done)
+        lock = threading.Lock()
+        self._cv = threading.Condition(lock)
+        self._room = threading.Condition(lock)
+        self._idle = threading.Condition(lock)
         self._busy = 0
         self._feeding = True
         self._cancelled = False
@@ -57,7 +62,7 @@ class Pool(Generic[T]):
         """Stop handing out items; running ones finish."""
         with self._cv:
             self._cancelled = True
-            self._cv.notify_all()
+            self._wake_all()
 
     def submit(self, *items: T) -> None:
         """Add items (from a task, or from the feeding thread)."""
@@ -79,7 +84,7 @@ class Pool(Generic[T]):
             self._feed(items, tick, interval)
             with self._cv:
                 self._feeding = False
-                self._cv.notify_all()
+                self._wake_all()
             self._wait(tick, interval)
         except BaseException:
             self.cancel()
@@ -118,7 +123,7 @@ class Pool(Generic[T]):
         for item in items:
             with self._cv:
                 while len(self._items) >= self.max_pending and not self._cancelled:
-                    self._cv.wait(interval)
+                    self._room.wait(interval)
                     if tick is not None:
                         self._cv.release()
                         try:
@@ -135,7 +140,7 @@ class Pool(Generic[T]):
             with self._cv:
                 if self._cancelled or (not self._items and not self._busy):
                     return
-                self._cv.wait(interval)
+                self._idle.wait(interval)
             if tick is not None:
                 tick()
 
@@ -145,11 +150,12 @@ class Pool(Generic[T]):
                 while not self._items and not self._cancelled and (self._feeding or self._busy):
                     self._cv.wait()
                 if self._cancelled or not self._items:
-                    self._cv.notify_all()
+                    self._wake_all()
                     return
                 item = self._items.pop() if self.lifo else self._items.popleft()
                 self._busy += 1
-                self._cv.notify_all()     # room for the feeder
+                if self._feeding:
+                    self._room.notify()
             try:
                 self.fn(item)
             except BaseException as exc:
@@ -160,7 +166,13 @@ class Pool(Generic[T]):
             finally:
                 with self._cv:
                     self._busy -= 1
-                    self._cv.notify_all()
+                    if self._cancelled or (not self._items and not self._busy):
+                        self._wake_all()  # the end: idle workers exit, the waiting thread returns
+
+    def _wake_all(self) -> None:
+        self._cv.notify_all()
+        self._room.notify_all()
+        self._idle.notify_all()
 
 
 _END = object()

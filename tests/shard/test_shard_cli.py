@@ -29,7 +29,7 @@ def test_apply_verify_status_revert(fast_tmp: Path, run_cli) -> None:
 def test_status_shows_an_interrupted_migration(fast_tmp: Path, run_cli) -> None:
     make_dataset(fast_tmp, 1500, edge=False, symlinks=False)
     r = run_cli("shard", "apply", str(fast_tmp), "--levels", "1",
-                env={"MANYFILES_SHARD_KILL_AT": "move:1000"})
+                env={"MANYFILES_TESTING": "kill_at=move:1000"})
     assert r.returncode == -9
     r = run_cli("shard", "status", str(fast_tmp))
     assert b"interrupted: run `shard apply" in r.stdout, r.stdout
@@ -44,7 +44,9 @@ def test_errors_are_one_line_with_the_path(tmp_path: Path, run_cli) -> None:
     missing = tmp_path / "nope"
     r = run_cli("shard", "apply", str(missing))
     assert r.returncode == 1 and r.stderr.decode().strip() == f"shard: {missing}: No such file or directory"
-    r = run_cli("shard", "revert", str(tmp_path))
+    r = run_cli("shard", "revert", str(tmp_path))  # already flat: nothing to do, like apply on a tree
+    assert r.returncode == 0 and r.stdout.strip() == f"{tmp_path}: not sharded; nothing to do".encode()
+    r = run_cli("shard", "reshard", str(tmp_path), "--levels", "1")
     assert r.returncode == 1 and b"not sharded" in r.stderr
     r = run_cli("shard", "apply", str(tmp_path), "--levels", "x")
     assert r.returncode == 2 and b"--levels" in r.stderr

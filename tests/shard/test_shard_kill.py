@@ -1,8 +1,9 @@
 """kill -9 at many moments of `shard apply` / `shard revert`, then rerun: nothing lost, nothing left.
 
-Exact moments come from the test-only hook MANYFILES_SHARD_KILL_AT=<point>:<n> (the process
-SIGKILLs itself the n-th time it reaches <point>; "journal" kills half-way through writing a
-record); the random-time cases SIGKILL the real process from outside.
+Exact moments come from the test-only knob ``manyfiles._testing.kill_at``, set in the child
+through its one environment bridge, MANYFILES_TESTING=kill_at=<point>:<n> (the process
+SIGKILLs itself the n-th time it reaches <point>; "journal" kills half-way through writing
+a record); the random-time cases SIGKILL the real process from outside.
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ def dataset(tmp_path_factory: pytest.TempPathFactory):
 
 def _run(shard_bin: str, *args: str, kill_at: str | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ)
-    env.pop("MANYFILES_SHARD_KILL_AT", None)
+    env.pop("MANYFILES_TESTING", None)
     if kill_at:
-        env["MANYFILES_SHARD_KILL_AT"] = kill_at
+        env["MANYFILES_TESTING"] = f"kill_at={kill_at}"
     return subprocess.run([shard_bin, *args], env=env, capture_output=True, timeout=300)
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -12,7 +14,9 @@ from pathlib import Path
 import pytest
 from shardkit import EDGE_NAMES, assert_flat_clean, assert_sharded_clean, make_dataset, snapshot, top_level
 
+import manyfiles as mf
 from manyfiles import iotrace
+from manyfiles._progress import Snapshot
 from manyfiles.errors import ManyfilesError, UsageError
 from manyfiles.shard import Layout, ShardedDir, apply, plan, reshard, revert, verify
 from manyfiles.shard.journal import Lock
@@ -87,7 +91,7 @@ def test_files_appearing_during_migration_are_not_lost(fast_tmp: Path) -> None:
     root = make_dataset(fast_tmp / "d", 3000, edge=False, symlinks=False)
     created: list[str] = []
 
-    def progress(done: int, total: int) -> None:
+    def progress(snap: Snapshot) -> None:
         if not created:  # while the workers run: new files land in the flat folder
             for i in range(40):
                 name = f"new{i}"
@@ -110,6 +114,14 @@ def test_same_name_flat_and_in_tree_is_a_conflict_and_both_are_kept(tmp_path: Pa
     assert (tmp_path / "x").read_bytes() == b"flat copy" and sd.open("x").read() == b"in the tree"
     v = verify(tmp_path)
     assert not v.ok and v.duplicates == [b"x"] and v.flat == [b"x"]
+    # the shared report conventions: Failure records, raise_for_failures, to_dict, str
+    assert [(f.path, f.code) for f in rep.failures] == [(str(tmp_path / "x"), "EEXIST")]
+    with pytest.raises(mf.PartialFailure) as info:
+        rep.raise_for_failures()
+    assert info.value.report is rep
+    d = json.loads(json.dumps(rep.to_dict()))
+    assert d["ok"] is False and d["layout"]["levels"] == [2, 2] and d["conflicts"] == ["x"]
+    assert {f.code for f in v.failures} == {"flat", "duplicate"} and str(v).startswith("FAILED: 1 files")
 
 
 def test_workers_never_share_a_bucket_directory(fast_tmp: Path) -> None:
@@ -154,7 +166,7 @@ def test_prefix_key_and_reshard(fast_tmp: Path) -> None:
 
 def test_an_interrupted_operation_must_be_finished_first(fast_tmp: Path, shard_bin: str) -> None:
     make_dataset(fast_tmp, 2000, edge=False, symlinks=False)
-    env = dict(os.environ, MANYFILES_SHARD_KILL_AT="move:500")
+    env = dict(os.environ, MANYFILES_TESTING="kill_at=move:500")
     r = subprocess.run([shard_bin, "apply", str(fast_tmp), "-q"], env=env, capture_output=True)
     assert r.returncode == -9
     with pytest.raises(ManyfilesError, match="shard apply"):
@@ -246,8 +258,163 @@ def test_cross_device_bucket_is_refused(tmp_path: Path) -> None:
 
 
 def test_default_workers_follow_the_filesystem(tmp_path: Path, fast_tmp: Path) -> None:
-    from manyfiles.shard.migrate import default_workers
+    from manyfiles.shard.scan import default_workers
 
     for path in (tmp_path, fast_tmp):
         fstype = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True).stdout
         assert default_workers(os.fsencode(path)) == (1 if fstype.strip() in ("tmpfs", "ramfs") else 4)
+
+
+# -- conventions: arguments checked first, shared progress and reports, plans ---------------------
+
+
+_COMMON_BAD = [{"progress": "yes"}, {"progress": 3}, {"workers": 0}, {"workers": "4"}, {"journal_sync": "no"}]
+_BAD_ARGS = ([("apply", bad) for bad in [*_COMMON_BAD, {"layout": "2:2"}, {"plan": "moves.csv"}]]
+             + [("revert", bad) for bad in _COMMON_BAD]
+             + [("reshard", bad) for bad in [*_COMMON_BAD, {"layout": (1,)}]]
+             + [("verify", bad) for bad in [{"progress": "yes"}, {"expected": "10"}]])
+
+
+@pytest.mark.parametrize(("call", "bad"), _BAD_ARGS, ids=[f"{c}-{b}" for c, b in _BAD_ARGS])
+def test_bad_arguments_are_refused_before_anything_moves(tmp_path: Path, call: str, bad: dict) -> None:
+    ops = {"apply": apply, "revert": revert, "reshard": reshard, "verify": verify}
+    root = make_dataset(tmp_path / "d", 30, edge=False, symlinks=False)
+    if call != "apply":
+        apply(root, Layout(levels=(1,)))
+    kwargs = dict(bad)
+    if call == "reshard" and "layout" not in bad:
+        kwargs["layout"] = Layout(levels=(2,))
+    before, names = snapshot(root), top_level(root)
+    with pytest.raises(UsageError):
+        ops[call](root, **kwargs)
+    assert snapshot(root) == before and top_level(root) == names  # no lock, journal or bucket made
+
+
+def test_progress_true_shows_a_display_and_moves_everything(tmp_path: Path, capsys) -> None:
+    # issue 12: progress=True used to raise TypeError ('bool' object is not callable) after files moved
+    root = make_dataset(tmp_path / "d", 300)
+    before = snapshot(root)
+    rep = apply(root, workers=2, progress=True)
+    assert rep.ok and rep.moved == len(before)
+    assert_sharded_clean(root, before)
+    assert verify(root, progress=True).ok
+    assert revert(root, progress=True).ok
+    assert_flat_clean(root, before)
+    err = capsys.readouterr().err.splitlines()  # no terminal here: one plain line at the end of each
+    assert [line.split(":")[0] for line in err if line.endswith("[done]")] == [
+        "shard apply", "shard verify", "shard revert"]
+
+
+def test_progress_callable_gets_snapshots_of_files(tmp_path: Path) -> None:
+    root = make_dataset(tmp_path / "d", 500, edge=False, symlinks=False)
+    seen: list[Snapshot] = []
+    apply(root, workers=3, progress=seen.append)
+    assert seen[-1].finished and seen[-1].done == seen[-1].total == 500 and seen[-1].unit == "files"
+
+
+def test_revert_of_a_flat_folder_is_nothing_to_do(tmp_path: Path) -> None:
+    root = make_dataset(tmp_path / "d", 5, edge=False, symlinks=False)
+    rep = revert(root)
+    assert rep.ok and rep.nothing_to_do and rep.moved == 0
+    assert str(rep) == f"{root}: not sharded; nothing to do"
+    assert top_level(root) == {b"f%07d" % i for i in range(5)}
+
+
+def test_files_that_keep_appearing_are_left_flat_and_counted(fast_tmp: Path) -> None:
+    root = make_dataset(fast_tmp / "d", 200, edge=False, symlinks=False)
+    made: list[str] = []
+
+    def writer(snap: Snapshot) -> None:  # a writer that never stops adding files
+        if not snap.finished:
+            for _ in range(3):
+                made.append(f"late{len(made)}")
+                (root / made[-1]).write_bytes(b"x")
+
+    rep = apply(root, workers=2, progress=writer)
+    flat = {n for n in top_level(root) if not n.startswith(b".manyfiles")} - {
+        n for n in top_level(root) if (root / os.fsdecode(n)).is_dir()}
+    assert rep.ok and rep.left_flat == len(flat) > 0 and rep.appeared > 0
+    assert f"{rep.left_flat:,} left flat" in rep.summary()
+    assert rep.moved + rep.left_flat == 200 + len(made)
+    assert apply(root).moved == rep.left_flat and verify(root, expected=200 + len(made)).ok
+
+
+def test_a_plan_executes_exactly_its_moves(tmp_path: Path) -> None:
+    root = make_dataset(tmp_path / "d", 300)
+    p = plan(root, Layout(levels=(1, 1)))
+    assert str(p).startswith(f"plan for {root} (levels 1:1") and "Plan" in p._repr_html_()
+    (root / "after-the-plan").write_bytes(b"not reviewed")  # not in the plan: stays where it is
+    rep = p.execute(workers=2)
+    assert rep.ok and rep.moved == len(p.moves) and rep.left_flat == 1
+    assert (root / "after-the-plan").read_bytes() == b"not reviewed"
+    sd = ShardedDir(root)
+    assert sd.layout == Layout(levels=(1, 1))
+    assert all(os.path.lexists(sd.path_for(name)) for name, _ in p.moves)
+    assert apply(root).moved == 1 and verify(root).ok
+    again = p.execute()  # the same plan again: everything it names is in place already
+    assert again.ok and again.nothing_to_do and again.moved == 0
+
+
+def test_a_stale_plan_moves_nothing(tmp_path: Path) -> None:
+    root = make_dataset(tmp_path / "d", 50, edge=False, symlinks=False)
+    p = plan(root)
+    apply(root, Layout(levels=(1,)))  # someone sharded it meanwhile, with other levels
+    before = snapshot(root)
+    with pytest.raises(UsageError, match="layout changed since the plan"):
+        apply(plan=p)
+    assert snapshot(root) == before
+    # the same path, another directory
+    p = plan(root)
+    os.rename(root, tmp_path / "old")
+    make_dataset(root, 5, edge=False, symlinks=False)
+    with pytest.raises(UsageError, match="not the directory this plan was made for"):
+        p.execute()
+    assert top_level(root) == {b"f%07d" % i for i in range(5)}
+    with pytest.raises(UsageError, match="the plan is for"):
+        apply(tmp_path, plan=p)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("mkfs.ext4"),
+                    reason="needs root, unshare and mkfs.ext4 to mount a failing loop device")
+def test_write_back_error_keeps_the_journal(shard_bin: str) -> None:
+    # A real filesystem whose write-back fails: ext4 on a loop device whose backing file sits on a
+    # 4 MiB tmpfs, with 20 MiB of dirty file data.  syncfs(2) then reports the error: before the
+    # fix it was ignored, the journal deleted and the run reported success.
+    r = subprocess.run(["unshare", "-m", sys.executable, "-c", _FAILING_DISK, shard_bin],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode == 99:
+        pytest.skip(f"cannot mount a loop device here: {r.stderr.strip()[-200:]}")
+    result = json.loads(r.stdout)
+    assert result["code"] == 1, result
+    assert "while flushing the moves to disk; the journal is kept" in result["stderr"]
+    assert len(result["stderr"].splitlines()) == 1
+    assert result["ours"] == [".manyfiles-shard.journal", ".manyfiles-shard.json"]  # lock released
+
+
+_FAILING_DISK = """
+import json, os, subprocess, sys, tempfile
+d = tempfile.mkdtemp(prefix="mf-eio-")
+small, mnt = os.path.join(d, "small"), os.path.join(d, "mnt")
+os.mkdir(small); os.mkdir(mnt)
+try:
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", small], check=True)
+        img = os.path.join(small, "disk.img")
+        subprocess.run(["truncate", "-s", "64M", img], check=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-E", "nodiscard", img], check=True)
+        subprocess.run(["mount", "-o", "loop", img, mnt], check=True, capture_output=True)
+    except subprocess.CalledProcessError as exc:
+        print(exc, file=sys.stderr); sys.exit(99)
+    root = os.path.join(mnt, "data")
+    os.mkdir(root)
+    for i in range(20):
+        with open(os.path.join(root, "f%03d" % i), "wb") as f:
+            f.write(os.urandom(1 << 20))
+    r = subprocess.run([sys.argv[1], "apply", root, "-q"], capture_output=True, text=True)
+    print(json.dumps({"code": r.returncode, "stderr": r.stderr,
+                      "ours": sorted(n for n in os.listdir(root) if n.startswith(".manyfiles"))}))
+finally:
+    for m in (mnt, small):
+        subprocess.run(["umount", m], capture_output=True)
+    os.rmdir(mnt); os.rmdir(small); os.rmdir(d)
+"""

@@ -88,6 +88,9 @@ def fail(prog: str, message: str, code: int = 1) -> None:
 
 def run_main(command: click.Command, prog: str) -> None:
     """Run a click command as a standalone script with manyfiles' error mapping."""
+    from manyfiles import _testing
+
+    _testing.apply_environ()  # the one bridge for subprocess tests (kill points); unset in production
     try:
         # standalone_mode=False returns the callback's value (our commands return
         # their exit code) or the code of a click Exit.

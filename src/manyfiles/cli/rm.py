@@ -81,7 +81,7 @@ each; the rest is still removed), 2 usage error or refused argument, 130 interru
     show_default=True,
     help="Worker threads; each owns one directory at a time.",
 )
-@click.option("--progress", is_flag=True, help="Progress bar with files/s and ETA (only on a terminal).")
+@click.option("--progress", is_flag=True, help="Progress bar with rate and ETA (only on a terminal).")
 @click.option(
     "-o",
     "--output",
@@ -150,8 +150,7 @@ def command(
     for f in report.failures:
         click.echo(f"{prog}: {_show(f.path)}: {f.reason}", err=True)
     if verbose or dry_run:
-        rate = f" ({report.files_per_second:,.0f} files/s)" if not dry_run and report.seconds > 0 else ""
-        click.echo(f"{prog}: {report}{rate}", err=True)
+        click.echo(f"{prog}: {report.summary()}", err=True)
     return 0 if report.ok else 1
 
 

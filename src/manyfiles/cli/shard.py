@@ -14,13 +14,15 @@ Examples:
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import click
 
-from manyfiles.cli._common import instrumented, progress_reporter, run_main
+from manyfiles import shard as mig
+from manyfiles._report import Failure
+from manyfiles.cli._common import instrumented, run_main
 from manyfiles.shard import HASHES, KEYS, Layout, parse_levels
-from manyfiles.shard import migrate as mig
 
 PROG = "shard"
 _SHOW = 10  # items of each kind listed before "... and N more"
@@ -49,22 +51,33 @@ def _warn_list(title: str, items: list[Any], root: str) -> None:
         click.echo(f"{PROG}: ... and {len(items) - _SHOW} more ({title})", err=True)
 
 
+def _warn_failures(failures: list[Failure]) -> None:
+    """One ``shard: PATH: reason`` line per failure, at most _SHOW of each kind (code)."""
+    shown: dict[str, int] = {}
+    for f in failures:
+        shown[f.code] = shown.get(f.code, 0) + 1
+        if shown[f.code] <= _SHOW:
+            click.echo(f"{PROG}: {_show(f.path)}: {f.reason}", err=True)
+    for code, n in shown.items():
+        if n > _SHOW:
+            click.echo(f"{PROG}: ... and {n - _SHOW:,} more ({code or 'error'})", err=True)
+
+
 def _report(rep: mig.MigrationReport, quiet: bool) -> int:
+    """Exit 0 when everything found was moved (files created after the last rescan and left
+    flat are a warning, named with their count); 1 when something failed or is in the way."""
     _warn_list("left in place", rep.skipped, rep.root)
-    _warn_list("exists at both source and destination; both kept", rep.conflicts, rep.root)
-    _warn_list("error", [(n, why) for n, why in rep.errors], rep.root)
+    _warn_failures(rep.failures)
+    if rep.left_flat:
+        click.echo(f"{PROG}: {rep.root}: {rep.left_flat:,} files were created during the run and left flat; "
+                   f"run `shard apply {rep.root}` again to move them", err=True)
     if not quiet:
-        if rep.nothing_to_do:
-            click.echo(f"{rep.root}: already sharded ({rep.layout.describe()}); nothing to do")
-        else:
-            extra = [f"{rep.already:,} already done" if rep.already else "",
-                     f"{rep.appeared:,} appeared during the run" if rep.appeared else "",
-                     f"{rep.vanished:,} vanished" if rep.vanished else "",
-                     "resumed an interrupted run" if rep.resumed else ""]
-            tail = "; ".join(x for x in extra if x)
-            click.echo(f"{rep.op}: {rep.moved:,} files moved, {rep.buckets:,} buckets, {rep.seconds:.1f} s "
-                       f"({rep.rate:,.0f} files/s){'; ' + tail if tail else ''}")
+        click.echo(rep.summary())
     return 0 if rep.ok else 1
+
+
+def _progress(quiet: bool) -> bool:
+    return not quiet and sys.stderr.isatty()
 
 
 _levels_opt = click.option("--levels", default=None, metavar="W[:W...]",
@@ -104,8 +117,7 @@ def apply(directory: str, levels: str | None, hash_: str | None, key: str | None
         return _plan(directory, layout, csv_path)
     if csv_path:
         raise click.UsageError("--csv needs --plan")
-    with progress_reporter(not quiet, "apply", unit="files") as progress:
-        rep = mig.apply(directory, layout, workers=workers, progress=progress)
+    rep = mig.apply(directory, layout, workers=workers, progress=_progress(quiet))
     return _report(rep, quiet)
 
 
@@ -141,8 +153,7 @@ def _plan(directory: str, layout: Layout | None, csv_path: str | None) -> int:
 @instrumented
 def revert(directory: str, workers: int | None, quiet: bool) -> int:
     """Move every file of the tree back into DIRECTORY and remove the buckets (resumable)."""
-    with progress_reporter(not quiet, "revert", unit="files") as progress:
-        rep = mig.revert(directory, workers=workers, progress=progress)
+    rep = mig.revert(directory, workers=workers, progress=_progress(quiet))
     return _report(rep, quiet)
 
 
@@ -157,8 +168,7 @@ def revert(directory: str, workers: int | None, quiet: bool) -> int:
 def reshard(directory: str, levels: str | None, hash_: str | None, key: str | None, workers: int | None,
             quiet: bool) -> int:
     """Change the layout of sharded DIRECTORY (revert + apply as one resumable operation)."""
-    with progress_reporter(not quiet, "reshard", unit="files") as progress:
-        rep = mig.reshard(directory, _layout(levels, hash_, key), workers=workers, progress=progress)
+    rep = mig.reshard(directory, _layout(levels, hash_, key), workers=workers, progress=_progress(quiet))
     return _report(rep, quiet)
 
 
@@ -168,19 +178,10 @@ def reshard(directory: str, levels: str | None, hash_: str | None, key: str | No
 @instrumented
 def verify(directory: str, expect: int | None) -> int:
     """Check that every file sits where its name says: no strays, temp files or duplicates."""
-    rep = mig.verify(directory, expected=expect)
-    root = rep.root
-    _warn_list("file still at the top level", rep.flat, root)
-    _warn_list("error", [(w, f"misplaced, belongs at {_show(s)}") for w, s in rep.misplaced], root)
-    _warn_list("name present more than once", rep.duplicates, root)
-    _warn_list("temporary file of an interrupted write", rep.temp_files, root)
-    _warn_list("directory that is not a bucket (left alone)", rep.foreign, root)
-    if rep.in_progress:
-        click.echo(f"{PROG}: {root}: an interrupted `shard {rep.in_progress}`: rerun it to finish", err=True)
-    if rep.expected is not None and rep.expected != rep.files:
-        click.echo(f"{PROG}: {root}: {rep.files:,} files found, {rep.expected:,} expected", err=True)
-    verdict = "ok" if rep.ok else "FAILED"
-    click.echo(f"{verdict}: {rep.files:,} files in {rep.buckets:,} buckets ({rep.layout.describe()})")
+    rep = mig.verify(directory, expected=expect, progress=_progress(False))
+    _warn_failures(rep.failures)
+    _warn_list("directory that is not a bucket (left alone)", rep.foreign, rep.root)
+    click.echo(rep.summary())
     return 0 if rep.ok else 1
 
 

@@ -1,29 +1,23 @@
 """Hashed prefix trees (``ab/cd/<name>``): the ShardedDir API and crash-safe migration.
 
 Example:
-    >>> from manyfiles.shard import ShardedDir, Layout, apply, revert   # doctest: +SKIP
-    >>> report = apply("/data/flat", Layout(levels=(2, 2)), workers=4)
+    >>> from manyfiles.shard import ShardedDir, Layout, apply, plan, revert   # doctest: +SKIP
+    >>> p = plan("/data/flat", Layout(levels=(2, 2)))     # what would move where; nothing moves
+    >>> report = p.execute(workers=4, progress=True)      # or apply("/data/flat", workers=4)
     >>> ShardedDir("/data/flat").path_for("cat.jpg")
     '/data/flat/8b/1a/cat.jpg'
-    >>> revert("/data/flat")
+    >>> revert("/data/flat").raise_for_failures()
 
 ``apply``/``revert``/``reshard`` are resumable: after a crash, run the same call again.
+Modules: ``layout`` (names -> buckets, pure), ``sharded_dir`` (ShardedDir), ``scan`` (the
+root listing), ``migrate`` (plan, apply, revert, reshard), ``_engine`` (the moves on the
+worker pool), ``journal`` (journal and lock), ``verify`` (verify, status).
 """
 
 from manyfiles.shard.layout import HASHES, KEYS, Layout, parse_levels
-from manyfiles.shard.migrate import (
-    MigrationReport,
-    Plan,
-    Status,
-    VerifyReport,
-    apply,
-    plan,
-    reshard,
-    revert,
-    status,
-    verify,
-)
+from manyfiles.shard.migrate import MigrationReport, Plan, apply, plan, reshard, revert
 from manyfiles.shard.sharded_dir import BucketStats, MigrationInProgress, ShardedDir
+from manyfiles.shard.verify import Status, VerifyReport, status, verify
 
 __all__ = [
     "HASHES",

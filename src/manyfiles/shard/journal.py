@@ -1,4 +1,4 @@
-"""The migration journal, the lock and the test-only kill hook.
+"""The migration journal and the lock.
 
 The journal is an append-only file of checksummed JSON lines at the root.  It records
 intent (operation and both layouts), the names moved aside, phase changes and progress.
@@ -12,45 +12,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import itertools
 import json
 import os
-import signal
 import time
 import zlib
-from collections.abc import Iterator
 from typing import Any
 
-from manyfiles import _fsops
+from manyfiles import _fsops, _testing
 from manyfiles.errors import ManyfilesError
 
 JOURNAL = b".manyfiles-shard.journal"
 LOCK = b".manyfiles-shard.lock"
-
-
-# -- test-only kill hook ---------------------------------------------------------------------------
-# MANYFILES_SHARD_KILL_AT=<point>:<n> makes the process SIGKILL itself the n-th time it reaches
-# <point>, so the crash tests can hit exact moments (e.g. half-way through a journal record).
-
-def _parse_kill_at() -> tuple[str, int] | None:
-    spec = os.environ.get("MANYFILES_SHARD_KILL_AT")
-    if not spec:
-        return None
-    point, _, n = spec.partition(":")
-    return point, int(n or 1)
-
-
-_KILL_AT = _parse_kill_at()
-_kill_counters: dict[str, Iterator[int]] = {}
-
-
-def killpoint(point: str) -> None:
-    """SIGKILL ourselves here if the test hook asks for it (no-op otherwise)."""
-    if _KILL_AT is None or _KILL_AT[0] != point:
-        return
-    counter = _kill_counters.setdefault(point, itertools.count(1))
-    if next(counter) == _KILL_AT[1]:  # itertools.count is atomic under the GIL
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # -- lock ----------------------------------------------------------------------------------------
@@ -198,11 +170,9 @@ class Journal:
     def append(self, record: dict[str, Any], *, durable: bool = False) -> None:
         """Write one record; ``durable`` records are fsync'd now, others at most 0.5 s later."""
         data = _encode(record)
-        if _KILL_AT is not None and _KILL_AT[0] == "journal":
-            counter = _kill_counters.setdefault("journal", itertools.count(1))
-            if next(counter) == _KILL_AT[1]:
-                os.write(self.fd, data[: len(data) // 2])  # a torn record, then the crash
-                os.kill(os.getpid(), signal.SIGKILL)
+        if _testing.kill_at is not None and _testing.reached("journal"):
+            os.write(self.fd, data[: len(data) // 2])  # a torn record, then the crash
+            _testing.die()
         _fsops.traced("write", JOURNAL, os.write, self.fd, data)
         self.records.append(record)
         self._dirty = True

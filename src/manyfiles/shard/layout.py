@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from manyfiles.errors import UsageError
 
@@ -63,7 +63,6 @@ class Layout:
     levels: tuple[int, ...] = (2, 2)
     hash: str = "md5"
     key: str = "hash"
-    _digest: object = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "levels", parse_levels(self.levels))
@@ -73,7 +72,8 @@ class Layout:
             raise UsageError(f"--hash {self.hash!r}: expected one of {', '.join(HASHES)}")
         if self.key == "hash" and sum(self.levels) > _DIGEST_HEX[self.hash]:
             raise UsageError(f"levels {self.levels_str}: wider than the {self.hash} digest")
-        # usedforsecurity=False: this is a spread function, and FIPS builds refuse md5 otherwise
+        # usedforsecurity=False: this is a spread function, and FIPS builds refuse md5 otherwise.
+        # Not a dataclass field: reports serialize layouts field by field.
         ctor = getattr(hashlib, self.hash)
         object.__setattr__(self, "_digest", lambda b: ctor(b, usedforsecurity=False).hexdigest().encode())
 

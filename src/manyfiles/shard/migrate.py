@@ -1,97 +1,137 @@
 """Crash-safe in-place migration: flat -> tree (apply), tree -> flat (revert), and re-sharding.
 
-Data flow: list -> plan -> execute -> report.  Every file moves with one rename that never
-replaces an existing name; each move is idempotent (source gone + destination present =
-done), so a rerun after kill -9 at any point simply continues.  Work is partitioned by top
-bucket: one worker owns ``ab/`` and everything below it, so no two workers ever create or
-rename entries in the same bucket directory.  The design is explained in docs/shard.md.
+Data flow: scan -> plan -> execute -> report.  :func:`plan` lists the root once and says what
+:func:`apply` would move where; ``apply(plan=...)`` (or ``plan.execute()``) runs exactly that
+plan after checking it against the disk.  Every operation is resumable: after a crash, run
+the same call again.  The moves themselves happen in :mod:`manyfiles.shard._engine`; the
+design is explained in docs/shard.md.
 """
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import errno
+import html
 import json
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from manyfiles import _fsops, listing
+from manyfiles._progress import ProgressArg, check_progress
+from manyfiles._report import Report
+from manyfiles._testing import killpoint
 from manyfiles.errors import ManyfilesError, UsageError, describe_oserror
-from manyfiles.shard.journal import JOURNAL, Journal, Lock, killpoint, lock_holder, name_to_json, read_records
-from manyfiles.shard.layout import RESERVED_PREFIX, Layout
+from manyfiles.shard._engine import Migration
+from manyfiles.shard.journal import Journal
+from manyfiles.shard.layout import Layout
+from manyfiles.shard.scan import RootArg, abs_root, open_root, scan_root
 from manyfiles.shard.sharded_dir import (
     DESCRIPTOR,
-    TMP_PREFIX,
     BucketStats,
     create_descriptor,
-    estimate_files,
-    open_dir,
     read_descriptor,
     remove_descriptor,
 )
 
-ASIDE = b".manyfiles-shard.aside"
-Progress = Callable[[int, int], None]
-
-_FATAL = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EXDEV, errno.EIO, errno.EACCES}
-_MAX_ERRORS = 1000
 _RESCANS = 3  # extra passes for files created while we run
 
 
 # -- results -------------------------------------------------------------------------------------
 
 
-@dataclass
-class MigrationReport:
-    """What a migration did.  ``ok`` is False when something was left in place."""
+@dataclass(kw_only=True)
+class MigrationReport(Report):
+    """What a migration did.  ``ok`` is False when something failed or was left in the way.
+
+    ``conflicts`` (names at source AND destination, both kept) are also in ``failures``.
+    ``left_flat``: files still flat at the end -- created after the last rescan, or (with a
+    plan) not in the plan; they are not failures: run ``apply`` again to move them.
+    """
 
     op: str
     root: str
-    layout: Layout
+    layout: Layout | None
     moved: int = 0
     already: int = 0       # found done: a previous (killed) run or an NFS rename retry did it
     vanished: int = 0      # deleted by someone else before we got to it
     appeared: int = 0      # created during the migration and moved by a rescan
     set_aside: int = 0     # files named like a top bucket, parked in the aside directory first
+    left_flat: int = 0
     buckets: int = 0
     resumed: bool = False
     nothing_to_do: bool = False
     skipped: list[tuple[bytes, str]] = field(default_factory=list)   # left alone on purpose
-    conflicts: list[bytes] = field(default_factory=list)             # name at source AND destination
-    errors: list[tuple[bytes, str]] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not self.conflicts and not self.errors
+    conflicts: list[bytes] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
         return self.moved / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def errors(self) -> list[tuple[str, str]]:
+        """``(path, reason)`` of the failures that are not conflicts (the list ``errors`` was before
+        issue 10, which held names relative to the root)."""
+        return [(f.path, f.reason) for f in self.failures if f.code != "EEXIST"]
+
+    def summary(self) -> str:
+        if self.nothing_to_do:
+            state = {"revert": "not sharded"}.get(self.op, f"already sharded ({self.layout.describe()})"
+                                                  if self.layout else "not sharded")
+            return f"{self.root}: {state}; nothing to do"
+        extra = [f"{self.already:,} already done" if self.already else "",
+                 f"{self.appeared:,} appeared during the run" if self.appeared else "",
+                 f"{self.vanished:,} vanished" if self.vanished else "",
+                 f"{self.left_flat:,} left flat (rerun apply to move them)" if self.left_flat else "",
+                 "resumed an interrupted run" if self.resumed else ""]
+        tail = "; ".join(x for x in extra if x)
+        return (f"{self.op}: {self.moved:,} files moved, {self.buckets:,} buckets, {self.seconds:.1f} s "
+                f"({self.rate:,.0f} files/s){'; ' + tail if tail else ''}")
+
 
 @dataclass
 class Plan:
-    """A dry run of ``apply``: nothing is moved."""
+    """What :func:`apply` would do, from one listing of the root; nothing is moved.
+
+    ``moves`` are ``(name, destination relative to the root)``; ``collisions`` are flat files
+    named like a top bucket (set aside first, then moved); ``blocking`` are subdirectories
+    named like buckets, which make ``apply`` refuse.  ``identity`` (st_dev, st_ino of the
+    root) and the layout are checked against the disk by :meth:`execute` before anything
+    moves (``recorded`` is the descriptor's layout when planned, None if not sharded yet).
+    """
 
     root: str
     layout: Layout
-    moves: list[tuple[bytes, bytes]]          # (name, relative destination)
+    moves: list[tuple[bytes, bytes]]
     per_bucket: dict[bytes, int]
-    collisions: list[bytes]                   # flat files named like a top bucket (moved aside first)
+    collisions: list[bytes]
     skipped: list[tuple[bytes, str]]
-    blocking: list[bytes]                     # subdirectories named like buckets: apply refuses
+    blocking: list[bytes]
     already_sharded: bool
+    identity: tuple[int, int] = (-1, -1)
+    recorded: Layout | None = None
+
+    @property
+    def names(self) -> frozenset[bytes]:
+        return frozenset(name for name, _ in self.moves)
 
     @property
     def stats(self) -> BucketStats:
         return BucketStats.from_counts(list(self.per_bucket.values()))
+
+    def summary(self) -> str:
+        text = (f"plan for {self.root} ({self.layout.describe()}): {len(self.moves):,} files to move "
+                f"into {self.stats.buckets:,} buckets")
+        if self.blocking:
+            text += f"; apply would refuse: {len(self.blocking):,} subdirectories named like buckets"
+        return text
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def _repr_html_(self) -> str:
+        s = self.stats
+        return (f"<div><b>Plan</b>: {html.escape(self.summary())}<br>files per bucket: min {s.min:,}, "
+                f"max {s.max:,}, mean {s.mean:.1f}, stddev {s.stddev:.1f}</div>")
 
     def write_csv(self, path: str) -> None:
         """``source,destination`` per move, relative to the root (names byte-exact)."""
@@ -101,448 +141,49 @@ class Plan:
             for name, dest in self.moves:
                 w.writerow([os.fsdecode(name), os.fsdecode(dest)])
 
-
-@dataclass
-class VerifyReport:
-    root: str
-    layout: Layout
-    files: int = 0
-    buckets: int = 0
-    flat: list[bytes] = field(default_factory=list)                    # files still at the root
-    misplaced: list[tuple[bytes, bytes]] = field(default_factory=list)  # (where, where it should be)
-    duplicates: list[bytes] = field(default_factory=list)
-    temp_files: list[bytes] = field(default_factory=list)
-    foreign: list[bytes] = field(default_factory=list)                 # directories we left alone
-    in_progress: str | None = None
-    expected: int | None = None
-
-    @property
-    def ok(self) -> bool:
-        count_ok = self.expected is None or self.expected == self.files
-        return count_ok and not (self.flat or self.misplaced or self.duplicates or self.temp_files
-                                 or self.in_progress)
+    def execute(self, *, workers: int | None = None, progress: ProgressArg = False,
+                journal_sync: bool = True) -> MigrationReport:
+        """Move the planned files: ``apply(plan=self)``."""
+        return apply(plan=self, workers=workers, progress=progress, journal_sync=journal_sync)
 
 
-@dataclass
-class Status:
-    root: str
-    layout: Layout | None
-    flat_files: int
-    estimate: int
-    journal: dict[str, Any] | None      # header of an unfinished migration
-    done: int                           # files moved so far by that migration
-    running_pid: int | None
+# -- argument checks (all before anything is touched) -----------------------------------------------
 
 
-# -- shared helpers ------------------------------------------------------------------------------
+def _check_common(workers: object, progress: object, journal_sync: object) -> None:
+    check_progress(progress)
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise UsageError(f"workers must be a positive integer or None, not {workers!r}")
+    if not isinstance(journal_sync, bool):
+        raise UsageError(f"journal_sync must be True or False, not {journal_sync!r}")
 
 
-def _abs(root: str | bytes | os.PathLike) -> bytes:
-    return os.fsencode(os.path.abspath(os.fspath(root)))
+def _check_layout(layout: object) -> None:
+    if layout is not None and not isinstance(layout, Layout):
+        raise UsageError(f"layout must be a manyfiles.shard.Layout or None, not {layout!r}")
 
 
-def _open_root(rootb: bytes) -> int:
-    try:
-        return open_dir(rootb)
-    except OSError as exc:
-        raise ManyfilesError(f"{os.fsdecode(rootb)}: {describe_oserror(exc)}") from exc
+def _check_root(root: object) -> None:
+    if not isinstance(root, (str, bytes, os.PathLike)):
+        raise UsageError(f"root must be a path, not {root!r}")
 
 
-def _layout_doc(layout: Layout | None) -> dict[str, Any] | None:
-    return None if layout is None else json.loads(layout.to_json())
+def _check_plan(plan: Plan, m: Migration, recorded: Layout | None, journal: Journal | None) -> None:
+    """A stale plan must not move anything: same directory, same recorded layout, no blockers."""
+    where = os.fsdecode(m.rootb)
+    st = os.fstat(m.rootfd)
+    if (st.st_dev, st.st_ino) != plan.identity:
+        raise UsageError(f"{where}: not the directory this plan was made for (replaced since); "
+                         "make a new plan (nothing was moved)")
+    if plan.blocking:
+        raise ManyfilesError(f"{where}: the plan found subdirectories named like buckets; apply refuses "
+                             "(nothing was moved)")
+    if journal is None and recorded is not None and recorded != plan.layout:
+        raise UsageError(f"{where}: the layout changed since the plan (now: {recorded.describe()}); make a "
+                         "new plan (nothing was moved)")
 
 
-def _layout_from(doc: dict[str, Any] | None) -> Layout | None:
-    return None if doc is None else Layout.from_json(json.dumps(doc).encode())
-
-
-def _lexists(name: bytes, dir_fd: int) -> bool:
-    try:
-        os.lstat(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def _scan_root(rootb: bytes, layout: Layout) -> tuple[list[bytes], list[bytes], list[tuple[bytes, str]]]:
-    """(flat non-directory names, bucket-named subdirectories, skipped entries) of the root."""
-    flat, buckets, skipped = [], [], []
-    for e in listing.iter_entries(rootb):
-        name = e.name
-        if name.startswith(RESERVED_PREFIX):
-            if not name.startswith(b".manyfiles-shard"):
-                skipped.append((name, "reserved name"))
-        elif e.type == "d":
-            if layout.is_bucket(name, 0):
-                buckets.append(name)
-            else:
-                skipped.append((name, "subdirectory left in place"))
-        else:
-            flat.append(name)
-    return flat, buckets, skipped
-
-
-def _group(layout: Layout, names: list[bytes]) -> dict[bytes, dict[bytes, list[bytes]]]:
-    """top bucket -> leaf path -> names: the unit of work is one top bucket."""
-    tops: dict[bytes, dict[bytes, list[bytes]]] = {}
-    for name in names:
-        parts = layout.buckets(name)
-        leaf = b"/".join(parts)
-        tops.setdefault(parts[0], {}).setdefault(leaf, []).append(name)
-    return tops
-
-
-_MEMORY_FS = ("tmpfs", "ramfs")
-
-
-def default_workers(path: bytes) -> int:
-    """1 on memory filesystems, 4 elsewhere.
-
-    On tmpfs a rename never waits for I/O, and every move also locks the one flat directory,
-    so extra threads only add lock and GIL hand-offs.  On disks and network filesystems the
-    workers overlap the waits (journal commits, round trips); see docs/benchmarks.md.
-    """
-    real = os.path.realpath(path)
-    best, fstype = b"", b""
-    try:
-        with open("/proc/self/mountinfo", "rb") as f:
-            for line in f:
-                fields = line.split()
-                mnt = fields[4].replace(b"\\040", b" ")
-                sep = fields.index(b"-")
-                inside = real == mnt or real.startswith(mnt.rstrip(b"/") + b"/")
-                if inside and len(mnt) >= len(best):
-                    best, fstype = mnt, fields[sep + 1]
-    except (OSError, ValueError, IndexError):
-        return 4
-    return 1 if fstype.decode(errors="replace") in _MEMORY_FS else 4
-
-
-def _clean_descriptor_temps(rootfd: int, rootb: bytes) -> None:
-    for e in listing.iter_entries(rootb):
-        if e.name.startswith(DESCRIPTOR + b".") and e.name.endswith(b".tmp"):
-            with contextlib.suppress(FileNotFoundError):
-                _fsops.unlink(e.name, dir_fd=rootfd)
-
-
-# -- the engine ----------------------------------------------------------------------------------
-
-
-class _Migration:
-    """State of one run: root fd, lock, journal, counters, worker pool."""
-
-    def __init__(self, root: str | bytes | os.PathLike, op: str, workers: int | None,
-                 progress: Progress | None, journal_sync: bool) -> None:
-        self.rootb = _abs(root)
-        workers = default_workers(self.rootb) if workers is None else workers
-        self.op, self.workers, self.progress, self.journal_sync = op, max(1, workers), progress, journal_sync
-        self.rootfd = _open_root(self.rootb)
-        self.dev = os.fstat(self.rootfd).st_dev
-        self.lock = Lock(self.rootfd, self.rootb)
-        self.journal: Journal | None = None
-        self.report: MigrationReport | None = None
-        self._mutex = threading.Lock()
-        self._stop = False
-        self._layout: Layout | None = None
-        self.done = self.total = 0
-
-    # context management: lock on entry; always release the lock, keep the journal on failure
-    def __enter__(self) -> _Migration:
-        try:
-            self.lock.acquire()
-        except OSError as exc:
-            os.close(self.rootfd)
-            raise ManyfilesError(f"{os.fsdecode(self.rootb)}: {describe_oserror(exc)} "
-                                 "(nothing was moved)") from exc
-        except BaseException:
-            os.close(self.rootfd)
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.journal is not None:
-            self.journal.flush()
-            self.journal.close()
-        # the flock is the lock; the file goes too, so a finished directory holds nothing of ours
-        self.lock.release(remove=True)
-        os.close(self.rootfd)
-
-    def where(self, name: bytes) -> str:
-        return os.fsdecode(os.path.join(self.rootb, name))
-
-    def finish(self) -> None:
-        """Make every rename durable, then drop the journal: the migration is complete."""
-        _fsops.syncfs(self.rootfd, self.rootb)
-        killpoint("finish")
-        assert self.journal is not None
-        self.journal.remove()
-        self.journal = None
-
-    def note(self, record: dict[str, Any], durable: bool = False) -> None:
-        with self._mutex:
-            assert self.journal is not None
-            self.journal.append(record, durable=durable)
-
-    # -- moving one name -----------------------------------------------------------------------
-
-    def move(self, sfd: int, sname: bytes, dfd: int, dname: bytes, label: bytes,
-             as_: str | None = "moved") -> bool:
-        """Rename without replacing; True if this call moved it (False: done, vanished, conflict).
-
-        ``as_`` names the report counter to bump; None leaves counting to the caller (hot loops
-        count per bucket instead of taking the report lock per file).
-        """
-        rep = self.report
-        assert rep is not None
-        try:
-            _fsops.rename_noreplace(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
-        except FileNotFoundError:
-            if _lexists(dname, dfd):
-                self.tally("already")  # source gone + destination present = done
-            elif _lexists(sname, sfd):
-                raise ManyfilesError(f"{self.where(label)}: destination directory disappeared") from None
-            else:
-                self.tally("vanished")
-            return False
-        except FileExistsError:
-            if _lexists(sname, sfd):
-                rep.conflicts.append(label)  # two different files with one name: keep both
-            else:
-                self.tally("already")
-            return False
-        except OSError as exc:
-            if exc.errno == errno.EXDEV:
-                raise ManyfilesError(f"{self.where(label)}: on another filesystem; shard only renames "
-                                     "within one filesystem") from exc
-            if exc.errno in _FATAL:
-                raise ManyfilesError(f"{self.where(label)}: {describe_oserror(exc)}") from exc
-            rep.errors.append((label, describe_oserror(exc)))
-            if len(rep.errors) > _MAX_ERRORS:
-                raise ManyfilesError(f"{self.where(label)}: too many errors, stopping") from exc
-            return False
-        if as_ is not None:
-            self.tally(as_)
-        killpoint("move")
-        return True
-
-    def open_bucket(self, rel: bytes, create: bool) -> int:
-        """fd of the bucket directory ``rel`` (``ab/cd``), created level by level if asked."""
-        if create:
-            self.make_bucket(rel)
-        fd = os.open(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.rootfd)
-        if os.fstat(fd).st_dev != self.dev:
-            os.close(fd)
-            raise ManyfilesError(f"{self.where(rel)}: is on another filesystem (a mount point); "
-                                 "refusing a cross-device move")
-        return fd
-
-    def make_bucket(self, rel: bytes) -> None:
-        # mkdir first: on a fresh run the bucket is usually new, so this is one syscall
-        try:
-            _fsops.mkdir(rel, dir_fd=self.rootfd)
-        except FileExistsError:
-            return
-        except FileNotFoundError:
-            parent = rel.rpartition(b"/")[0]
-            if not parent:
-                raise
-            self.make_bucket(parent)
-            with contextlib.suppress(FileExistsError):
-                _fsops.mkdir(rel, dir_fd=self.rootfd)
-        killpoint("mkdir")
-
-    def count(self, n: int) -> None:
-        with self._mutex:
-            self.done += n
-
-    def tally(self, what: str, n: int = 1) -> None:
-        with self._mutex:  # workers share the report; += on an attribute is not atomic
-            setattr(self.report, what, getattr(self.report, what) + n)
-
-    # -- worker pool ---------------------------------------------------------------------------
-
-    def run_parallel(self, fn: Callable[[Any], None], items: list[Any]) -> None:
-        """Run ``fn(item)`` for each item on the workers, reporting progress meanwhile."""
-        if self.workers == 1 or len(items) <= 1:
-            last = 0.0
-            for item in items:
-                fn(item)
-                if self.progress and time.monotonic() - last > 0.2:
-                    last = time.monotonic()
-                    self.progress(self.done, self.total)
-        else:
-            with ThreadPoolExecutor(self.workers, thread_name_prefix="shard") as pool:
-                pending = {pool.submit(self._guarded, fn, item) for item in items}
-                try:
-                    while pending:
-                        finished, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
-                        for f in finished:
-                            f.result()
-                        if self.progress:
-                            self.progress(self.done, self.total)
-                except BaseException:
-                    self._stop = True
-                    for f in pending:
-                        f.cancel()
-                    raise
-        if self.progress:
-            self.progress(self.done, self.total)
-
-    def _guarded(self, fn: Callable[[Any], None], item: Any) -> None:
-        if not self._stop:
-            fn(item)
-
-    # -- apply: flat -> tree -------------------------------------------------------------------
-
-    def apply_round(self, layout: Layout, flat: list[bytes]) -> None:
-        rep = self.report
-        assert rep is not None
-        # 1. flat files named like a top bucket (a file "ab" where "ab/" must go) step aside first,
-        #    before any worker can mkdir that bucket; the journal records each one before it moves.
-        collide = [n for n in flat if layout.is_bucket(n, 0)]
-        if collide:
-            asidefd = self.open_bucket(ASIDE, create=True)
-            try:
-                for name in collide:
-                    self.note({"type": "aside", "name": name_to_json(name)}, durable=True)
-                    self.move(self.rootfd, name, asidefd, name, name, "set_aside")
-                    killpoint("aside")
-            finally:
-                os.close(asidefd)
-            moved_aside = set(collide)
-            flat = [n for n in flat if n not in moved_aside]
-        # 2. everything else, one top bucket per task
-        tops = _group(layout, flat)
-        rep.buckets += sum(len(leaves) for leaves in tops.values())
-        self.run_parallel(self._apply_top, list(tops.items()))
-        # 3. the set-aside files go to their buckets (also those of an earlier, killed run)
-        self.place_aside(lambda name: layout.bucket_rel(name))
-
-    def _apply_top(self, item: tuple[bytes, dict[bytes, list[bytes]]]) -> None:
-        top, leaves = item
-        n = 0
-        for leaf, names in leaves.items():
-            if self._stop:
-                return
-            lfd = self.open_bucket(leaf, create=True)
-            moved = 0
-            try:
-                for name in names:
-                    moved += self.move(self.rootfd, name, lfd, name, name, None)
-            finally:
-                os.close(lfd)
-                self.tally("moved", moved)
-            self.count(len(names))
-            n += len(names)
-        self.note({"type": "done", "top": name_to_json(top), "files": n})
-
-    def place_aside(self, dest_rel: Callable[[bytes], bytes | None]) -> None:
-        """Move every file in the aside directory to ``dest_rel(name)`` (None = the root)."""
-        try:
-            names = [e.name for e in listing.iter_entries(os.path.join(self.rootb, ASIDE))]
-        except FileNotFoundError:
-            return
-        asidefd = self.open_bucket(ASIDE, create=False)
-        try:
-            for name in names:
-                rel = dest_rel(name)
-                dfd = self.rootfd if rel is None else self.open_bucket(rel, create=True)
-                try:
-                    self.move(asidefd, name, dfd, name, name)
-                finally:
-                    if dfd != self.rootfd:
-                        os.close(dfd)
-                killpoint("place")
-        finally:
-            os.close(asidefd)
-        if _fsops.rmdir_if_empty(ASIDE, dir_fd=self.rootfd):
-            self.note({"type": "aside-done"}, durable=True)
-
-    # -- revert: tree -> flat ------------------------------------------------------------------
-
-    def scan_tree(self, layout: Layout) -> tuple[dict[bytes, list[tuple[bytes, list[bytes]]]], int]:
-        """top -> [(directory, non-directory names)] for every bucket directory, and the file count."""
-        depth = len(layout.levels)
-        tops: dict[bytes, list[tuple[bytes, list[bytes]]]] = {}
-        total = 0
-        rep = self.report
-        assert rep is not None
-        for d in listing.walk(self.rootb, max_depth=depth):
-            if d.depth == 0:
-                continue
-            rel = d.path[len(self.rootb):].lstrip(b"/")
-            parts = rel.split(b"/")
-            if not all(layout.is_bucket(p, i) for i, p in enumerate(parts)):
-                continue
-            if d.error is not None:
-                raise ManyfilesError(f"{self.where(rel)}: {describe_oserror(d.error)}")
-            names = []
-            for e in d.entries:
-                if e.type != "d":
-                    names.append(e.name)
-                elif d.depth == depth:
-                    rep.skipped.append((rel + b"/" + e.name, "directory inside a bucket left in place"))
-            tops.setdefault(parts[0], []).append((rel, names))
-            total += len(names)
-        for dirs in tops.values():
-            dirs.sort(key=lambda x: -x[0].count(b"/"))  # deepest first, so pruning goes bottom-up
-        return tops, total
-
-    def revert_round(self, layout: Layout) -> int:
-        tops, total = self.scan_tree(layout)
-        self.total += total
-        if any(layout.is_bucket(n, 0) for dirs in tops.values() for _, names in dirs for n in names):
-            _fsops.makedirs(os.path.join(self.rootb, ASIDE))
-        self.report.buckets += sum(len(d) for d in tops.values())  # type: ignore[union-attr]
-        self._layout = layout
-        self.run_parallel(self._revert_top, list(tops.items()))
-        self.place_aside(lambda name: None)
-        return total
-
-    def _revert_top(self, item: tuple[bytes, list[tuple[bytes, list[bytes]]]]) -> None:
-        top, dirs = item
-        layout = self._layout
-        asidefd = None
-        n = 0
-        try:
-            for rel, names in dirs:
-                if self._stop:
-                    return
-                try:
-                    sfd = self.open_bucket(rel, create=False)
-                except FileNotFoundError:
-                    continue  # pruned by an earlier (killed) run
-                moved = 0
-                try:
-                    for name in names:
-                        if name.startswith(TMP_PREFIX):
-                            # an uncommitted put() of a killed writer: garbage by construction
-                            with contextlib.suppress(FileNotFoundError):
-                                _fsops.unlink(name, dir_fd=sfd)
-                        elif layout.is_bucket(name, 0):
-                            # a file named like a top bucket waits aside until the buckets are gone
-                            if asidefd is None:
-                                asidefd = self.open_bucket(ASIDE, create=False)
-                            self.move(sfd, name, asidefd, name, rel + b"/" + name, "set_aside")
-                        else:
-                            moved += self.move(sfd, name, self.rootfd, name, rel + b"/" + name, None)
-                finally:
-                    os.close(sfd)
-                    self.tally("moved", moved)
-                self.count(len(names))
-                n += len(names)
-                if _fsops.rmdir_if_empty(rel, dir_fd=self.rootfd):
-                    killpoint("prune")
-        finally:
-            if asidefd is not None:
-                os.close(asidefd)
-        self.note({"type": "done", "top": name_to_json(top), "files": n})
-
-    def tree_left(self, layout: Layout) -> bool:
-        return any(e.type == "d" and layout.is_bucket(e.name, 0) for e in listing.iter_entries(self.rootb))
-
-
-# -- public operations ---------------------------------------------------------------------------
+# -- apply -------------------------------------------------------------------------------------------
 
 
 def _resume_check(journal: Journal, op: str, root: bytes) -> dict[str, Any]:
@@ -553,18 +194,44 @@ def _resume_check(journal: Journal, op: str, root: bytes) -> dict[str, Any]:
     return header
 
 
-def apply(root: str | bytes | os.PathLike, layout: Layout | None = None, *, workers: int | None = None,
-          progress: Progress | None = None, journal_sync: bool = True) -> MigrationReport:
+def _layout_doc(layout: Layout | None) -> dict[str, Any] | None:
+    return None if layout is None else json.loads(layout.to_json())
+
+
+def _layout_from(doc: dict[str, Any] | None) -> Layout | None:
+    return None if doc is None else Layout.from_json(json.dumps(doc).encode())
+
+
+def apply(root: RootArg | None = None, layout: Layout | None = None, *, plan: Plan | None = None,
+          workers: int | None = None, progress: ProgressArg = False,
+          journal_sync: bool = True) -> MigrationReport:
     """Move every file of the flat folder ``root`` into its bucket (in place, resumable).
 
     ``layout`` defaults to the recorded one (resume, already sharded) or ``Layout()``.
     Subdirectories are left alone and reported; a subdirectory named like a bucket makes
-    the migration refuse before anything moves.
+    the migration refuse before anything moves.  With ``plan`` (from :func:`plan`), ``root``
+    and ``layout`` come from it and only its names move, after checking that the folder is
+    still the one planned.  ``progress``: True or a callable taking a Snapshot.  Every
+    argument is checked before anything on disk changes.
     """
+    _check_common(workers, progress, journal_sync)
+    _check_layout(layout)
+    if plan is not None:
+        if not isinstance(plan, Plan):
+            raise UsageError(f"plan must come from manyfiles.shard.plan(), not {plan!r}")
+        if root is not None and abs_root(root) != abs_root(plan.root):
+            raise UsageError(f"the plan is for {plan.root}, not {os.fsdecode(os.fspath(root))}")
+        if layout is not None and layout != plan.layout:
+            raise UsageError(f"the plan uses {plan.layout.describe()}, not {layout.describe()}")
+        root, layout = plan.root, plan.layout
+    _check_root(root)
+    assert root is not None
     t0 = time.monotonic()
-    with _Migration(root, "apply", workers, progress, journal_sync) as m:
+    with Migration(root, "apply", workers, journal_sync) as m:
         journal = Journal.open(m.rootfd, sync=journal_sync)
         recorded = read_descriptor(m.rootfd, m.rootb)
+        if plan is not None:
+            _check_plan(plan, m, recorded, journal)
         if journal is not None:
             if journal.header.get("op") == "reshard":
                 journal.close()
@@ -581,20 +248,31 @@ def apply(root: str | bytes | os.PathLike, layout: Layout | None = None, *, work
                 raise UsageError(f"{os.fsdecode(m.rootb)}: already sharded with {recorded.describe()}; "
                                  f"use `shard reshard` to change it")
             target = recorded or layout or Layout()
-        m.report = MigrationReport("apply", os.fsdecode(m.rootb), target, resumed=journal is not None)
-        _run_apply(m, target, fresh=journal is None, recorded=recorded)
+        m.report = MigrationReport(op="apply", root=os.fsdecode(m.rootb), layout=target,
+                                   resumed=journal is not None)
+        with m.showing(progress):
+            _run_apply(m, target, fresh=journal is None, recorded=recorded,
+                       only=plan.names if plan is not None else None)
         m.report.seconds = time.monotonic() - t0
         return m.report
 
 
-def _run_apply(m: _Migration, target: Layout, *, fresh: bool, recorded: Layout | None,
-               op: str = "apply") -> None:
+def _run_apply(m: Migration, target: Layout, *, fresh: bool, recorded: Layout | None,
+               op: str = "apply", only: frozenset[bytes] | None = None) -> None:
     rep = m.report
-    assert rep is not None
-    _clean_descriptor_temps(m.rootfd, m.rootb)
-    flat, buckets, skipped = _scan_root(m.rootb, target)
+
+    def still_flat(planned_only: bool = True) -> list[bytes]:
+        """Flat names now, without those that already failed (conflicts, errors)."""
+        stuck = set(rep.conflicts) | {os.fsencode(os.path.basename(f.path)) for f in rep.failures}
+        return [n for n in scan_root(m.rootb, target)[0]
+                if n not in stuck and (only is None or not planned_only or n in only)]
+
+    m.clean_descriptor_temps()
+    flat, buckets, skipped = scan_root(m.rootb, target)
     rep.skipped.extend(skipped)
-    aside_left = _lexists(ASIDE, m.rootfd)
+    if only is not None:
+        flat = [n for n in flat if n in only]
+    aside_left = m.aside_left()
     if fresh:
         if recorded is None and buckets:
             names = ", ".join(os.fsdecode(b) for b in sorted(buckets)[:3])
@@ -612,26 +290,35 @@ def _run_apply(m: _Migration, target: Layout, *, fresh: bool, recorded: Layout |
     if read_descriptor(m.rootfd, m.rootb) is None:
         create_descriptor(m.rootfd, target, m.rootb)
         killpoint("descriptor")
-    m.total = len(flat)
+    m.add_total(len(flat))
     m.apply_round(target, flat)
     for _ in range(_RESCANS):
-        # files created while we ran: move them too (later ones stay flat; verify reports them)
-        stuck = set(rep.conflicts) | {n for n, _ in rep.errors}
-        flat = [n for n in _scan_root(m.rootb, target)[0] if n not in stuck]
+        # files created while we ran: move them too (later ones stay flat and are counted)
+        flat = still_flat()
         if not flat:
             break
         before = rep.moved
-        m.total += len(flat)
+        m.add_total(len(flat))
         m.apply_round(target, flat)
         rep.appeared += rep.moved - before
+    rep.left_flat = len(still_flat(planned_only=False))
     m.finish()
 
 
-def revert(root: str | bytes | os.PathLike, *, workers: int | None = None, progress: Progress | None = None,
+# -- revert and reshard -------------------------------------------------------------------------------
+
+
+def revert(root: RootArg, *, workers: int | None = None, progress: ProgressArg = False,
            journal_sync: bool = True) -> MigrationReport:
-    """Move every file of the sharded tree back to the root and remove the buckets (resumable)."""
+    """Move every file of the sharded tree back to the root and remove the buckets (resumable).
+
+    A folder that is not sharded (no descriptor, no interrupted migration) is nothing to do,
+    like ``apply`` on a sharded one.
+    """
+    _check_root(root)
+    _check_common(workers, progress, journal_sync)
     t0 = time.monotonic()
-    with _Migration(root, "revert", workers, progress, journal_sync) as m:
+    with Migration(root, "revert", workers, journal_sync) as m:
         journal = Journal.open(m.rootfd, sync=journal_sync)
         if journal is not None:
             m.journal = journal
@@ -642,20 +329,21 @@ def revert(root: str | bytes | os.PathLike, *, workers: int | None = None, progr
             assert source is not None
         else:
             source = read_descriptor(m.rootfd, m.rootb)
-            if source is None:
-                raise ManyfilesError(f"{os.fsdecode(m.rootb)}: not sharded (no {DESCRIPTOR.decode()}); "
-                                     "nothing to revert")
-        m.report = MigrationReport("revert", os.fsdecode(m.rootb), source, resumed=journal is not None)
-        _run_revert(m, source, fresh=journal is None)
+        m.report = MigrationReport(op="revert", root=os.fsdecode(m.rootb), layout=source,
+                                   resumed=journal is not None)
+        if source is None:
+            m.report.nothing_to_do = True
+        else:
+            with m.showing(progress):
+                _run_revert(m, source, fresh=journal is None)
         m.report.seconds = time.monotonic() - t0
         return m.report
 
 
-def _run_revert(m: _Migration, source: Layout, *, fresh: bool, op: str = "revert",
+def _run_revert(m: Migration, source: Layout, *, fresh: bool, op: str = "revert",
                 to: Layout | None = None) -> bool:
     """Flatten; True if the tree is gone (descriptor removed), False if something stayed."""
     rep = m.report
-    assert rep is not None
     if fresh:
         m.journal = Journal.create(m.rootfd, {"type": "header", "op": op, "from": _layout_doc(source),
                                               "to": _layout_doc(to), "pid": os.getpid(),
@@ -670,26 +358,29 @@ def _run_revert(m: _Migration, source: Layout, *, fresh: bool, op: str = "revert
         if m.revert_round(source) == 0:
             break
         rep.appeared += rep.moved - before
-    gone = not m.tree_left(source) and not _lexists(ASIDE, m.rootfd)
+    gone = not m.tree_left(source) and not m.aside_left()
     if gone:
         remove_descriptor(m.rootfd)
         killpoint("descriptor")
     elif op == "revert":
-        rep.errors.append((b"", "some entries stayed in the tree (see skipped/conflicts); the descriptor "
-                                "is kept, resolve them and rerun"))
+        rep.add_failure(rep.root, "some entries stayed in the tree (see skipped/conflicts); the descriptor "
+                                  "is kept, resolve them and rerun", "incomplete")
     if op == "revert":
         m.finish()
     return gone
 
 
-def reshard(root: str | bytes | os.PathLike, layout: Layout | None = None, *, workers: int | None = None,
-            progress: Progress | None = None, journal_sync: bool = True) -> MigrationReport:
+def reshard(root: RootArg, layout: Layout | None = None, *, workers: int | None = None,
+            progress: ProgressArg = False, journal_sync: bool = True) -> MigrationReport:
     """Change the layout of a sharded tree: revert then apply, as one resumable operation.
 
     The descriptor is the phase marker: old layout = still flattening, new or none = building.
     """
+    _check_root(root)
+    _check_layout(layout)
+    _check_common(workers, progress, journal_sync)
     t0 = time.monotonic()
-    with _Migration(root, "reshard", workers, progress, journal_sync) as m:
+    with Migration(root, "reshard", workers, journal_sync) as m:
         journal = Journal.open(m.rootfd, sync=journal_sync)
         if journal is not None:
             header = _resume_check(journal, "reshard", m.rootb)
@@ -705,39 +396,42 @@ def reshard(root: str | bytes | os.PathLike, layout: Layout | None = None, *, wo
             source, target = read_descriptor(m.rootfd, m.rootb), layout
             if source is None:
                 raise ManyfilesError(f"{os.fsdecode(m.rootb)}: not sharded; use `shard apply`")
-        m.report = MigrationReport("reshard", os.fsdecode(m.rootb), target, resumed=journal is not None)
+        m.report = MigrationReport(op="reshard", root=os.fsdecode(m.rootb), layout=target,
+                                   resumed=journal is not None)
         if source == target:
             m.report.nothing_to_do = True
             return m.report
-        if read_descriptor(m.rootfd, m.rootb) == source and not _run_revert(
-                m, source, fresh=journal is None, op="reshard", to=target):
-            m.report.errors.append((b"", "the old tree could not be emptied; resolve the conflicts "
-                                         "and rerun"))
-            m.report.seconds = time.monotonic() - t0
-            return m.report
-        # the apply phase continues the same journal (its header says reshard)
-        m.done = 0
-        _run_apply(m, target, fresh=False, recorded=None, op="reshard")
+        with m.showing(progress):
+            if read_descriptor(m.rootfd, m.rootb) == source and not _run_revert(
+                    m, source, fresh=journal is None, op="reshard", to=target):
+                m.report.add_failure(m.report.root, "the old tree could not be emptied; resolve the "
+                                                    "conflicts and rerun", "incomplete")
+            else:
+                # the apply phase continues the same journal (its header says reshard)
+                _run_apply(m, target, fresh=False, recorded=None, op="reshard")
         m.report.seconds = time.monotonic() - t0
         return m.report
 
 
-# -- read-only operations ------------------------------------------------------------------------
+# -- plan ------------------------------------------------------------------------------------------
 
 
-def plan(root: str | bytes | os.PathLike, layout: Layout | None = None) -> Plan:
+def plan(root: RootArg, layout: Layout | None = None) -> Plan:
     """What ``apply`` would do, computed from one listing; nothing is written."""
-    rootb = _abs(root)
-    fd = _open_root(rootb)
+    _check_root(root)
+    _check_layout(layout)
+    rootb = abs_root(root)
+    fd = open_root(rootb)
     try:
         recorded = read_descriptor(fd, rootb)
+        st = os.fstat(fd)
     finally:
         os.close(fd)
     if recorded is not None and layout is not None and recorded != layout:
         raise UsageError(f"{os.fsdecode(rootb)}: already sharded with {recorded.describe()}")
     target = recorded or layout or Layout()
     try:
-        flat, buckets, skipped = _scan_root(rootb, target)
+        flat, buckets, skipped = scan_root(rootb, target)
     except OSError as exc:
         raise ManyfilesError(f"{os.fsdecode(rootb)}: {describe_oserror(exc)}") from exc
     moves, per_bucket = [], {}
@@ -745,98 +439,9 @@ def plan(root: str | bytes | os.PathLike, layout: Layout | None = None) -> Plan:
         rel = target.bucket_rel(name)
         moves.append((name, rel + b"/" + name))
         per_bucket[rel] = per_bucket.get(rel, 0) + 1
-    return Plan(os.fsdecode(rootb), target, moves, per_bucket,
-                [n for n in flat if target.is_bucket(n, 0)], skipped,
-                [] if recorded is not None else sorted(buckets), recorded is not None)
+    return Plan(os.fsdecode(rootb), target, moves, per_bucket, [n for n in flat if target.is_bucket(n, 0)],
+                skipped, [] if recorded is not None else sorted(buckets), recorded is not None,
+                identity=(st.st_dev, st.st_ino), recorded=recorded)
 
 
-def verify(root: str | bytes | os.PathLike, *, expected: int | None = None) -> VerifyReport:
-    """Check that every file is where its name says, with no strays, temp files or duplicates."""
-    rootb = _abs(root)
-    fd = _open_root(rootb)
-    try:
-        layout = read_descriptor(fd, rootb)
-        journal = read_records(fd)
-    finally:
-        os.close(fd)
-    if layout is None:
-        raise ManyfilesError(f"{os.fsdecode(rootb)}: not sharded (no {DESCRIPTOR.decode()})")
-    rep = VerifyReport(os.fsdecode(rootb), layout, expected=expected)
-    if journal is not None and journal[0]:
-        rep.in_progress = str(journal[0][0].get("op"))
-    depth = len(layout.levels)
-    seen: set[bytes] = set()
-    dup: set[bytes] = set()
-
-    def saw(name: bytes) -> None:
-        if name in seen:
-            dup.add(name)
-        seen.add(name)
-
-    for d in listing.walk(rootb, max_depth=depth):
-        rel = d.path[len(rootb):].lstrip(b"/")
-        parts = rel.split(b"/") if rel else []
-        if parts and not all(layout.is_bucket(p, i) for i, p in enumerate(parts)):
-            continue
-        if d.error is not None:
-            raise ManyfilesError(f"{os.fsdecode(d.path)}: {describe_oserror(d.error)}")
-        if d.depth == depth:
-            rep.buckets += 1
-        for e in d.entries:
-            path = rel + b"/" + e.name if rel else e.name
-            if e.type == "d":
-                if (d.depth == depth or not layout.is_bucket(e.name, d.depth)) \
-                        and not e.name.startswith(RESERVED_PREFIX):
-                    rep.foreign.append(path)
-                continue
-            if d.depth == 0:
-                if not e.name.startswith(RESERVED_PREFIX):
-                    rep.flat.append(e.name)
-                    saw(e.name)
-                continue
-            if e.name.startswith(TMP_PREFIX):
-                rep.temp_files.append(path)
-                continue
-            saw(e.name)
-            should = layout.bucket_rel(e.name)
-            if d.depth != depth or should != rel:
-                rep.misplaced.append((path, should + b"/" + e.name))
-            else:
-                rep.files += 1
-    rep.duplicates = sorted(dup)
-    return rep
-
-
-def status(root: str | bytes | os.PathLike) -> Status:
-    """Layout, unfinished migration (if any), flat files left and an estimated file count."""
-    rootb = _abs(root)
-    fd = _open_root(rootb)
-    try:
-        layout = read_descriptor(fd, rootb)
-        found = read_records(fd)
-        pid = lock_holder(fd)
-    finally:
-        os.close(fd)
-    header, done = None, 0
-    if found is not None and found[0] and found[0][0].get("type") == "header":
-        header = found[0][0]
-        done = sum(r.get("files", 0) for r in found[0] if r.get("type") == "done")
-    flat = sum(1 for e in listing.iter_entries(rootb)
-               if e.type != "d" and not e.name.startswith(RESERVED_PREFIX))
-    estimate = 0 if layout is None else estimate_files(rootb, layout)
-    return Status(os.fsdecode(rootb), layout, flat, estimate, header, done, pid)
-
-
-def iter_journal(root: str | bytes | os.PathLike) -> Iterator[dict[str, Any]]:
-    """Records of an unfinished migration's journal (for debugging and `shard status -v`)."""
-    rootb = _abs(root)
-    fd = _open_root(rootb)
-    try:
-        found = read_records(fd)
-    finally:
-        os.close(fd)
-    yield from (found[0] if found else [])
-
-
-__all__ = ["JOURNAL", "MigrationReport", "Plan", "Status", "VerifyReport", "apply", "plan", "reshard",
-           "revert", "status", "verify"]
+__all__ = ["DESCRIPTOR", "MigrationReport", "Plan", "apply", "plan", "reshard", "revert"]

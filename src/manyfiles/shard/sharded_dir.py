@@ -24,7 +24,6 @@ from manyfiles.shard.layout import RESERVED_PREFIX, Layout, check_name
 
 DESCRIPTOR = b".manyfiles-shard.json"
 TMP_PREFIX = b".manyfiles-tmp-"
-_RETRIES = 50  # attempts when a concurrent remove() prunes the directory we are writing into
 
 
 class MigrationInProgress(ManyfilesError):
@@ -106,7 +105,8 @@ def remove_descriptor(rootfd: int) -> None:
 
 
 def open_dir(path: bytes) -> int:
-    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    """The root of a sharded tree, as the user named it (a symlink to it is followed)."""
+    return _fsops.open_dir(path, follow_symlinks=True)
 
 
 # -- statistics ------------------------------------------------------------------------------------
@@ -239,13 +239,13 @@ class ShardedDir:
             return open(path, mode, **kwargs)
         self.ensure_described()
         leaf = self._leaf_for(os.fsencode(name))
-        for _ in range(_RETRIES):
+        for _ in _fsops.attempts():
             _fsops.makedirs(leaf)
             try:
                 return open(path, mode, **kwargs)
             except FileNotFoundError:
                 continue  # the bucket was pruned between makedirs and open: make it again
-        raise ManyfilesError(f"{path!r}: bucket keeps disappearing")
+        raise ManyfilesError(f"{path!r}: bucket keeps disappearing (concurrent removal)")
 
     @contextlib.contextmanager
     def writer(self, name: str | bytes, *, fsync: bool = False) -> Iterator[IO[bytes]]:
@@ -291,7 +291,7 @@ class ShardedDir:
         return self.path_for(name)
 
     def _make_temp(self, leaf: bytes) -> tuple[int, bytes]:
-        for _ in range(_RETRIES):
+        for _ in _fsops.attempts():
             tmp = os.path.join(leaf, TMP_PREFIX + os.urandom(8).hex().encode())
             try:
                 fd = _fsops.traced("open", tmp, os.open, tmp,
@@ -299,7 +299,7 @@ class ShardedDir:
                 return fd, tmp
             except FileNotFoundError:
                 _fsops.makedirs(leaf)  # first write to this bucket, or a prune won the race
-        raise ManyfilesError(f"{os.fsdecode(leaf)}: bucket keeps disappearing")
+        raise ManyfilesError(f"{os.fsdecode(leaf)}: bucket keeps disappearing (concurrent removal)")
 
     def remove(self, name: str | bytes, *, missing_ok: bool = False) -> None:
         """Delete ``name`` and prune bucket directories that became empty."""

@@ -1,0 +1,86 @@
+"""Test-only knobs: plain module settings that tests set and production code reads where it acts.
+
+Rules (shared by every tool; add a knob here rather than reading the environment elsewhere):
+
+* one module attribute per knob; its default is the production behaviour;
+* tests set it (``monkeypatch.setattr(_testing, "kill_at", ("move", 3))``); production code
+  reads it at call time (once per operation in hot paths), never copies it at import time
+  and never reads the environment for it;
+* subprocess tests (a real CLI killed with -9) cannot reach into the child process: for them,
+  and only for them, the environment variable ``MANYFILES_TESTING`` holds ``knob=value``
+  pairs separated by commas.  The command-line entry point (``cli._common.run_main``) applies
+  it with :func:`apply_environ`; importing the library never reads it.
+
+Example:
+    >>> configure("kill_at=move:3")
+    >>> kill_at
+    ('move', 3)
+    >>> configure("kill_at=")
+    >>> kill_at is None
+    True
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+from collections.abc import Callable, Iterator
+from typing import Any
+
+ENV = "MANYFILES_TESTING"
+
+#: shard: SIGKILL this process the n-th time it reaches the named point
+#: ("move", "mkdir", "journal" (half-way through writing a record), "finish", ...).
+kill_at: tuple[str, int] | None = None
+
+_counters: dict[str, Iterator[int]] = {}
+
+
+def _parse_kill_at(value: str) -> tuple[str, int] | None:
+    if not value:
+        return None
+    point, _, n = value.partition(":")
+    return point, int(n or 1)
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "kill_at": _parse_kill_at,
+}
+
+
+def configure(spec: str) -> None:
+    """Set knobs from ``"knob=value,knob=value"``; an unknown knob is an error."""
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, value = item.partition("=")
+        if name not in _PARSERS:
+            raise ValueError(f"{ENV}: unknown knob {name!r} (known: {', '.join(sorted(_PARSERS))})")
+        globals()[name] = _PARSERS[name](value)
+        if name == "kill_at":
+            _counters.clear()
+
+
+def apply_environ() -> None:
+    """The bridge for subprocess tests: apply ``$MANYFILES_TESTING`` (called by the CLI entry only)."""
+    spec = os.environ.get(ENV)
+    if spec:
+        configure(spec)
+
+
+def reached(point: str) -> bool:
+    """True the n-th time ``point`` is reached when ``kill_at`` is ``(point, n)``."""
+    if kill_at is None or kill_at[0] != point:
+        return False
+    counter = _counters.setdefault(point, itertools.count(1))
+    return next(counter) == kill_at[1]  # itertools.count is atomic under the GIL
+
+
+def killpoint(point: str) -> None:
+    """SIGKILL this process here if ``kill_at`` asks for it (a no-op in production)."""
+    if kill_at is not None and reached(point):
+        die()
+
+
+def die() -> None:
+    """SIGKILL this process: the crash of the kill tests (no cleanup, no flush)."""
+    os.kill(os.getpid(), signal.SIGKILL)
