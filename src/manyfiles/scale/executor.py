@@ -179,6 +179,21 @@ class ClusterReport(Report):
             merge_report(self.result, part.report)
 
 
+    def absorb(self, other: ClusterReport) -> None:
+        """Add another run's cluster figures (a job run in rounds); results are merged by the caller."""
+        self.shards += other.shards
+        self.reruns += other.reruns
+        self.items += other.items
+        self.bytes += other.bytes
+        self.failures_not_listed += other.failures_not_listed
+        for name, w in other.workers.items():
+            mine = self.workers.setdefault(name, WorkerStats())
+            mine.shards += w.shards
+            mine.items += w.items
+            mine.bytes += w.bytes
+            mine.busy += w.busy
+
+
 def merge_report(into: Any, part: Any) -> None:
     """Add ``part`` (a report dataclass) into ``into``, field by field.
 
@@ -193,6 +208,8 @@ def merge_report(into: Any, part: Any) -> None:
 
 
 def _merged(a: Any, b: Any) -> Any:
+    if a is b or (type(a) is type(b) and not isinstance(a, (int, float, list, dict)) and a == b):
+        return a                        # the same layout, root, operation name...
     if isinstance(a, bool) or isinstance(b, bool):
         return bool(a) or bool(b)
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
@@ -278,9 +295,9 @@ class ShardQueue:
     """Where the next shard comes from: shards found by running ones first (lowest priority value
     first), then the job's own lazy list.  Each shard gets a sequence number, its id."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, shards: Iterable[Any] | None = None) -> None:
         self.job = job
-        self.source = iter(job.shards())
+        self.source = iter(job.shards() if shards is None else shards)
         self.found: list[tuple[int, int, Any]] = []
         self.ids = itertools.count()
 
@@ -358,15 +375,17 @@ class Executor:
         """Shards that can run at once (worker threads)."""
         return 1
 
-    def run(self, job: Job, *, progress: ProgressArg = False) -> ClusterReport:
-        """Run every shard of ``job`` (and every shard they find); the first shard error stops it."""
+    def run(self, job: Job, *, shards: Iterable[Any] | None = None,
+            progress: ProgressArg = False) -> ClusterReport:
+        """Run every shard of ``job`` (``shards``, default ``job.shards()``, and every shard they
+        find); the first shard error stops it.  Shards travel alone: the job must not hold them."""
         check_progress(progress)
         job = job.sized_for(self.workers)
         report = ClusterReport(job=job.name, cluster=self.address, result=job.new_report())
         t0 = time.monotonic()
         with progress_for(progress, job.name, unit=job.unit) as p:
             live = LiveCounts(p)
-            self._run(job, ShardQueue(job), report, live)
+            self._run(job, ShardQueue(job, shards), report, live)
             report.reruns = live.reruns
         report.seconds = time.monotonic() - t0
         if report.result is not None:
