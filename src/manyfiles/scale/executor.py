@@ -208,7 +208,7 @@ def merge_report(into: Any, part: Any) -> None:
 
 
 def _merged(a: Any, b: Any) -> Any:
-    if a is b or (type(a) is type(b) and not isinstance(a, (int, float, list, dict)) and a == b):
+    if type(a) is type(b) and not isinstance(a, (int, float, list, dict)) and a == b:
         return a                        # the same layout, root, operation name...
     if isinstance(a, bool) or isinstance(b, bool):
         return bool(a) or bool(b)
