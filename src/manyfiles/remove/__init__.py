@@ -47,6 +47,7 @@ def remove_tree(
     retries: int = DEFAULT_RETRIES,
     progress: ProgressArg = False,
     on_removed: OnRemoved | None = None,
+    cluster: object = None,
 ) -> RemoveReport:
     """Remove ``path`` (or several) and everything below it; return a :class:`RemoveReport`.
 
@@ -71,6 +72,10 @@ def remove_tree(
             callable receiving a :class:`~manyfiles._progress.Snapshot` (``done`` = files
             and directories removed, ``total`` = entries found so far).
         on_removed: called with batches of removed paths (one call at a time).
+        cluster: ``"local:N"``, ``"tcp://HOST:8786"`` or a ``distributed.Client``: subtrees
+            are removed by Dask workers, then the levels above them here
+            (:mod:`manyfiles.scale.remove`); the report comes with per-worker figures.
+            Not with ``include``/``exclude``/``dry_run``/``on_removed``.
 
     Failures (permission denied, ...) are collected in ``report.failures``; nothing is
     raised for them (``report.raise_for_failures()`` does).  Bad or refused arguments raise
@@ -79,12 +84,21 @@ def remove_tree(
     paths = as_paths(path)
     include, exclude = patterns(include, "include"), patterns(exclude, "exclude")
     check_options(workers, retries, progress, on_removed)
+    if cluster is not None:
+        from manyfiles.scale.remove import check_cluster_call
+
+        check_cluster_call(include, exclude, dry_run, on_removed)
     rules = Rules(include, exclude, keep_root=include is not None if keep_root is None else bool(keep_root),
                   cross_mounts=bool(cross_mounts))
     checked = check_paths(paths, force_root)
     report: RemoveReport = (RemovePlan(rules=rules, missing_ok=missing_ok, force_root=force_root)
                             if dry_run else RemoveReport())
     targets = resolve(checked, missing_ok, report.failures)
+    if cluster is not None:
+        from manyfiles.scale.remove import remove_on_cluster
+
+        return remove_on_cluster(targets, rules, report, cluster=cluster, workers=workers, retries=retries,
+                                 progress=progress)
     if isinstance(report, RemovePlan):
         report.targets = targets
     return run(targets, rules, report, workers=workers, retries=retries, progress=progress,
