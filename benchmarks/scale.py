@@ -18,6 +18,8 @@ Jobs:
 
 * ``tree``   count every entry of a two-level hashed tree (``fastls -r --count``); local =
              ``listing.walk`` summed, 8 threads; shards walk with 8 threads too.
+* ``shard``  ``shard apply`` of a flat folder on tmpfs (reverted, untimed, after each run); local
+             = ``shard.apply(root)``; on Dask one shard per top bucket.
 * ``s3``     s3pull of N small objects from a local S3 server (versitygw if ~/go/bin has it,
              else moto); local = ``s3.pull``; the Dask path lists in key ranges and downloads
              slices (see manyfiles.scale.s3pull).
@@ -40,11 +42,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine_line, make_hashed_tree
+from _common import machine_line, make_flat, make_hashed_tree
 from manyfiles import listing, scale
 from manyfiles.scale.executor import InProcessExecutor
 
 DATA = Path("/work/bench-data/scale")
+SHM = Path("/dev/shm/mf-bench-scale")
 
 
 def timed_rounds(methods: dict[str, Callable[[], object]], repeat: int,
@@ -109,9 +112,32 @@ def bench_tree(files: int, repeat: int, running: dict) -> None:
           times, want, "entries")
 
 
+def bench_shard(files: int, repeat: int, running: dict) -> None:
+    from manyfiles import shard
+
+    root = make_flat(SHM / f"flat-{files}", files)
+    want = len(os.listdir(root))        # the files and make_flat's marker
+
+    def flatten() -> None:
+        shard.revert(root)
+
+    methods: dict[str, Callable[[], object]] = {"local": lambda: shard.apply(root).moved}
+    for name, (_, client) in running.items():
+        methods[name] = lambda c=client: shard.apply(root, cluster=c).moved
+
+    def check(name: str, result: object) -> None:
+        assert result == want, (name, result)
+        flatten()
+
+    times = timed_rounds(methods, repeat, check)
+    table(f"shard apply, {files:,} files, tmpfs, levels 2:2 (256 top buckets = 256 shards), {repeat} rounds",
+          times, files, "files")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--jobs", default="tree", help="comma-separated: tree,s3")
+    ap.add_argument("--jobs", default="tree,shard", help="comma-separated: tree,shard,s3")
+    ap.add_argument("--shard-files", type=int, default=100_000, help="files in the flat folder")
     ap.add_argument("--files", type=int, default=1_000_000, help="files in the tree")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--keep", action="store_true", help="keep the generated data")
@@ -122,12 +148,15 @@ def main() -> None:
         jobs = args.jobs.split(",")
         if "tree" in jobs:
             bench_tree(args.files, args.repeat, running)
+        if "shard" in jobs:
+            bench_shard(args.shard_files, args.repeat, running)
     finally:
         for lc, client in running.values():
             client.close()
             lc.close()
         if not args.keep:
             shutil.rmtree(DATA, ignore_errors=True)
+        shutil.rmtree(SHM, ignore_errors=True)
     print("\nload average at the end", " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 

@@ -5,16 +5,19 @@ the root lock, the root journal, the descriptor, the files set aside, the rescan
 syncfs) except for one step: the moves of each top bucket, which the single-machine engine
 hands to its thread pool, become Dask shards (:class:`ClusterMigration`).
 
-A worker moving top bucket ``ab`` (:class:`PartitionMigration`) holds that partition's own lock
-and journal, ``ROOT/.manyfiles-shard.parts/ab/`` (the root's lock stays with the client), and
-moves names with the same idempotent no-replace renames.  So:
+A shard is a few top buckets (dealt round-robin, ``SHARDS_PER_THREAD`` shards per worker
+thread: 256 one-bucket tasks cost more in Dask round trips and partition set-up than they
+move on a small folder).  A worker running the shard whose first bucket is ``ab``
+(:class:`PartitionMigration`) holds that partition's own lock and journal,
+``ROOT/.manyfiles-shard.parts/ab/`` (the root's lock stays with the client), and moves names
+with the same idempotent no-replace renames.  So:
 
-* a worker killed mid-bucket: Dask runs the shard again elsewhere; the renames it had done are
+* a worker killed mid-shard: Dask runs the shard again elsewhere; the renames it had done are
   found done (source gone, destination present), the rest are done now -- nothing lost, nothing
   moved twice, and each file counted once (as ``moved`` or ``already``);
 * the client killed: the root journal is there; the same command (with or without
   ``--cluster``) resumes from the directory listing, which is the per-file record;
-* two attempts of one bucket never run at once: the second waits for the partition lock
+* two attempts of one shard never run at once: the second waits for the partition lock
   (a kill releases it; on NFS, when the server's lease expires).
 
 The partition directory is reserved (``.manyfiles-shard*``): listings, ``verify`` and the
@@ -51,6 +54,7 @@ from manyfiles.shard.layout import Layout
 
 PARTS = b".manyfiles-shard.parts"
 LOCK_WAIT = 180.0       # seconds a re-run waits for a partition lock (an NFS lease outlives a kill)
+SHARDS_PER_THREAD = 4   # top buckets are dealt into this many shards per worker thread
 
 
 class ClusterMigration(Migration):
@@ -71,7 +75,8 @@ class ClusterMigration(Migration):
         def forward(snap: Any) -> None:
             self.progress.set(done=base.done + snap.done, failures=base.failures + snap.failures)
 
-        run = self.executor.run(job, shards=items, progress=forward if self.progress else False)
+        run = self.executor.run(job, shards=groups(items, SHARDS_PER_THREAD * max(1, self.executor.workers)),
+                                progress=forward if self.progress else False)
         self.cluster.absorb(run)
         assert run.result is not None
         merge_report(self.report, run.result)
@@ -92,7 +97,7 @@ class ClusterMigration(Migration):
 
 @dataclass(frozen=True)
 class MoveJob(Job):
-    """The moves of top buckets: shard = one item of the engine's round (top bucket, its names)."""
+    """The moves of top buckets: shard = a few items of the engine's round (top bucket, its names)."""
 
     root: bytes
     op: str
@@ -111,13 +116,13 @@ class MoveJob(Job):
     def _layout(self) -> Layout | None:
         return next((a for a in self.args if isinstance(a, Layout)), None)
 
-    def run(self, item: Any, publish: Publish) -> ShardResult:
+    def run(self, group: tuple, publish: Publish) -> ShardResult:
         if self.method not in ("_apply_top", "_revert_top"):
             raise ManyfilesError(f"shard: no cluster form of {self.method}")
-        top = item[0]
-        with PartitionMigration(self.root, self.op, self.journal_sync, top, publish) as m:
+        with PartitionMigration(self.root, self.op, self.journal_sync, group[0][0], publish) as m:
             m.report = self.new_report()
-            getattr(m, self.method)(*self.args, item)
+            for item in group:
+                getattr(m, self.method)(*self.args, item)
             # on a local disk the client's syncfs covers us; on NFS renames are synchronous
             # server operations anyway: this makes "done" in the partition journal true everywhere
             _fsops.syncfs(m.rootfd, m.rootb)
@@ -161,6 +166,12 @@ class PartitionMigration(Migration):
             super().__exit__(exc_type, exc, tb)     # journal flushed and closed, lock released
         finally:
             os.close(self.part_fd)
+
+
+def groups(items: list[Any], n: int) -> list[tuple]:
+    """``items`` (top buckets, largest first as the engine lists them) dealt into at most ``n`` shards."""
+    n = max(1, min(n, len(items)))
+    return [tuple(items[i::n]) for i in range(n)]
 
 
 def _open_partition(rootfd: int, top: bytes) -> int:
