@@ -130,7 +130,7 @@ def bench_shard(files: int, repeat: int, running: dict) -> None:
         flatten()
 
     times = timed_rounds(methods, repeat, check)
-    table(f"shard apply, {files:,} files, tmpfs, levels 2:2 (256 top buckets = 256 shards), {repeat} rounds",
+    table(f"shard apply, {files:,} files, tmpfs, levels 2:2 (256 top buckets dealt into 4 shards per worker), {repeat} rounds",
           times, files, "files")
 
 
