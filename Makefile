@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test lint venv bench-venv clean
 
-$(STAMP): pyproject.toml setup.py src/manyfiles/_dents.c
+$(STAMP): pyproject.toml setup.py $(wildcard src/manyfiles/*.c src/manyfiles/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	MANYFILES_REQUIRE_C_EXTENSION=1 $(PY) -m pip install -q -e '.[dev]'

@@ -1,16 +1,21 @@
 """fastls benchmark: manyfiles listing vs os.listdir/os.scandir/getdents/ls/find vs the C floor.
 
-    python benchmarks/listing.py                         # every shape, 1M entries (~25 min)
+    python benchmarks/listing.py                         # every shape, 1M entries (~35 min)
     python benchmarks/listing.py --shape ext4 --repeat 5
+    python benchmarks/listing.py --shape usr --shape usrlike --shape tree
     python benchmarks/listing.py --shape sshfs --sshfs-entries 200000
 
 Shapes (all in one run, same data for every peer):
 
-* ``ext4``   1M-entry flat folder on ext4 (/work/bench-data/listing), warm, then cold
+* ``ext4``   1M-entry flat folder on ext4 (benchmarks/_data/listing), warm, then cold
              (``drop_caches`` before every single run)
 * ``tmpfs``  the same on /dev/shm
-* ``tree``   1M files in a two-level hashed tree (65,536 leaf dirs), warm and cold:
-             ``manyfiles.walk`` (threads) vs os.walk vs find vs the C floor's single-threaded walk
+* ``usr``    the real /usr, warm (~150k entries in ~17k small directories on this machine)
+* ``usrlike`` a generated tree of that shape (150k entries, 17k directories, random-recursive
+             nesting, heavy-tailed directory sizes, 5k symlinks; seeded, so every machine gets
+             the same), warm
+* ``tree``   1M files in a two-level hashed tree (65,536 leaf dirs, what ``shard`` makes), warm
+             and cold (drop_caches before every run)
 * ``sshfs``  200k and 1M flat folders over sshfs on loopback (benchmarks/_sshfs.py): warm (sshfs
              directory cache valid; mounted with ``dcache_timeout=3600`` so a 40-s peer stays warm
              across repetitions) and freshly mounted (remount before every run)
@@ -22,6 +27,11 @@ across methods so machine noise hits every method alike.  The C floor (benchmark
 getdents64 loop) times itself inside its process, so its start-up is not counted; every other
 command-line peer is timed as a whole process (start-up included, like a user sees it).  Each
 method's entry count is checked against os.listdir of the same folder ("entries" column).
+
+Tree peers: ``find``, ``find | wc -l``, ``fd`` (built by this script with ``cargo install fd-find``
+into benchmarks/_build/fd on first use; skipped with a note when cargo is missing) and, in
+process, ``os.walk`` against ``manyfiles.walk``.  The load average is printed with each table:
+the machine is shared, so compare ratios inside one table only.
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import compile_c, drop_caches, machine_line, make_flat, make_hashed_tree
 
 HERE = Path(__file__).resolve().parent
-DATA = Path("/work/bench-data/listing")
+DATA = Path(os.environ.get("MANYFILES_BENCH_DATA", HERE / "_data" / "listing"))
 SHM = Path("/dev/shm/mf-bench-listing")
 BIN = Path(sys.executable).parent
 MiB = 1 << 20
@@ -162,10 +172,29 @@ def flat_methods(path: Path, *, sshfs: bool = False, slow_peers: bool = False) -
     ]
 
 
-def tree_methods(root: Path, threads: int) -> list[Method]:
+FD_ROOT = HERE / "_build" / "fd"
+
+
+def fd_binary() -> Path | None:
+    """fd (sharkdp/fd), built once with cargo into benchmarks/_build/fd; None without cargo."""
+    exe = FD_ROOT / "bin" / "fd"
+    if exe.exists():
+        return exe
+    cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
+    if not Path(cargo).exists():
+        return None
+    print("building fd with cargo (once, a few minutes) ...", file=sys.stderr, flush=True)
+    subprocess.run([cargo, "install", "fd-find", "--locked", "--root", str(FD_ROOT)], check=True)
+    return exe
+
+
+def tree_methods(root: Path, threads: int, *, sharded: bool = False, cold: bool = False) -> list[Method]:
+    """Peers for a tree; ``sharded``: also ShardedDir.count() vs ``find DIR, piped to wc -l``."""
     import manyfiles
+    from manyfiles import listing
 
     r = str(root)
+    fastls = str(BIN / "fastls")
 
     def mf_walk() -> int:
         n = 0
@@ -178,13 +207,37 @@ def tree_methods(root: Path, threads: int) -> list[Method]:
     def os_walk() -> int:
         return sum(len(dirs) + len(files) for _top, dirs, files in os.walk(r))
 
-    return [
+    def shard_count() -> int:
+        from manyfiles.shard import ShardedDir
+
+        # + the 65,792 bucket directories and the root's .complete marker, to compare with all entries
+        return ShardedDir(r).count() + 65_536 + 256 + 1
+
+    # the default thread count keeps fastls on its click-free fast path (no --threads option)
+    th = [] if threads == listing.DEFAULT_THREADS else ["--threads", str(threads)]
+    methods = [
         floor(root, MiB, recursive=True),
-        py(f"manyfiles.walk (threads={threads})", mf_walk),
-        cmd("fastls -r DIR > /dev/null", [str(BIN / "fastls"), "-r", r], extra_lines=0),
+        cmd("fastls -r DIR > /dev/null", [fastls, "-r", *th, r]),
+        Method("fastls -r --count DIR", lambda: (_int_output([fastls, "-r", "-c", *th, r]), None, None)),
+        py(f"manyfiles.walk (batches, threads={threads})", mf_walk),
         py("os.walk", os_walk),
         cmd("find DIR > /dev/null", ["find", r], extra_lines=1),
     ]
+    if not cold:
+        methods.append(py(f"manyfiles.count_tree (threads={threads})",
+                          lambda: listing.count_tree(r, threads=threads).entries))
+        find_wc = ["sh", "-c", f"find '{r}' | wc -l"]
+        methods.append(Method("find DIR, piped to wc -l", lambda: (_int_output(find_wc) - 1, None, None)))
+    if sharded:
+        methods.append(py("ShardedDir.count() (+ bucket dirs)", shard_count))
+    fd = fd_binary()
+    if fd is not None:
+        methods.append(cmd("fd -uu . DIR > /dev/null", [str(fd), "--hidden", "--no-ignore", ".", r]))
+    return methods
+
+
+def _int_output(argv: list[str]) -> int:
+    return int(subprocess.run(argv, stdout=subprocess.PIPE, check=True).stdout.split()[0])
 
 
 # -- measuring ----------------------------------------------------------------------------------
@@ -248,8 +301,8 @@ def table(title: str, results: list[Result], expected: int, note: str = "") -> d
     """Print a markdown table with ratios to the first row (the C floor)."""
     base = results[0]
     print(f"\n#### {title}\n")
-    if note:
-        print(f"{note}\n")
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"{note + ' ' if note else ''}Load average after the runs (1/5/15 min): {load}.\n")
     print("| method | runs | median s | ns/entry | x floor | CPU s | CPU x floor | entries listed |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     for r in results:
@@ -323,16 +376,81 @@ def shape_tree(n: int, opts: Opts, threads: int) -> None:
     root = make_hashed_tree(DATA / f"tree{n}", n)
     expected = sum(len(d) + len(f) for _t, d, f in os.walk(root))
     note = "Entries = files + directories below the root (single-threaded C walk = floor)."
-    table(f"{n:,} files, two-level hashed tree, ext4, warm", measure(tree_methods(root, threads), opts),
-          expected, note)
+    warm = table(f"{n:,} files, two-level hashed tree, ext4, warm",
+                 measure(tree_methods(root, threads, sharded=True), opts), expected, note)
+    _tree_targets(f"{n:,} hashed tree warm", warm, threads, sharded=True)
     if not drop_caches():
         print("\n(cold runs skipped: cannot write /proc/sys/vm/drop_caches)")
         return
     cold = table(f"{n:,} files, two-level hashed tree, ext4, cold (drop_caches before every run)",
-                 measure(tree_methods(root, threads), opts, before_each=drop_caches), expected, note)
-    _target(f"{n:,} hashed tree cold: parallel walk >= 1.4x faster than os.walk (os.walk / manyfiles.walk)",
-            _ratio(cold, "os.walk", f"manyfiles.walk (threads={threads})"), lambda v: v >= 1.4,
-            cpu_bound=False)
+                 measure(tree_methods(root, threads, cold=True), opts, before_each=drop_caches), expected,
+                 note)
+    walk = f"manyfiles.walk (batches, threads={threads})"
+    fd = "fd -uu . DIR > /dev/null"
+    for ours in ("fastls -r DIR > /dev/null", walk):
+        _target(f"{n:,} hashed tree cold: {ours} >= 1.2x faster than fd", _ratio(cold, fd, ours),
+                lambda v: v >= 1.2, cpu_bound=False)
+        _target(f"{n:,} hashed tree cold: {ours} >= 4x faster than os.walk", _ratio(cold, "os.walk", ours),
+                lambda v: v >= 4, cpu_bound=False)
+
+
+def _tree_targets(label: str, res: dict[str, Result], threads: int, sharded: bool = False) -> None:
+    find = "find DIR > /dev/null"
+    for ours in ("fastls -r DIR > /dev/null", "fastls -r --count DIR"):
+        _target(f"{label}: `{ours}` <= 0.9x `find`", _ratio(res, ours, find), lambda v: v <= 0.9)
+    _target(f"{label}: manyfiles.walk (batches) <= 1.0x os.walk",
+            _ratio(res, f"manyfiles.walk (batches, threads={threads})", "os.walk"), lambda v: v <= 1.0)
+    if sharded:
+        find_wc = "find DIR, piped to wc -l"
+        _target(f"{label}: ShardedDir.count() <= 1.0x `{find_wc}`",
+                _ratio(res, "ShardedDir.count() (+ bucket dirs)", find_wc), lambda v: v <= 1.0)
+
+
+def shape_usr(opts: Opts, threads: int) -> None:
+    root = Path("/usr")
+    expected = sum(len(d) + len(f) for _t, d, f in os.walk(root))
+    table("/usr of this machine, warm", measure(tree_methods(root, threads), opts), expected,
+          "Entries = files + directories + symlinks below /usr.")
+
+
+def make_usrlike(path: Path, *, dirs: int = 17_000, files: int = 130_000, links: int = 5_000,
+                 seed: int = 10) -> Path:
+    """A /usr-shaped tree: each new directory hangs under a random earlier one (depth ~log n),
+    files go to directories with heavy-tailed weights (a few hold thousands, most a handful)."""
+    import random
+
+    marker = path / f".complete-usrlike-{dirs}-{files}-{links}-{seed}"
+    if marker.exists():
+        return path
+    shutil.rmtree(path, ignore_errors=True)
+    rng = random.Random(seed)
+    path.mkdir(parents=True)
+    tree = [path]
+    for i in range(1, dirs):
+        d = rng.choice(tree) / f"dir{i:05d}"
+        d.mkdir()
+        tree.append(d)
+    weights = [rng.paretovariate(1.1) for _ in tree]
+    names = ("lib{}.so.6", "{}.py", "README.{}", "{}-config", "{}.h", "x86_64-{}")
+    owners = rng.choices(range(len(tree)), weights=weights, k=files)
+    made: list[Path] = []
+    for i, owner in enumerate(owners):
+        f = tree[owner] / names[i % len(names)].format(f"f{i:06d}")
+        os.close(os.open(f, os.O_CREAT | os.O_WRONLY, 0o644))
+        made.append(f)
+    for i in range(links):
+        target = rng.choice(made)
+        os.symlink(target.name, target.parent / f"link{i:05d}")
+    marker.touch()
+    return path
+
+
+def shape_usrlike(opts: Opts, threads: int) -> None:
+    root = make_usrlike(DATA / "usrlike")
+    expected = sum(len(d) + len(f) for _t, d, f in os.walk(root))
+    res = table("/usr-like generated tree (17,000 dirs, 130,000 files, 5,000 symlinks), ext4, warm",
+                measure(tree_methods(root, threads), opts), expected, "Entries = everything below the root.")
+    _tree_targets("/usr-like tree warm", res, threads)
 
 
 FRESH_1M = ("C floor: getdents64 1 MiB", "C floor: getdents64 32 KiB", "manyfiles.listdir (1 MiB)",
@@ -459,25 +577,43 @@ def _tmpfs_data(n: int, keep: bool) -> Iterator[Path]:
             shutil.rmtree(SHM, ignore_errors=True)
 
 
+def _compile_package() -> None:
+    """Byte-compile manyfiles as an install would: with PYTHONDONTWRITEBYTECODE set (some shells
+    set it) and no .pyc, every `fastls` run would compile its modules again (~20 ms, a sixth of
+    a `find /usr`)."""
+    import compileall
+
+    import manyfiles
+
+    compileall.compile_dir(os.path.dirname(manyfiles.__file__), quiet=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", action="append", choices=["ext4", "tmpfs", "tree", "sshfs", "memory", "all"],
+    ap.add_argument("--shape", action="append",
+                    choices=["ext4", "tmpfs", "usr", "usrlike", "tree", "sshfs", "memory", "all"],
                     help="what to run (repeatable; default all)")
     ap.add_argument("--entries", type=int, default=1_000_000, help="entries for ext4/tmpfs/tree/memory")
     ap.add_argument("--sshfs-entries", default="200000,1000000", help="comma-separated folder sizes")
     ap.add_argument("--repeat", type=int, default=5, help="runs per method (median)")
     ap.add_argument("--slow-repeat", type=int, default=2,
                     help="runs for the ~1-minute peers on sshfs 1M (os.scandir, ls -f, 32 KiB floor)")
-    ap.add_argument("--threads", type=int, default=8, help="manyfiles.walk threads")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="walker threads (fastls -r, manyfiles.walk; default: the library's default)")
     ap.add_argument("--no-cold", action="store_true", help="skip the drop_caches runs of the ext4 shape")
     ap.add_argument("--keep-tmpfs", action="store_true", help="leave the tmpfs data set in /dev/shm")
     a = ap.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so sshfs mounts and tmpfs data are cleaned up.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    if a.threads is None:
+        from manyfiles.listing import DEFAULT_THREADS
+
+        a.threads = DEFAULT_THREADS
     shapes = set(a.shape or ["all"])
     if "all" in shapes:
-        shapes = {"ext4", "tmpfs", "tree", "sshfs", "memory"}
+        shapes = {"ext4", "tmpfs", "usr", "usrlike", "tree", "sshfs", "memory"}
     opts = Opts(a.repeat, a.slow_repeat)
+    _compile_package()
     t0 = time.time()
     args = " ".join(sys.argv[1:] if argv is None else argv)
     print(f"`python benchmarks/listing.py{' ' + args if args else ''}`")
@@ -487,6 +623,10 @@ def main(argv: list[str] | None = None) -> int:
     if "tmpfs" in shapes:
         with _tmpfs_data(a.entries, a.keep_tmpfs) as path:
             shape_flat("tmpfs", path, a.entries, opts, cold=False)
+    if "usr" in shapes:
+        shape_usr(opts, a.threads)
+    if "usrlike" in shapes:
+        shape_usrlike(opts, a.threads)
     if "tree" in shapes:
         shape_tree(a.entries, opts, a.threads)
     if "sshfs" in shapes:
@@ -494,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     if "memory" in shapes:
         shape_memory(a.entries)
     if TARGETS:
-        print("\n#### Targets (issue 2)\n")
+        print("\n#### Targets (issues 2 and 10)\n")
         print("\n".join(TARGETS))
     print(f"\n(total {time.time() - t0:.0f} s)")
     return 0

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from manyfiles.fastls import decode_json_path
+from manyfiles import _fastls_main
+from manyfiles.fastls import ListRequest, decode_json_path
 
 ODD_NAMES = [b"plain", b"with\nnewline", b"bad\xff\xfebytes", b"-dash", b"x" * 255, b"tab\there"]
 
@@ -79,14 +80,30 @@ def test_type_and_glob_filters(odd: Path, run_cli) -> None:
     assert got == b"0\n"
 
 
-def test_dt_unknown_source_lists_everything(odd: Path, run_cli) -> None:
+def _fastls_with_knobs(*args: str, knobs: str = "fake_dtype=0") -> subprocess.CompletedProcess:
+    """fastls in a subprocess with manyfiles._testing knobs set (through their one bridge)."""
+    env = {**os.environ, "MANYFILES_TESTING": knobs}
+    return subprocess.run([Path(sys.executable).parent / "fastls", *args], capture_output=True, env=env,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("args", [["-r", "."], ["--type", "d", "."]])
+def test_both_entry_paths_apply_the_testing_bridge(args: list[str]) -> None:
+    """The click-free fast path and the click path both apply MANYFILES_TESTING (an unknown
+    knob is an error, so this shows it is read)."""
+    proc = _fastls_with_knobs(*args, knobs="no_such_knob=1")
+    assert proc.returncode != 0 and b"no_such_knob" in proc.stderr
+
+
+def test_dt_unknown_source_lists_everything(odd: Path) -> None:
     """With every d_type reported as DT_UNKNOWN (as on sshfs) nothing is dropped and
-    --type still works through the fstatat fallback."""
-    env = {"MANYFILES_TEST_DT_UNKNOWN": "1"}
-    proc = run_cli("fastls", "-0", str(odd), env=env)
+    --type still works through the fstatat fallback, flat and recursive."""
+    proc = _fastls_with_knobs("-0", str(odd))
     assert sorted(nul_split(proc.stdout)) == sorted(os.listdir(os.fsencode(odd)))
-    assert run_cli("fastls", "--type", "d", str(odd), env=env).stdout == b"sub\n"
-    assert run_cli("fastls", "-r", "--count", str(odd), env=env).stdout == f"{len(ODD_NAMES) + 3}\n".encode()
+    assert _fastls_with_knobs("--type", "d", str(odd)).stdout == b"sub\n"
+    assert _fastls_with_knobs("-r", "--type", "d", str(odd)).stdout == os.fsencode(odd / "sub") + b"\n"
+    assert _fastls_with_knobs("-r", "--count", str(odd)).stdout == f"{len(ODD_NAMES) + 3}\n".encode()
+    assert json.loads(_fastls_with_knobs("--json", str(odd / "sub")).stdout)["type"] == "f"
 
 
 def test_long_format_shows_size(odd: Path, run_cli) -> None:
@@ -154,3 +171,49 @@ def test_closed_pipe_is_not_an_error(tmp_path: Path) -> None:
     assert proc.returncode == 0
     assert proc.stderr == b""
     assert len(proc.stdout.splitlines()) == 1
+
+
+FAST_FORMS = [[], ["-r"], ["--recursive", "a", "b"], ["-c", "x"], ["--count", "-r", "x"], ["-0", "-r", "d"],
+              ["--null", "d"], ["--json", "d"], ["-r", "--json", "-c", "d", "e"], ["-r", "-r", "d"]]
+
+
+@pytest.mark.parametrize("argv", FAST_FORMS)
+def test_click_free_fast_path_parses_like_click(argv: list[str]) -> None:
+    """fastls parses its common forms without importing click: the request must be click's."""
+    from manyfiles.cli.ls import build_request, command
+
+    fields = _fastls_main.parse_fast(argv)
+    assert fields is not None
+    ctx = command.make_context("fastls", list(argv))
+    assert ListRequest(**fields) == build_request(**ctx.params)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["-r0", "d"], ["--", "-d"], ["--glob", "*", "d"], ["-L"], [""],
+                                  ["--threads", "2", "d"], ["-"]])
+def test_anything_else_goes_to_click(argv: list[str]) -> None:
+    assert _fastls_main.parse_fast(argv) is None
+
+
+def test_fast_path_does_not_import_click(tmp_path: Path) -> None:
+    (tmp_path / "f").touch()
+    code = ("import sys; sys.argv = ['fastls', '-r', '-c', sys.argv[1]]\n"
+            "from manyfiles import _fastls_main\n"
+            "try:\n    _fastls_main.main()\nexcept SystemExit as e:\n    code = e.code\n"
+            "print(code, 'click' in sys.modules, 'rich' in sys.modules, file=sys.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, timeout=60)
+    assert proc.stdout == b"1\n" and proc.stderr == b"0 False False\n"
+
+
+def test_closed_pipe_during_a_tree_walk_is_not_an_error(tmp_path: Path) -> None:
+    """The walker threads meet EPIPE: they stop, the command exits 0 quietly."""
+    for d in range(40):
+        sub = tmp_path / f"d{d}"
+        sub.mkdir()
+        for i in range(500):
+            (sub / f"f{i}").touch()
+    fastls = str(Path(sys.executable).parent / "fastls")
+    for args in ("-r", "-r --json"):
+        script = f"'{fastls}' {args} '{tmp_path}' | head -1; exit ${{PIPESTATUS[0]}}"  # fastls' own status
+        proc = subprocess.run(["bash", "-c", script], capture_output=True, timeout=60)
+        assert (proc.returncode, proc.stderr) == (0, b"")
+        assert len(proc.stdout.splitlines()) == 1

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import manyfiles as mf
-from manyfiles import listing
+from manyfiles import _testing, listing
 
 pytestmark = pytest.mark.skipif(
     listing._dents is None and os.environ.get("MANYFILES_REQUIRE_C_EXTENSION") != "1",
@@ -80,17 +80,15 @@ def test_entry_types_and_inodes(odd_dir: Path, backend: str) -> None:
     assert entries["plain"].inode == os.lstat(odd_dir / "plain").st_ino
 
 
-def test_dt_unknown_entries_are_kept_and_resolved(odd_dir: Path) -> None:
+def test_dt_unknown_entries_are_kept_and_resolved(odd_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """sshfs, NFSv3 and XFS ftype=0 report DT_UNKNOWN: entries must not be dropped (the
     PyPI package's default filter drops them all) and types come from fstatat."""
-    listing._dents._set_force_unknown(True)
-    try:
+    with monkeypatch.context() as knobs:
+        knobs.setattr(_testing, "fake_dtype", 0)
         raw = list(mf.iter_entries(str(odd_dir), resolve_unknown=False))
         resolved = {e.name: e.type for e in mf.iter_entries(str(odd_dir))}
         dirs_only = mf.listdir(str(odd_dir), filter=listing.Filter(types="d"))
         n = mf.count(str(odd_dir))
-    finally:
-        listing._dents._set_force_unknown(False)
     assert len(raw) == len(os.listdir(odd_dir)) == n
     assert {e.type for e in raw} == {"?"}
     assert resolved["subdir"] == "d" and resolved["link"] == "l" and resolved["plain"] == "f"

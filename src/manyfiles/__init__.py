@@ -12,7 +12,6 @@ Example:
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 __version__ = "0.1.0"
 
@@ -56,7 +55,7 @@ _SUBMODULES = ("errors", "listing", "remove", "s3", "shard", "trace")
 __all__ = [*sorted(_EXPORTS), *_SUBMODULES, "__version__"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:  # (no typing import: it is ~7 ms of fastls' start-up)
     if name in _SUBMODULES:
         return importlib.import_module(f"manyfiles.{name}")  # the import sets the attribute
     module = _EXPORTS.get(name)

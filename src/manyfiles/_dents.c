@@ -1,55 +1,35 @@
 /*
- * manyfiles._dents: the native listing core.
+ * manyfiles._dents: the native listing core (this file: one directory, and the module).
  *
  * A directory is read with getdents64(2) into a caller-chosen buffer (default 1 MiB)
  * instead of readdir(3)'s ~32 KiB, which matters on network filesystems where every
  * batch is a round trip.  The GIL is released during each syscall, and the fast
  * paths (count, write_names) release it for the whole loop and create no Python
- * object per entry.
+ * object per entry.  Trees are walked by _walk.c; glob patterns are _glob.c's.
  *
- * Only syscalls and buffer parsing live here: paths, sorting, error wording and
- * recursion are the Python side's (manyfiles/listing.py).
+ * Only syscalls and buffer parsing live here: sorting, error wording and the public
+ * API are the Python side's (manyfiles/listing.py).
+ *
+ * State is per module (PEP 489 multi-phase init + module state): every interpreter
+ * that imports the module gets its own Entry type, letters and test knob.
  */
-#define PY_SSIZE_T_CLEAN
-#define _GNU_SOURCE
-#include <Python.h>
+#include "_dents.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <fnmatch.h>
-#include <stdint.h>
+#include <pthread.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-struct linux_dirent64 {
-    uint64_t d_ino;
-    int64_t d_off;
-    unsigned short d_reclen;
-    unsigned char d_type;
-    char d_name[];
-};
-
-/* A 255-byte name needs 19 header bytes + 256 (with NUL), padded to 8: 280. */
-#define MIN_BUFSIZE 280
-#define DEFAULT_BUFSIZE (1 << 20)
 #define OUT_BUFSIZE (256 * 1024)
 
-/* Test hook: report every d_type as DT_UNKNOWN, as sshfs, NFSv3 READDIR and XFS
- * ftype=0 do, so the fstatat fallback is exercised on any filesystem. */
-static int force_unknown = 0;
-
 typedef struct {
-    /* filters; pattern pointers borrow from Python bytes objects kept alive by the caller */
-    const char **include;
-    Py_ssize_t n_include;
-    const char **exclude;
-    Py_ssize_t n_exclude;
+    const GlobSet *include, *exclude; /* borrowed from Glob objects the caller keeps alive */
     unsigned types;   /* bit (1 << DT_x) per wanted type; 0 = all */
     int resolve;      /* resolve DT_UNKNOWN with fstatat */
+    int fake_dtype;   /* the test knob, copied from the module state */
 } Filter;
 
 typedef struct {
@@ -64,13 +44,52 @@ typedef struct {
     long nentries;
 } Reader;
 
-static int64_t now_ns(void) {
+ModState *mod_state(PyObject *module) { return (ModState *)PyModule_GetState(module); }
+
+ModState *mod_state_of_type(PyTypeObject *type) { return (ModState *)PyType_GetModuleState(type); }
+
+int read_fake_dtype(ModState *st) {
+    /* not imported: then nobody set a knob (and the import is not ours to pay for) */
+    if (!st->testing && !(st->testing = PyImport_GetModule(st->testing_name))) {
+        if (PyErr_Occurred()) PyErr_Clear();
+        return -1;
+    }
+    /* the attribute name is kept interned: a lookup allocates nothing (a temporary str per
+     * call, between the Entry tuples of the same size class, fragmented the heap) */
+    PyObject *v = PyObject_GetAttr(st->testing, st->knob_name);
+    long x = (v == NULL || v == Py_None) ? -1 : PyLong_AsLong(v);
+    Py_XDECREF(v);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        x = -1;
+    }
+    return x < -1 ? -1 : x > 255 ? 255 : (int)x;
+}
+
+size_t clamp_bufsize(Py_ssize_t bufsize) {
+    if (bufsize < MIN_BUFSIZE) return MIN_BUFSIZE;
+    if (bufsize > MAX_BUFSIZE) return MAX_BUFSIZE;
+    return (size_t)bufsize;
+}
+
+int grow_array(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    void *v = realloc(*p, c * elem);
+    if (!v) return -1;
+    *p = v;
+    *cap = c;
+    return 0;
+}
+
+int64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static unsigned char type_from_mode(mode_t m) {
+unsigned char type_from_mode(mode_t m) {
     switch (m & S_IFMT) {
     case S_IFREG: return DT_REG;
     case S_IFDIR: return DT_DIR;
@@ -80,6 +99,60 @@ static unsigned char type_from_mode(mode_t m) {
     case S_IFIFO: return DT_FIFO;
     case S_IFSOCK: return DT_SOCK;
     default: return DT_UNKNOWN;
+    }
+}
+
+/* ---- the calling thread's getdents buffer ------------------------------------------ */
+
+/* One buffer per OS thread, reused by every call, so listing a directory (or one batch of
+ * it: entries_batch) allocates nothing: a fresh 1 MiB malloc per call was both slow and,
+ * once glibc raised its mmap threshold, a source of heap fragmentation.  A call holds the
+ * buffer only while it runs and never runs Python code that could re-enter this module, so
+ * one per thread is enough.  The key is process-wide but holds no Python object. */
+#define KEEP_BUFSIZE (4 << 20) /* a bigger buffer is given back after the call */
+
+typedef struct {
+    char *p;
+    size_t n;
+} ThreadBuf;
+
+static pthread_key_t tbuf_key;
+static pthread_once_t tbuf_once = PTHREAD_ONCE_INIT;
+
+static void tbuf_free(void *v) {
+    ThreadBuf *t = v;
+    free(t->p);
+    free(t);
+}
+
+static void tbuf_init(void) { pthread_key_create(&tbuf_key, tbuf_free); }
+
+/* The thread's buffer, at least `size` bytes (contents not kept); NULL if out of memory. */
+static char *thread_buffer(size_t size) {
+    pthread_once(&tbuf_once, tbuf_init);
+    ThreadBuf *t = pthread_getspecific(tbuf_key);
+    if (!t) {
+        if (!(t = calloc(1, sizeof(*t)))) return NULL;
+        if (pthread_setspecific(tbuf_key, t) != 0) {
+            free(t);
+            return NULL;
+        }
+    }
+    if (t->n < size) {
+        free(t->p);
+        t->n = 0;
+        if (!(t->p = malloc(size))) return NULL;
+        t->n = size;
+    }
+    return t->p;
+}
+
+static void thread_buffer_done(void) {
+    ThreadBuf *t = pthread_getspecific(tbuf_key);
+    if (t && t->n > KEEP_BUFSIZE) {
+        free(t->p);
+        t->p = NULL;
+        t->n = 0;
     }
 }
 
@@ -95,8 +168,8 @@ static long read_batch_nogil(Reader *r) {
             return n;
         }
         if (errno == EINTR) continue;
-        if (errno == EINVAL && r->size < (1u << 26)) {
-            char *bigger = realloc(r->buf, r->size * 2);
+        if (errno == EINVAL && r->size < MAX_BUFSIZE) {
+            char *bigger = thread_buffer(r->size * 2);
             if (!bigger) { errno = ENOMEM; return -1; }
             r->buf = bigger;
             r->size *= 2;
@@ -125,20 +198,14 @@ static int record_batch(Reader *r) {
     return rc;
 }
 
-static int is_dot(const char *name) {
-    return name[0] == '.' && (name[1] == 0 || (name[1] == '.' && name[2] == 0));
-}
-
-/* Decides whether an entry passes the filter; resolves its type when needed. */
+/* Decides whether an entry passes the filter; resolves its type when needed.  *type is
+ * always < N_DTYPES (an out-of-range d_type from a broken filesystem reads as unknown). */
 static int keep_entry(const Filter *f, int dirfd, const struct linux_dirent64 *d, unsigned char *type) {
-    *type = force_unknown ? DT_UNKNOWN : d->d_type;
-    for (Py_ssize_t i = 0; i < f->n_exclude; i++)
-        if (fnmatch(f->exclude[i], d->d_name, 0) == 0) return 0;
-    if (f->n_include) {
-        int matched = 0;
-        for (Py_ssize_t i = 0; i < f->n_include && !matched; i++)
-            matched = fnmatch(f->include[i], d->d_name, 0) == 0;
-        if (!matched) return 0;
+    *type = effective_dtype(f->fake_dtype, d->d_type);
+    if (f->exclude || f->include) {
+        size_t len = strlen(d->d_name);
+        if (f->exclude && globset_match(f->exclude, d->d_name, len, NULL, 0)) return 0;
+        if (f->include && !globset_match(f->include, d->d_name, len, NULL, 0)) return 0;
     }
     if (*type == DT_UNKNOWN && (f->resolve || f->types)) {
         struct stat st;
@@ -152,60 +219,32 @@ static int keep_entry(const Filter *f, int dirfd, const struct linux_dirent64 *d
 
 static int reader_init(Reader *r, int fd, Py_ssize_t bufsize, PyObject *path, PyObject *batches) {
     memset(r, 0, sizeof(*r));
-    if (bufsize < MIN_BUFSIZE) bufsize = MIN_BUFSIZE;
     r->fd = fd;
-    r->size = (size_t)bufsize;
-    r->buf = malloc(r->size);
+    r->size = clamp_bufsize(bufsize);
     r->path = (path == Py_None) ? NULL : path;
     r->batches = (batches == Py_None || batches == NULL) ? NULL : batches;
     if (r->batches && !PyList_Check(r->batches)) {
-        free(r->buf);
         PyErr_SetString(PyExc_TypeError, "batches must be a list or None");
         return -1;
     }
+    r->buf = thread_buffer(r->size);
     if (!r->buf) { PyErr_NoMemory(); return -1; }
     return 0;
 }
 
-/* Fills an array of C strings from a tuple of bytes (borrowed; the tuple outlives the call). */
-static int patterns_from(PyObject *seq, const char ***out, Py_ssize_t *n) {
-    *out = NULL;
-    *n = 0;
-    if (seq == NULL || seq == Py_None) return 0;
-    if (!PyTuple_Check(seq)) {
-        PyErr_SetString(PyExc_TypeError, "patterns must be a tuple of bytes");
-        return -1;
-    }
-    *n = PyTuple_GET_SIZE(seq);
-    if (*n == 0) return 0;
-    *out = PyMem_Calloc((size_t)*n, sizeof(char *));
-    if (!*out) { PyErr_NoMemory(); return -1; }
-    for (Py_ssize_t i = 0; i < *n; i++) {
-        PyObject *b = PyTuple_GET_ITEM(seq, i);
-        if (!PyBytes_Check(b)) {
-            PyErr_SetString(PyExc_TypeError, "patterns must be bytes");
-            return -1;
-        }
-        (*out)[i] = PyBytes_AS_STRING(b);
-    }
+static int filter_init(Filter *f, PyObject *module, PyObject *include, PyObject *exclude, unsigned types,
+                       int resolve) {
+    ModState *st = mod_state(module);
+    memset(f, 0, sizeof(*f));
+    f->types = types & ((1u << N_DTYPES) - 1);
+    f->resolve = resolve;
+    f->fake_dtype = read_fake_dtype(st);
+    if (include != NULL && include != Py_None && !(f->include = globset_from_object(include, st))) return -1;
+    if (exclude != NULL && exclude != Py_None && !(f->exclude = globset_from_object(exclude, st))) return -1;
     return 0;
 }
 
-static int filter_init(Filter *f, PyObject *include, PyObject *exclude, unsigned types, int resolve) {
-    memset(f, 0, sizeof(*f));
-    f->types = types;
-    f->resolve = resolve;
-    if (patterns_from(include, &f->include, &f->n_include) < 0) return -1;
-    return patterns_from(exclude, &f->exclude, &f->n_exclude);
-}
-
-static void filter_free(Filter *f) {
-    PyMem_Free(f->include);
-    PyMem_Free(f->exclude);
-}
-
-static PyObject *make_name(const char *name, int as_bytes) {
-    size_t len = strlen(name);
+PyObject *make_name(const char *name, size_t len, int as_bytes) {
     /* os.listdir's decoding: the filesystem encoding with surrogateescape */
     return as_bytes ? PyBytes_FromStringAndSize(name, (Py_ssize_t)len)
                     : PyUnicode_DecodeFSDefaultAndSize(name, (Py_ssize_t)len);
@@ -213,24 +252,22 @@ static PyObject *make_name(const char *name, int as_bytes) {
 
 /* ---- list building ------------------------------------------------------------ */
 
-static PyObject *entry_type = NULL;     /* manyfiles.listing.Entry, set by _set_entry_type */
-static PyObject *type_letters[256];     /* d_type -> interned one-letter str */
-
 /* Appends the entries of the batch in r->buf to `out`, as names or as Entry tuples. */
-static int parse_into(Reader *r, const Filter *f, long n, int as_bytes, int want_entries, PyObject *out) {
+static int parse_into(ModState *st, Reader *r, const Filter *f, long n, int as_bytes, int want_entries,
+                      PyObject *out) {
     for (long pos = 0; pos < n;) {
         struct linux_dirent64 *d = (struct linux_dirent64 *)(r->buf + pos);
         pos += d->d_reclen;
         unsigned char type;
         if (is_dot(d->d_name) || !keep_entry(f, r->fd, d, &type)) continue;
-        PyObject *name = make_name(d->d_name, as_bytes);
+        PyObject *name = make_name(d->d_name, strlen(d->d_name), as_bytes);
         if (!name) return -1;
         PyObject *item = name;
         if (want_entries) {
             /* Entry is a NamedTuple (a tuple subclass without __dict__): fill it directly,
              * as tuple.__new__ would, without the Python-level __new__. */
             PyObject *ino = PyLong_FromUnsignedLongLong(d->d_ino);
-            PyTypeObject *t = (PyTypeObject *)entry_type;
+            PyTypeObject *t = (PyTypeObject *)st->entry_type;
             item = ino ? t->tp_alloc(t, 3) : NULL;
             if (!item) {
                 Py_DECREF(name);
@@ -238,7 +275,7 @@ static int parse_into(Reader *r, const Filter *f, long n, int as_bytes, int want
                 return -1;
             }
             PyTuple_SET_ITEM(item, 0, name);
-            PyTuple_SET_ITEM(item, 1, Py_NewRef(type_letters[type]));
+            PyTuple_SET_ITEM(item, 1, Py_NewRef(st->type_letters[type]));
             PyTuple_SET_ITEM(item, 2, ino);
             /* Only a str and two ints inside: it can never be part of a cycle, so keep it
              * away from the cyclic GC, which otherwise walks every entry of a huge listing
@@ -276,16 +313,23 @@ static int parse_common(PyObject *args, PyObject *kw, CommonArgs *a) {
 
 /* Reads the directory to the end (or one batch when `one_batch`), returning a list or,
  * for one_batch at the end of the directory, None. */
-static PyObject *collect(PyObject *args, PyObject *kw, int want_entries, int one_batch) {
+static PyObject *collect(PyObject *module, PyObject *args, PyObject *kw, int want_entries, int one_batch) {
     CommonArgs a;
     Reader r;
     Filter f;
+    ModState *st = mod_state(module);
+    if (want_entries && !st->entry_type) {
+        PyErr_SetString(PyExc_RuntimeError, "_set_types() was not called");
+        return NULL;
+    }
     if (!parse_common(args, kw, &a)) return NULL;
+    if (filter_init(&f, module, a.include, a.exclude, a.types, a.resolve) < 0) return NULL;
     if (reader_init(&r, a.fd, a.bufsize, a.path, a.batches) < 0) return NULL;
-    PyObject *out = NULL;
-    if (filter_init(&f, a.include, a.exclude, a.types, a.resolve) < 0) goto done;
-    out = PyList_New(0);
-    if (!out) goto done;
+    PyObject *out = PyList_New(0);
+    if (!out) {
+        thread_buffer_done();
+        return NULL;
+    }
     for (;;) {
         long n = read_batch(&r);
         if (n < 0) { Py_CLEAR(out); break; }
@@ -293,33 +337,23 @@ static PyObject *collect(PyObject *args, PyObject *kw, int want_entries, int one
             if (one_batch) { Py_SETREF(out, Py_NewRef(Py_None)); }
             break;
         }
-        if (parse_into(&r, &f, n, a.as_bytes, want_entries, out) < 0) { Py_CLEAR(out); break; }
+        if (parse_into(st, &r, &f, n, a.as_bytes, want_entries, out) < 0) { Py_CLEAR(out); break; }
         if (one_batch) break;
     }
-done:
-    filter_free(&f);
-    free(r.buf);
+    thread_buffer_done();
     return out;
 }
 
 static PyObject *dents_listdir(PyObject *self, PyObject *args, PyObject *kw) {
-    return collect(args, kw, 0, 0);
+    return collect(self, args, kw, 0, 0);
 }
 
 static PyObject *dents_entries(PyObject *self, PyObject *args, PyObject *kw) {
-    if (!entry_type) {
-        PyErr_SetString(PyExc_RuntimeError, "_set_entry_type() was not called");
-        return NULL;
-    }
-    return collect(args, kw, 1, 0);
+    return collect(self, args, kw, 1, 0);
 }
 
 static PyObject *dents_entries_batch(PyObject *self, PyObject *args, PyObject *kw) {
-    if (!entry_type) {
-        PyErr_SetString(PyExc_RuntimeError, "_set_entry_type() was not called");
-        return NULL;
-    }
-    return collect(args, kw, 1, 1);
+    return collect(self, args, kw, 1, 1);
 }
 
 /* ---- object-free fast paths: count and write_names ------------------------------ */
@@ -391,23 +425,21 @@ static long long scan_nogil(Reader *r, const Filter *f, Writer *w, enum scan_fai
     return total;
 }
 
-static PyObject *run_scan(CommonArgs *a, Writer *w) {
+static PyObject *run_scan(PyObject *module, CommonArgs *a, Writer *w) {
     Reader r;
     Filter f;
+    if (filter_init(&f, module, a->include, a->exclude, a->types, a->resolve) < 0) return NULL;
     if (reader_init(&r, a->fd, a->bufsize, a->path, a->batches) < 0) return NULL;
-    if (filter_init(&f, a->include, a->exclude, a->types, a->resolve) < 0) {
-        filter_free(&f);
-        free(r.buf);
-        return NULL;
-    }
     enum scan_failure failure = FAIL_READ;
     long long total;
+    int saved_errno;
     Py_BEGIN_ALLOW_THREADS
     total = scan_nogil(&r, &f, w, &failure);
+    saved_errno = errno; /* before free(), which may change it */
     Py_END_ALLOW_THREADS
-    filter_free(&f);
-    free(r.buf);
+    thread_buffer_done();
     if (total >= 0) return PyLong_FromLongLong(total);
+    errno = saved_errno;
     switch (failure) {
     case FAIL_PYTHON: return NULL;
     case FAIL_WRITE: return PyErr_SetFromErrno(PyExc_OSError);
@@ -418,7 +450,7 @@ static PyObject *run_scan(CommonArgs *a, Writer *w) {
 static PyObject *dents_count(PyObject *self, PyObject *args, PyObject *kw) {
     CommonArgs a;
     if (!parse_common(args, kw, &a)) return NULL;
-    return run_scan(&a, NULL);
+    return run_scan(self, &a, NULL);
 }
 
 static PyObject *dents_write_names(PyObject *self, PyObject *args, PyObject *kw) {
@@ -437,7 +469,7 @@ static PyObject *dents_write_names(PyObject *self, PyObject *args, PyObject *kw)
     Writer w = {.out_fd = out_fd, .sep = sep, .prefix = prefix, .prefix_len = (size_t)prefix_len};
     w.buf = malloc(OUT_BUFSIZE);
     if (!w.buf) return PyErr_NoMemory();
-    PyObject *res = run_scan(&a, &w);
+    PyObject *res = run_scan(self, &a, &w);
     free(w.buf);
     return res;
 }
@@ -455,21 +487,9 @@ typedef struct {
 
 static int kept_add(Kept *k, const char *name, int err) {
     size_t len = strlen(name) + 1;
-    if (k->used + len > k->cap) {
-        size_t cap = k->cap ? k->cap * 2 : 65536;
-        while (cap < k->used + len) cap *= 2;
-        char *a = realloc(k->arena, cap);
-        if (!a) return -1;
-        k->arena = a;
-        k->cap = cap;
-    }
-    if (k->n == k->ncap) {
-        size_t ncap = k->ncap ? k->ncap * 2 : 256;
-        struct kept *it = realloc(k->items, ncap * sizeof(*it));
-        if (!it) return -1;
-        k->items = it;
-        k->ncap = ncap;
-    }
+    if (grow_array((void **)&k->arena, &k->cap, k->used + len, 1) < 0 ||
+        grow_array((void **)&k->items, &k->ncap, k->n + 1, sizeof(*k->items)) < 0)
+        return -1;
     memcpy(k->arena + k->used, name, len);
     k->items[k->n].off = k->used;
     k->items[k->n].err = err;
@@ -488,7 +508,7 @@ static int by_inode(const void *a, const void *b) {
 /* Unlinks every non-directory of the batch, in inode order (as GNU rm does for big
  * directories: the inode table is then read sequentially).  Directories, and entries
  * whose unlink failed, go to `kept`.  Returns the number unlinked, or -1 (ENOMEM). */
-static long unlink_batch(int fd, char *buf, long n, Kept *kept) {
+static long unlink_batch(int fd, char *buf, long n, Kept *kept, int fake_dtype) {
     size_t count = 0;
     for (long pos = 0; pos < n; pos += ((struct linux_dirent64 *)(buf + pos))->d_reclen) count++;
     struct slot *slots = malloc((count ? count : 1) * sizeof(*slots));
@@ -503,7 +523,7 @@ static long unlink_batch(int fd, char *buf, long n, Kept *kept) {
     long removed = 0;
     for (size_t i = 0; i < m; i++) {
         struct linux_dirent64 *d = slots[i].d;
-        unsigned char type = force_unknown ? DT_UNKNOWN : d->d_type;
+        unsigned char type = effective_dtype(fake_dtype, d->d_type);
         int err = 0;
         if (type == DT_DIR) err = EISDIR;
         else if (unlinkat(fd, d->d_name, 0) == 0) { removed++; continue; }
@@ -526,19 +546,20 @@ static PyObject *dents_unlink_files(PyObject *self, PyObject *args, PyObject *kw
     if (reader_init(&r, fd, bufsize, path, Py_None) < 0) return NULL;
     Kept kept = {0};
     long long removed = 0;
+    int fake_dtype = read_fake_dtype(mod_state(self));
     int at_end = 0, read_errno = 0, nomem = 0;
     Py_BEGIN_ALLOW_THREADS
     for (;;) {
         long n = read_batch_nogil(&r);
         if (n < 0) { read_errno = errno; break; }
         if (n == 0) { at_end = 1; break; }
-        long k = unlink_batch(fd, r.buf, n, &kept);
+        long k = unlink_batch(fd, r.buf, n, &kept, fake_dtype);
         if (k < 0) { nomem = 1; break; }
         removed += k;
         if (limit > 0 && removed >= limit) break; /* the caller reports progress, then calls again */
     }
     Py_END_ALLOW_THREADS
-    free(r.buf);
+    thread_buffer_done();
     PyObject *subdirs = NULL, *failures = NULL, *result = NULL;
     if (nomem) { PyErr_NoMemory(); goto done; }
     if (read_errno) {
@@ -550,7 +571,8 @@ static PyObject *dents_unlink_files(PyObject *self, PyObject *args, PyObject *kw
     failures = PyList_New(0);
     if (!subdirs || !failures) goto done;
     for (size_t i = 0; i < kept.n; i++) {
-        PyObject *name = make_name(kept.arena + kept.items[i].off, 0);
+        const char *kname = kept.arena + kept.items[i].off;
+        PyObject *name = make_name(kname, strlen(kname), 0);
         if (!name) goto done;
         int rc;
         if (kept.items[i].err == 0) {
@@ -574,26 +596,35 @@ done:
 
 /* ---- module -------------------------------------------------------------------- */
 
-static PyObject *dents_set_entry_type(PyObject *self, PyObject *type) {
-    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "entry type must be a tuple subclass");
-        return NULL;
-    }
-    Py_XSETREF(entry_type, Py_NewRef(type));
-    Py_RETURN_NONE;
+static int is_tuple_type(PyObject *t) {
+    return PyType_Check(t) && PyType_IsSubtype((PyTypeObject *)t, &PyTuple_Type);
 }
 
-static PyObject *dents_set_force_unknown(PyObject *self, PyObject *flag) {
-    int v = PyObject_IsTrue(flag);
-    if (v < 0) return NULL;
-    force_unknown = v;
+/* Registers the tuple subclasses built in C.  Once per module: they are read by walks in
+ * progress, so they are never replaced (no object is freed under a reader's feet). */
+static PyObject *dents_set_types(PyObject *self, PyObject *args) {
+    PyObject *entry, *listing;
+    if (!PyArg_ParseTuple(args, "OO:_set_types", &entry, &listing)) return NULL;
+    if (!is_tuple_type(entry) || !is_tuple_type(listing)) {
+        PyErr_SetString(PyExc_TypeError, "Entry and DirListing must be tuple subclasses");
+        return NULL;
+    }
+    ModState *st = mod_state(self);
+    if (st->entry_type || st->listing_type) {
+        if (st->entry_type == entry && st->listing_type == listing) Py_RETURN_NONE;
+        PyErr_SetString(PyExc_RuntimeError, "_set_types() was already called with other types");
+        return NULL;
+    }
+    st->entry_type = Py_NewRef(entry);
+    st->listing_type = Py_NewRef(listing);
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"listdir", (PyCFunction)(void (*)(void))dents_listdir, METH_VARARGS | METH_KEYWORDS,
      "listdir(fd, bufsize=1<<20, as_bytes=False, include=None, exclude=None, types=0, resolve=False, "
-     "path=None, batches=None) -> list of names (str decoded like os.listdir, or bytes)"},
+     "path=None, batches=None) -> list of names (str decoded like os.listdir, or bytes); "
+     "include/exclude are Glob objects"},
     {"entries", (PyCFunction)(void (*)(void))dents_entries, METH_VARARGS | METH_KEYWORDS,
      "entries(fd, ...) -> list of Entry(name, type_letter, inode) for the whole directory"},
     {"entries_batch", (PyCFunction)(void (*)(void))dents_entries_batch, METH_VARARGS | METH_KEYWORDS,
@@ -608,24 +639,26 @@ static PyMethodDef methods[] = {
      "unlinkat every non-directory of the open directory fd, GIL released, no object per entry; "
      "subdirs are the directory names, failures (name, errno) pairs; with limit > 0 it stops after "
      "the batch that reaches `limit` unlinks (call again to go on)"},
-    {"_set_entry_type", dents_set_entry_type, METH_O, "Set the tuple subclass used for entries."},
-    {"_set_force_unknown", dents_set_force_unknown, METH_O,
-     "Test hook: report every d_type as DT_UNKNOWN (as sshfs/NFSv3 do)."},
+    {"_set_types", dents_set_types, METH_VARARGS,
+     "_set_types(Entry, DirListing): the tuple subclasses built in C (once per interpreter)."},
     {NULL, NULL, 0, NULL},
 };
 
 static int dents_exec(PyObject *m) {
-    static const char letters[] = "?pc?d?b?f?l?s";
-    for (int i = 0; i < 256; i++) {
-        char c = (i < (int)sizeof(letters) - 1) ? letters[i] : '?';
-        if (!type_letters[i]) {
-            type_letters[i] = PyUnicode_FromStringAndSize(&c, 1);
-            if (!type_letters[i]) return -1;
-            PyUnicode_InternInPlace(&type_letters[i]);
-        }
+    ModState *st = mod_state(m);
+    if (!(st->knob_name = PyUnicode_InternFromString("fake_dtype"))) return -1;
+    if (!(st->testing_name = PyUnicode_InternFromString("manyfiles._testing"))) return -1;
+    static const char letters[] = "?pc?d?b?f?l?s???";
+    for (int i = 0; i < N_DTYPES; i++) {
+        st->type_letters[i] = PyUnicode_FromStringAndSize(&letters[i], 1);
+        if (!st->type_letters[i]) return -1;
+        PyUnicode_InternInPlace(&st->type_letters[i]);
     }
+    if (glob_add_type(m, st) < 0 || walk_add_type(m, st) < 0) return -1;
+    if (PyModule_AddFunctions(m, walk_functions) < 0) return -1;
     if (PyModule_AddIntConstant(m, "MIN_BUFSIZE", MIN_BUFSIZE) < 0) return -1;
     if (PyModule_AddIntConstant(m, "DEFAULT_BUFSIZE", DEFAULT_BUFSIZE) < 0) return -1;
+    if (PyModule_AddIntConstant(m, "MAX_BUFSIZE", MAX_BUFSIZE) < 0) return -1;
     static const struct { const char *name; int value; } dt[] = {
         {"DT_UNKNOWN", DT_UNKNOWN}, {"DT_FIFO", DT_FIFO}, {"DT_CHR", DT_CHR}, {"DT_DIR", DT_DIR},
         {"DT_BLK", DT_BLK}, {"DT_REG", DT_REG}, {"DT_LNK", DT_LNK}, {"DT_SOCK", DT_SOCK},
@@ -635,8 +668,42 @@ static int dents_exec(PyObject *m) {
     return 0;
 }
 
+static int dents_traverse(PyObject *m, visitproc visit, void *arg) {
+    ModState *st = mod_state(m);
+    if (!st) return 0;
+    Py_VISIT(st->entry_type);
+    Py_VISIT(st->listing_type);
+    Py_VISIT(st->glob_type);
+    Py_VISIT(st->walk_type);
+    Py_VISIT(st->testing);
+    Py_VISIT(st->knob_name);
+    Py_VISIT(st->testing_name);
+    return 0;
+}
+
+static int dents_clear(PyObject *m) {
+    ModState *st = mod_state(m);
+    if (!st) return 0;
+    Py_CLEAR(st->entry_type);
+    Py_CLEAR(st->listing_type);
+    Py_CLEAR(st->glob_type);
+    Py_CLEAR(st->walk_type);
+    Py_CLEAR(st->testing);
+    Py_CLEAR(st->knob_name);
+    Py_CLEAR(st->testing_name);
+    for (int i = 0; i < N_DTYPES; i++) Py_CLEAR(st->type_letters[i]);
+    return 0;
+}
+
+static void dents_free(void *m) { dents_clear((PyObject *)m); }
+
+/* Every piece of state is per module and no Python object is touched without the calling
+ * thread's interpreter (the walker threads only see C data), hence the two declarations. */
 static PyModuleDef_Slot slots[] = {
     {Py_mod_exec, dents_exec},
+#if PY_VERSION_HEX >= 0x030C0000
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
 #if PY_VERSION_HEX >= 0x030D0000
     {Py_mod_gil, Py_MOD_GIL_NOT_USED},
 #endif
@@ -644,8 +711,8 @@ static PyModuleDef_Slot slots[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "manyfiles._dents", "getdents64 listing core (see manyfiles.listing).", 0,
-    methods, slots, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "manyfiles._dents", "getdents64 listing core (see manyfiles.listing).",
+    sizeof(ModState), methods, slots, dents_traverse, dents_clear, dents_free,
 };
 
 PyMODINIT_FUNC PyInit__dents(void) { return PyModuleDef_Init(&module); }

@@ -34,6 +34,12 @@ ENV = "MANYFILES_TESTING"
 #: ("move", "mkdir", "journal" (half-way through writing a record), "finish", ...).
 kill_at: tuple[str, int] | None = None
 
+#: the C core (manyfiles._dents) reads every d_type as this value: 0 (DT_UNKNOWN) behaves as
+#: sshfs, NFSv3 READDIR and XFS ftype=0 do, so the fstatat fallback is exercised on any
+#: filesystem; an out-of-range value (e.g. 200) exercises the guard against garbage d_types.
+#: Read by the C core itself at the start of each call (from sys.modules: never imported by it).
+fake_dtype: int | None = None
+
 _counters: dict[str, Iterator[int]] = {}
 
 
@@ -46,6 +52,7 @@ def _parse_kill_at(value: str) -> tuple[str, int] | None:
 
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "kill_at": _parse_kill_at,
+    "fake_dtype": lambda value: int(value) if value else None,
 }
 
 

@@ -5,6 +5,8 @@
 
 * flat listing, names only, no sort: the C core writes names straight to ``out_fd``
   (no Python object per entry), the fastest possible path;
+* a count, or names / JSON lines (without ``--long`` and ``--sort``) of a tree: the C walker
+  counts, or formats and writes them, with native threads and no Python object per entry;
 * everything else streams :class:`~manyfiles.listing.DirListing` records from
   :func:`~manyfiles.listing.walk` and formats them here.
 
@@ -13,47 +15,48 @@ Failed paths are collected in the report (``fastls: PATH: reason``); the job goe
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import time
+from collections import namedtuple
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 from manyfiles import listing
-from manyfiles.listing import DEFAULT_BUFSIZE, DirListing, Filter
+from manyfiles.listing import DEFAULT_BUFSIZE, DEFAULT_THREADS, NO_FILTER, DirListing
 
 FORMATS = ("names", "json", "long")
 
 
-@dataclass(frozen=True)
-class ListRequest:
-    """What to list and how to print it (the CLI's options, parsed)."""
-
-    paths: tuple[str, ...] = (".",)
-    recursive: bool = False
-    max_depth: int | None = None
-    follow_symlinks: bool = False
-    count_only: bool = False
-    sort: bool = False
-    format: str = "names"
-    stat: bool = False
-    sep: bytes = b"\n"
-    filter: Filter = field(default_factory=Filter)
-    bufsize: int = DEFAULT_BUFSIZE
-    threads: int = 8
-    backend: str | None = None
+_REQUEST_DEFAULTS = {
+    "paths": (".",), "recursive": False, "max_depth": None, "follow_symlinks": False, "count_only": False,
+    "sort": False, "format": "names", "stat": False, "sep": b"\n", "filter": NO_FILTER,
+    "bufsize": DEFAULT_BUFSIZE, "threads": DEFAULT_THREADS, "backend": None,
+}
 
 
-@dataclass
+class ListRequest(namedtuple("ListRequest", list(_REQUEST_DEFAULTS), defaults=_REQUEST_DEFAULTS.values())):
+    """What to list and how to print it (the CLI's options, parsed); every field has the default
+    above: ``paths``, ``recursive``, ``max_depth``, ``follow_symlinks``, ``count_only``, ``sort``,
+    ``format`` (names, json or long), ``stat``, ``sep``, ``filter``, ``bufsize``, ``threads``,
+    ``backend``.  (A namedtuple: typing is not imported on fastls' start-up path.)"""
+
+    __slots__ = ()
+
+
 class ListReport:
-    """What a run did: entries printed, directories listed, and the failures."""
+    """What a run did: entries printed, directories listed, per-path counts, the failures.
 
-    entries: int = 0
-    directories: int = 0
-    counts: dict[str, int] = field(default_factory=dict)
-    failures: list[tuple[str, str]] = field(default_factory=list)
-    seconds: float = 0.0
+    (A plain class, not a dataclass: importing dataclasses pulls in inspect, ~5 ms of
+    fastls' start-up.)
+    """
+
+    __slots__ = ("counts", "directories", "entries", "failures", "seconds")
+
+    def __init__(self) -> None:
+        self.entries = 0
+        self.directories = 0
+        self.counts: dict[str, int] = {}
+        self.failures: list[tuple[str, str]] = []
+        self.seconds = 0.0
 
 
 Progress = Callable[[ListReport], None]
@@ -80,13 +83,21 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def _in_c(request: ListRequest) -> bool:
+    return (request.backend or listing.default_backend()) == "dents"
+
+
 def _uses_fast_path(request: ListRequest) -> bool:
-    return (
-        not request.recursive
-        and not request.sort
-        and request.format == "names"
-        and (request.backend or listing.default_backend()) == "dents"
-    )
+    return not request.recursive and not request.sort and request.format == "names" and _in_c(request)
+
+
+def _uses_c_walker(request: ListRequest) -> bool:
+    """Counts of trees, and names or JSON lines (no lstat, no sort) of trees or JSON of one directory."""
+    if not _in_c(request) or request.stat or request.sort:
+        return False
+    if request.count_only:
+        return request.recursive
+    return request.format == "json" or (request.format == "names" and request.recursive)
 
 
 def _run_one(
@@ -97,6 +108,9 @@ def _run_one(
     if request.count_only and not request.recursive:
         n = listing.count(path, bufsize=request.bufsize, backend=request.backend, filter=request.filter)
         _add_count(report, path, n)
+        return
+    if _uses_c_walker(request):
+        _run_c_walker(request, path, writer, report, progress)
         return
     if _uses_fast_path(request) and progress is None:
         writer.flush()
@@ -123,6 +137,42 @@ def _run_one(
             progress(report)
             report.entries -= len(d.entries)
     _add_count(report, path, n)
+
+
+def _run_c_walker(
+    request: ListRequest, path: str, writer: _Output, report: ListReport, progress: Progress | None
+) -> None:
+    options = {
+        "threads": request.threads if request.recursive else 1,
+        "max_depth": request.max_depth if request.recursive else 0,
+        "follow_symlinks": request.follow_symlinks,
+        "bufsize": request.bufsize,
+        "filter": request.filter,
+    }
+    ticks = None if progress is None else _progress_ticks(report, progress)
+    # bytes root: the paths in failures stay exactly what the walker saw
+    root = os.fsencode(path)
+    if request.count_only:
+        tally = listing.count_tree(root, progress=ticks, **options)
+    else:
+        writer.flush()
+        tally = listing.write_tree(root, writer.fd, json=request.format == "json", sep=request.sep,
+                                   progress=ticks, **options)
+    for failed, exc in tally.failures:
+        report.failures.append((os.fsdecode(failed), _reason(exc)))
+    report.directories += tally.directories
+    _add_count(report, path, tally.entries)
+
+
+def _progress_ticks(report: ListReport, progress: Progress) -> Callable[[int], None]:
+    base = report.entries
+
+    def tick(n: int) -> None:
+        report.entries = base + n
+        progress(report)
+        report.entries = base
+
+    return tick
 
 
 def _add_count(report: ListReport, path: str, n: int) -> None:
@@ -194,6 +244,9 @@ def _format(request: ListRequest, d: DirListing, prefix: bytes | None) -> bytes:
 
 
 def _json_line(d: DirListing, i: int, base: bytes) -> bytes:
+    import base64
+    import json
+
     e = d.entries[i]
     raw = base + e.name
     record: dict = {"path": os.fsdecode(raw), "name": os.fsdecode(e.name), "type": e.type, "inode": e.inode}
@@ -241,8 +294,22 @@ class _Output:
             view = view[os.write(self.fd, view) :]
 
 
+def count_lines(report: ListReport, several: bool) -> list[str]:
+    """What ``--count`` prints: the number, or ``N<TAB>PATH`` per path and a total."""
+    if several:
+        return [f"{n}\t{path}" for path, n in report.counts.items()] + [f"{report.entries}\ttotal"]
+    return [str(report.entries)] if report.counts else []
+
+
+def failure_lines(report: ListReport) -> list[str]:
+    """``fastls: PATH: reason`` for every path or directory that could not be listed."""
+    return [f"fastls: {os.fsdecode(path)}: {reason}" for path, reason in report.failures]
+
+
 def decode_json_path(record: dict) -> bytes:
     """The exact path bytes of a ``--json`` record (inverse of the output format)."""
     if "path_b64" in record:
+        import base64
+
         return base64.b64decode(record["path_b64"])
     return os.fsencode(record["path"])

@@ -1,10 +1,17 @@
-"""Fast directory listing (fastls): getdents64 with a large buffer.
+"""Fast directory listing (fastls): getdents64 with a large buffer, and a parallel tree walk.
 
 Backends, by name (like benhoyt/scandir's scandir_c / scandir_python):
 
 * ``"dents"``    our C extension ``manyfiles._dents`` (the default where it built)
 * ``"scandir"``  ``os.scandir`` (automatic fallback; glibc reads ~32 KiB per getdents call)
 * ``"getdents"`` the PyPI ``getdents`` package, a cross-check only (defects in docs/fastls.md)
+
+One directory: :func:`listdir`, :func:`iter_entries`, :func:`count`, :func:`write_names`.
+A tree: :func:`walk` (one :class:`DirListing` per directory), :func:`count_tree` and
+:func:`write_tree`.  With the C core a tree is walked by native threads without the GIL
+(``manyfiles/_walk.c``); count_tree and write_tree create no Python object per entry, and
+walk hands Python one batch per directory.  Without it, a single-threaded ``os.scandir``
+walk gives the same results.
 
 Nothing here holds all names in memory except :func:`listdir` (which returns them):
 :func:`iter_entries` streams one getdents64 batch at a time and :func:`walk` keeps a
@@ -14,21 +21,29 @@ bounded number of directory listings in flight.
 from __future__ import annotations
 
 import errno
-import fnmatch
 import os
-import queue
-import threading
+import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from collections import namedtuple
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from manyfiles import _native, iotrace
-from manyfiles._extras import require, require_installed
+from manyfiles import _glob
 
-_dents = _native.dents  # None without a compiler at install time, or off Linux (_native.reason says why)
+TYPE_CHECKING = False  # typing is not imported at run time: ~7 ms of fastls' start-up
+if TYPE_CHECKING:
+    from typing import Any
+
+# The C core is imported here directly, not through manyfiles._native (which says why it is
+# missing): _native imports pathlib and _extras importlib.metadata, ~40 ms of fastls' start-up,
+# so both are imported only on the paths that need them.
+try:
+    from manyfiles import _dents
+except ImportError:  # no compiler at install time, or not Linux (_native.reason says why)
+    _dents = None
 
 DEFAULT_BUFSIZE = 1 << 20
 MIN_BUFSIZE = 280
+MAX_BUFSIZE = 64 << 20
 BACKENDS: tuple[str, ...] = ("dents", "scandir", "getdents")
 GETDENTS_FEATURE = "the getdents backend"
 TYPE_LETTERS = "fdlbcps?"
@@ -37,64 +52,71 @@ _LETTER_OF_DT = {v: k for k, v in _DT_OF_LETTER.items()}
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-class Entry(NamedTuple):
-    """One directory entry: ``type`` is one of ``f d l b c p s ?`` (``?``: the filesystem did not say)."""
+class Entry(namedtuple("Entry", "name type inode")):
+    """One directory entry: ``name`` (str, or bytes for a bytes path), ``type`` one of
+    ``f d l b c p s ?`` (``?``: the filesystem did not say), ``inode`` (int)."""
 
-    name: str | bytes
-    type: str
-    inode: int
+    __slots__ = ()
 
 
-class DirListing(NamedTuple):
-    """One directory visited by :func:`walk`.
+class DirListing(namedtuple("DirListing", "path depth entries error stats", defaults=(None,))):
+    """One directory visited by :func:`walk`: ``path``, ``depth`` (root 0), ``entries``
+    (list of :class:`Entry`), ``error`` (OSError or None) and ``stats``.
 
     ``stats`` holds one ``os.stat_result`` (lstat) per entry when ``walk(stat=True)``,
     ``None`` for an entry that vanished meanwhile.  ``error`` is set when the directory
     could not be listed (then ``entries`` is empty).
     """
 
-    path: str | bytes
-    depth: int
-    entries: list[Entry]
-    error: OSError | None
-    stats: list[os.stat_result | None] | None = None
+    __slots__ = ()
 
 
-class Filter(NamedTuple):
-    """What to keep: glob patterns on names (fnmatch, case-sensitive) and type letters."""
+class DirDone(namedtuple("DirDone", "path depth")):
+    """``walk(postorder=True)``: ``path`` and everything below it have been yielded."""
 
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    types: str = ""
+    __slots__ = ()
+
+
+class Filter(namedtuple("Filter", "include exclude types", defaults=((), (), ""))):
+    """What to keep: ``include`` / ``exclude`` glob patterns (:mod:`manyfiles._glob`, Python's
+    fnmatch rules; tuples of str) and ``types`` (type letters, e.g. ``"fl"``).
+
+    A pattern containing ``/`` is matched against the path relative to the walk's root,
+    any other against the name.
+    """
+
+    __slots__ = ()
 
     def __bool__(self) -> bool:
         return bool(self.include or self.exclude or self.types)
 
     def c_args(self) -> dict:
-        """Arguments for the C core: patterns as bytes, types as a bit mask."""
+        """Arguments for the C core: compiled patterns, types as a bit mask."""
         return {
-            "include": tuple(os.fsencode(p) for p in self.include) or None,
-            "exclude": tuple(os.fsencode(p) for p in self.exclude) or None,
-            "types": sum(1 << _DT_OF_LETTER[t] for t in set(self.types)),
+            "include": _glob.compile(self.include) if self.include else None,
+            "exclude": _glob.compile(self.exclude) if self.exclude else None,
+            "types": type_mask(self.types),
         }
 
-    def matches(self, name: str | bytes, type_letter: str) -> bool:
+    def matches(self, name: str | bytes, type_letter: str, rel: str | bytes | None = None) -> bool:
         """The same decision in Python, for the fallback backends."""
-        text = os.fsdecode(name)
-        if any(fnmatch.fnmatchcase(text, p) for p in self.exclude):
+        if self.exclude and _glob.compile(self.exclude).match(name, rel):
             return False
-        if self.include and not any(fnmatch.fnmatchcase(text, p) for p in self.include):
+        if self.include and not _glob.compile(self.include).match(name, rel):
             return False
         return not self.types or type_letter in self.types
 
 
 NO_FILTER = Filter()
 
+
+def type_mask(letters: str) -> int:
+    """The C core's type filter: bit ``1 << d_type`` for each type letter."""
+    return sum(1 << _DT_OF_LETTER[t] for t in set(letters))
+
+
 if _dents is not None:
-    _dents._set_entry_type(Entry)
-    # Test hook: behave as on sshfs/NFSv3, where every d_type is DT_UNKNOWN.
-    if os.environ.get("MANYFILES_TEST_DT_UNKNOWN") == "1":
-        _dents._set_force_unknown(True)
+    _dents._set_types(Entry, DirListing)
 
 
 def default_backend() -> str:
@@ -106,9 +128,13 @@ def _resolve_backend(backend: str | None) -> str:
     name = backend or default_backend()
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
-    if name == "dents":
+    if name == "dents" and _dents is None:
+        from manyfiles import _native
+
         _native.require("the dents backend")
     elif name == "getdents":
+        from manyfiles._extras import require_installed
+
         require_installed("getdents", "getdents", GETDENTS_FEATURE)
     return name
 
@@ -120,18 +146,27 @@ def _open_dir(path: str | bytes, dir_fd: int | None = None) -> int:
 def _check_bufsize(bufsize: int) -> int:
     if bufsize < MIN_BUFSIZE:
         raise ValueError(f"bufsize must be at least {MIN_BUFSIZE} bytes (a 255-byte name needs 280)")
-    return bufsize
+    # getdents64's count is 32-bit: the kernel truncates 4 GiB to 0 (EINVAL); no filesystem
+    # fills more than a few MiB per call anyway (the C core clamps the same way)
+    return min(bufsize, MAX_BUFSIZE)
+
+
+def _tracer() -> Any:
+    """The active I/O tracer, or None.  manyfiles.iotrace is not imported for this (fastls
+    starts ~3 ms sooner): tracing can only be on if something imported it already."""
+    module = sys.modules.get("manyfiles.iotrace")
+    return None if module is None else module.TRACER
 
 
 def _trace_batches(path: str | bytes, batches: list | None) -> None:
-    tr = iotrace.TRACER
+    tr = _tracer()
     if tr is not None and batches:
         for start, dur, nbytes, nentries in batches:
             tr.record("getdents", path, nentries, nbytes, start, dur, 0)
 
 
 def _batches_list() -> list | None:
-    return [] if iotrace.TRACER is not None else None
+    return [] if _tracer() is not None else None
 
 
 def _on_dir(path: str | bytes, c_function: Any, *args: Any, **kwargs: Any) -> Any:
@@ -165,7 +200,7 @@ def listdir(
                 path, bufsize=bufsize, resolve_unknown=bool(filter.types), backend=backend, filter=filter
             )
         ]
-    _check_bufsize(bufsize)
+    bufsize = _check_bufsize(bufsize)
     return _on_dir(
         path, _dents.listdir, bufsize, isinstance(path, bytes), resolve=bool(filter.types), **filter.c_args()
     )
@@ -185,7 +220,7 @@ def iter_entries(
     ftype=0) are kept; with ``resolve_unknown`` their type comes from ``fstatat``.
     """
     name = _resolve_backend(backend)
-    _check_bufsize(bufsize)
+    bufsize = _check_bufsize(bufsize)
     if name == "scandir":
         return _scandir_entries(path, filter)
     if name == "getdents":
@@ -211,7 +246,7 @@ def _dents_entries(path: str | bytes, bufsize: int, resolve: bool, filter: Filte
         os.close(fd)
 
 
-def _scandir_entries(path: str | bytes, filter: Filter) -> Iterator[Entry]:
+def _scandir_entries(path: str | bytes, filter: Filter = NO_FILTER) -> Iterator[Entry]:
     with os.scandir(path) as it:
         for e in it:
             entry = Entry(e.name, _scandir_type(e), e.inode())
@@ -252,6 +287,8 @@ def _mode_letter(mode: int) -> str:
 def _getdents_entries(path: str | bytes, bufsize: int, resolve: bool, filter: Filter) -> Iterator[Entry]:
     # The PyPI package: filter_function=None, because its default filter drops every
     # DT_UNKNOWN entry (all of them on sshfs); it then also returns "." and "..".
+    from manyfiles._extras import require
+
     getdents = require("getdents", "getdents", GETDENTS_FEATURE)
 
     text_path = os.fsdecode(path)
@@ -290,13 +327,27 @@ def _lstat_letter(dir_fd: int, name: str | bytes) -> str:
 
 
 def count(
-    path: str | bytes = ".",
+    path: str | bytes | os.PathLike = ".",
     *,
+    recursive: bool = False,
     bufsize: int = DEFAULT_BUFSIZE,
     backend: str | None = None,
     filter: Filter = NO_FILTER,
+    **tree_options: Any,
 ) -> int:
-    """Number of entries in ``path`` (without . and ..); the C core creates no object per entry."""
+    """Number of entries in ``path`` (without . and ..); the C core creates no object per entry.
+
+    ``recursive=True`` counts the whole tree below ``path`` (see :func:`count_tree` for the
+    options and a count per type); a directory that cannot be listed raises
+    :class:`~manyfiles.errors.PartialFailure` carrying the :class:`TreeCount`.
+    """
+    path = os.fspath(path)
+    if recursive:
+        tally = count_tree(path, bufsize=bufsize, backend=backend, filter=filter, **tree_options)
+        tally.raise_for_failures()
+        return tally.entries
+    if tree_options:
+        raise TypeError(f"count() got tree options without recursive=True: {', '.join(tree_options)}")
     if _resolve_backend(backend) != "dents":
         return sum(
             1
@@ -304,7 +355,7 @@ def count(
                 path, bufsize=bufsize, resolve_unknown=bool(filter.types), backend=backend, filter=filter
             )
         )
-    _check_bufsize(bufsize)
+    bufsize = _check_bufsize(bufsize)
     return _on_dir(path, _dents.count, bufsize, **filter.c_args())
 
 
@@ -323,139 +374,235 @@ def write_names(
     Needs the C core (``ImportError`` otherwise).
     """
     _resolve_backend("dents")
-    _check_bufsize(bufsize)
+    bufsize = _check_bufsize(bufsize)
     return _on_dir(path, _dents.write_names, out_fd, sep, prefix, bufsize, **filter.c_args())
 
 
 # ---- trees ------------------------------------------------------------------------
 
+#: Walker threads by default: directory reads in flight.  A cold disk or a network filesystem
+#: wants many (1M-file tree, cold: 8 threads 1.65 s, 16 ~1.0-1.3 s, 32 ~0.9 s on a quiet run);
+#: on a warm tree the count stays CPU-bound and the extra threads cost ~0-10 % CPU.
+DEFAULT_THREADS = 16
 
-class _Task(NamedTuple):
-    path: str | bytes
-    depth: int
+
+class TreeCount:
+    """What :func:`count_tree` / :func:`write_tree` found.
+
+    ``by_type`` counts entries per type letter (``f d l b c p s ?``); ``directories`` is the
+    number of directories listed (the root included); ``failures`` the directories that
+    could not be listed, as ``(path, OSError)``.
+    """
+
+    __slots__ = ("by_type", "directories", "entries", "failures")
+
+    def __init__(self, entries: int = 0, by_type: dict[str, int] | None = None, directories: int = 0,
+                 failures: list[tuple[str | bytes, OSError]] | None = None) -> None:
+        self.entries = entries
+        self.by_type = {} if by_type is None else by_type
+        self.directories = directories
+        self.failures = [] if failures is None else failures
+
+    def __repr__(self) -> str:
+        return (f"TreeCount(entries={self.entries}, by_type={self.by_type}, directories={self.directories}, "
+                f"failures={len(self.failures)})")
+
+    def raise_for_failures(self) -> None:
+        """Raise :class:`~manyfiles.errors.PartialFailure` if some directory could not be listed."""
+        if self.failures:
+            from manyfiles.errors import PartialFailure
+
+            path, exc = self.failures[0]
+            more = f" (and {len(self.failures) - 1} more)" if len(self.failures) > 1 else ""
+            raise PartialFailure(f"{os.fsdecode(path)}: {exc.strerror or exc}{more}", self.failures, self)
+
+
+class _TreeArgs(namedtuple("_TreeArgs", "threads max_depth min_depth follow_symlinks one_filesystem bufsize "
+                                         "filter prune descend")):
+    """The options every tree function shares, checked once (see :func:`walk`)."""
+
+    __slots__ = ()
+
+    def c_kwargs(self) -> dict[str, Any]:
+        c_filter = self.filter.c_args()
+        return {
+            "threads": max(1, self.threads),
+            "max_depth": -1 if self.max_depth is None else self.max_depth,
+            "min_depth": self.min_depth,
+            "follow": self.follow_symlinks,
+            "xdev": self.one_filesystem,
+            "bufsize": self.bufsize,
+            "types": c_filter["types"],
+            "include": c_filter["include"],
+            "exclude": c_filter["exclude"],
+            "prune": _glob.compile(self.prune) if self.prune else None,
+            "descend": tuple(_glob.compile(p) if p else None for p in self.descend) or None,
+            "trace": _tracer() is not None,
+        }
+
+
+def _tree_args(
+    threads: int = DEFAULT_THREADS,
+    max_depth: int | None = None,
+    min_depth: int = 0,
+    follow_symlinks: bool = False,
+    one_filesystem: bool = False,
+    bufsize: int = DEFAULT_BUFSIZE,
+    filter: Filter = NO_FILTER,
+    prune: Sequence[str] = (),
+    descend: Sequence[Sequence[str] | None] = (),
+) -> _TreeArgs:
+    if max_depth is not None and max_depth < 0:
+        raise ValueError("max_depth must be >= 0 (or None)")
+    if len(descend) > 8:
+        raise ValueError("descend: at most 8 levels")
+    return _TreeArgs(
+        threads, max_depth, min_depth, follow_symlinks, one_filesystem, _check_bufsize(bufsize), filter,
+        tuple(prune), tuple(tuple(p) if p else None for p in descend),
+    )
 
 
 def walk(
-    root: str | bytes,
+    root: str | bytes | os.PathLike,
     *,
-    threads: int = 8,
+    threads: int = DEFAULT_THREADS,
     max_depth: int | None = None,
     follow_symlinks: bool = False,
+    one_filesystem: bool = False,
     stat: bool = False,
     bufsize: int = DEFAULT_BUFSIZE,
     backend: str | None = None,
     filter: Filter = NO_FILTER,
+    prune: Sequence[str] = (),
+    min_depth: int = 0,
+    descend: Sequence[Sequence[str] | None] = (),
+    postorder: bool = False,
 ) -> Iterator[DirListing]:
     """Yield one :class:`DirListing` per directory under ``root`` (root included, depth 0), unordered.
 
-    Directories are listed in parallel by ``threads`` threads, one directory per task;
-    the C core releases the GIL during getdents64, so the syscalls overlap (on a cold
-    cache or a network filesystem that is where the time goes).  At most ``4 * threads``
-    listings are in flight, so memory stays bounded whatever the consumer's pace.
+    With the C core, ``threads`` native threads list directories in parallel without the
+    GIL and Python receives one batch per directory; directories come in no fixed order
+    (within one, entries come in getdents order).  At most ``4 * threads + 4`` listings are
+    in flight, so memory stays bounded whatever the consumer's pace.  Without the C core
+    (or with ``backend="scandir"``/``"getdents"``) a single-threaded walk gives the same
+    listings.  Paths are ``str``, or ``bytes`` for a ``bytes`` root (a ``Path`` counts as str).
 
-    Unreadable directories come with ``error`` set and the walk goes on.  Symlinks are not
-    followed unless ``follow_symlinks``; then cycles are detected by (st_dev, st_ino) and
-    reported as an ``ELOOP`` error on the directory that closes the cycle.  ``filter``
-    applies to the entries reported, never to the recursion.  ``stat=True`` adds an
-    lstat per entry (done in the worker threads).
+    Unreadable directories come with ``error`` set (``errno``, ``filename``) and the walk goes
+    on.  Symlinks are not followed unless ``follow_symlinks``; then cycles are detected by
+    (st_dev, st_ino) and reported as an ``ELOOP`` error on the directory that closes the
+    cycle.  Mounted filesystems are crossed (like ``find``) unless ``one_filesystem``; then a
+    mount point is reported with an ``EXDEV`` error and not entered.
+
+    ``filter`` selects the entries reported, never what is descended into; ``prune`` names
+    directories that are not entered (their entry is still reported), ``descend[d]`` the only
+    directories entered at depth ``d + 1``; ``min_depth`` reports entries only from
+    directories that deep or deeper.  ``stat=True`` adds an lstat per entry.  With
+    ``postorder=True`` a :class:`DirDone` also follows each directory once it and everything
+    below it have been yielded (children before parents), for bottom-up work.
     """
-    _resolve_backend(backend)
-    _check_bufsize(bufsize)
-    walker = _Walker(threads, max_depth, follow_symlinks, stat, bufsize, backend, filter)
-    return walker.run(root)
+    root = os.fspath(root)
+    args = _tree_args(threads, max_depth, min_depth, follow_symlinks, one_filesystem, bufsize, filter,
+                      prune, descend)
+    if _resolve_backend(backend) == "dents":
+        return _walk_c(root, args, stat, postorder)
+    return _walk_python(root, args, stat, postorder, backend)
 
 
-class _Walker:
-    def __init__(
-        self,
-        threads: int,
-        max_depth: int | None,
-        follow: bool,
-        stat: bool,
-        bufsize: int,
-        backend: str | None,
-        filter: Filter,
-    ) -> None:
-        self.threads = max(1, threads)
-        self.max_depth = max_depth
-        self.follow = follow
-        self.stat = stat
-        self.bufsize = bufsize
-        self.backend = backend
-        self.filter = filter
-        self.seen: set[tuple[int, int]] = set()
-        self.seen_lock = threading.Lock()
+def _walk_c(root: str | bytes, args: _TreeArgs, stat: bool, postorder: bool) -> Iterator[Any]:
+    walker = _dents.Walk(os.fsencode(root), as_bytes=isinstance(root, bytes), postorder=postorder,
+                         **args.c_kwargs())
+    tracer = _tracer()
+    try:
+        for item in walker:
+            if tracer is not None:
+                _record_getdents(tracer, walker.take_trace())
+            if type(item) is tuple:  # ("post", path, depth)
+                yield DirDone(item[1], item[2])
+            elif stat and item.error is None:
+                yield item._replace(stats=_lstat_all(item.path, item.entries))
+            else:
+                yield item
+    finally:
+        walker.close()
 
-    def run(self, root: str | bytes) -> Iterator[DirListing]:
-        todo: queue.SimpleQueue = queue.SimpleQueue()
-        done: queue.SimpleQueue = queue.SimpleQueue()
-        pending: list[_Task] = [_Task(root, 0)]
-        workers = [
-            threading.Thread(target=self._work, args=(todo, done), daemon=True) for _ in range(self.threads)
-        ]
-        for w in workers:
-            w.start()
-        in_flight = 0
-        limit = 4 * self.threads
+
+def _record_getdents(tracer: Any, records: list) -> None:
+    for path, start, dur, nbytes, nentries in records:
+        tracer.record("getdents", path, nentries, nbytes, start, dur, 0)
+
+
+_Post = namedtuple("_Post", "path depth")  # walk(postorder=True) in Python: a marker on the stack
+
+
+def _walk_python(
+    root: str | bytes, args: _TreeArgs, stat: bool, postorder: bool, backend: str | None
+) -> Iterator[Any]:
+    """The same walk, single-threaded, on os.scandir (or the getdents package)."""
+    flt = args.filter
+    prune = _glob.compile(args.prune) if args.prune else None
+    descend = [_glob.compile(p) if p else None for p in args.descend]
+    seen: set[tuple[int, int]] = set()
+    root_dev = None
+    stack: list[Any] = [(root, 0, "")]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Post):
+            yield DirDone(item.path, item.depth)
+            continue
+        path, depth, rel = item
         try:
-            while pending or in_flight:
-                while pending and in_flight < limit:
-                    todo.put(pending.pop())
-                    in_flight += 1
-                listing, subdirs = done.get()
-                in_flight -= 1
-                pending.extend(subdirs)
-                yield listing
-        finally:
-            for _ in workers:
-                todo.put(None)
-
-    def _work(self, todo: queue.SimpleQueue, done: queue.SimpleQueue) -> None:
-        while (task := todo.get()) is not None:
-            try:
-                done.put(self._list_one(task))
-            except BaseException as exc:  # never leave the consumer waiting forever
-                done.put(
-                    (DirListing(task.path, task.depth, [], OSError(errno.EIO, repr(exc), task.path)), [])
-                )
-
-    def _list_one(self, task: _Task) -> tuple[DirListing, list[_Task]]:
-        path, depth = task
-        try:
-            if self.follow and not self._first_visit(path):
-                raise OSError(errno.ELOOP, "File system loop detected", path)
-            entries = _all_entries(path, self.bufsize, self.backend)
+            if args.follow_symlinks or args.one_filesystem:
+                st = os.stat(path)
+                if depth == 0:
+                    root_dev = st.st_dev
+                if args.one_filesystem and st.st_dev != root_dev:
+                    raise OSError(errno.EXDEV, "is a mount point; not crossed", path)
+                if args.follow_symlinks:
+                    if (st.st_dev, st.st_ino) in seen:
+                        raise OSError(errno.ELOOP, "File system loop detected", path)
+                    seen.add((st.st_dev, st.st_ino))
+            entries = _all_entries(path, args.bufsize, backend)
         except OSError as exc:
             if exc.filename is None:
                 exc.filename = path
-            return DirListing(path, depth, [], exc), []
-        descend = self.max_depth is None or depth < self.max_depth
-        subdirs = [
-            _Task(os.path.join(path, e.name), depth + 1) for e in entries if descend and self._is_dir(path, e)
-        ]
-        if self.filter:
-            entries = [e for e in entries if self.filter.matches(e.name, e.type)]
-        stats = _lstat_all(path, entries) if self.stat else None
-        return DirListing(path, depth, entries, None, stats), subdirs
+            yield DirListing(path, depth, [], exc)
+            continue
+        if postorder and depth >= args.min_depth:
+            stack.append(_Post(path, depth))  # popped after everything below
+        if args.max_depth is None or depth < args.max_depth:
+            subdirs = []
+            level_glob = descend[depth] if depth < len(descend) else None
+            for e in entries:
+                if not _enters(path, e, args.follow_symlinks):
+                    continue
+                sub_rel = _join_rel(rel, e.name)
+                if level_glob is not None and not level_glob.match(e.name):
+                    continue
+                if prune is not None and prune.match(e.name, sub_rel):
+                    continue
+                subdirs.append((os.path.join(path, e.name), depth + 1, sub_rel))
+            stack.extend(reversed(subdirs))
+        if depth < args.min_depth:
+            continue
+        if flt:
+            entries = [e for e in entries if flt.matches(e.name, e.type, _join_rel(rel, e.name))]
+        stats = _lstat_all(path, entries) if stat else None
+        yield DirListing(path, depth, entries, None, stats)
 
-    def _is_dir(self, parent: str | bytes, e: Entry) -> bool:
-        if e.type == "d":
-            return True
-        if e.type != "l" or not self.follow:
-            return False
-        try:
-            return os.path.isdir(os.path.join(parent, e.name))
-        except OSError:
-            return False
 
-    def _first_visit(self, path: str | bytes) -> bool:
-        st = os.stat(path)
-        key = (st.st_dev, st.st_ino)
-        with self.seen_lock:
-            if key in self.seen:
-                return False
-            self.seen.add(key)
+def _join_rel(rel: str | bytes, name: str | bytes) -> Any:
+    return name if not rel else os.path.join(rel, name)
+
+
+def _enters(parent: str | bytes, e: Entry, follow: bool) -> bool:
+    if e.type == "d":
         return True
+    if e.type != "l" or not follow:
+        return False
+    try:
+        return os.path.isdir(os.path.join(parent, e.name))
+    except OSError:
+        return False
 
 
 def _all_entries(path: str | bytes, bufsize: int, backend: str | None) -> list[Entry]:
@@ -467,7 +614,7 @@ def _all_entries(path: str | bytes, bufsize: int, backend: str | None) -> list[E
 
 def _lstat_all(path: str | bytes, entries: Sequence[Entry]) -> list[os.stat_result | None]:
     fd = _open_dir(path)
-    tr = iotrace.TRACER
+    tr = _tracer()
     out: list[os.stat_result | None] = []
     try:
         for e in entries:
@@ -488,5 +635,100 @@ def _lstat_all(path: str | bytes, entries: Sequence[Entry]) -> list[os.stat_resu
 def iter_paths(listings: Iterable[DirListing]) -> Iterator[str | bytes]:
     """Full paths of every entry in a walk, for callers that want a flat stream."""
     for d in listings:
+        if isinstance(d, DirListing):
+            for e in d.entries:
+                yield os.path.join(d.path, e.name)
+
+
+def count_tree(
+    root: str | bytes | os.PathLike,
+    *,
+    threads: int = DEFAULT_THREADS,
+    max_depth: int | None = None,
+    follow_symlinks: bool = False,
+    one_filesystem: bool = False,
+    bufsize: int = DEFAULT_BUFSIZE,
+    backend: str | None = None,
+    filter: Filter = NO_FILTER,
+    prune: Sequence[str] = (),
+    min_depth: int = 0,
+    descend: Sequence[Sequence[str] | None] = (),
+    progress: Callable[[int], object] | None = None,
+) -> TreeCount:
+    """Count the entries below ``root`` (per type too); the options are :func:`walk`'s.
+
+    With the C core no Python object is created per entry or per directory; ``progress``
+    (if given) is called with the entries counted so far about ten times a second.  A root
+    that cannot be listed raises ``OSError``; other unreadable directories are in
+    ``failures``.
+    """
+    root = os.fspath(root)
+    args = _tree_args(threads, max_depth, min_depth, follow_symlinks, one_filesystem, bufsize, filter,
+                      prune, descend)
+    if _resolve_backend(backend) == "dents":
+        raw = _dents.walk_count(os.fsencode(root), progress=progress, **args.c_kwargs())
+        return _tree_count(root, raw)
+    tally = TreeCount()
+    for d in _walk_python(root, args, False, False, backend):
+        if d.error is not None:
+            if d.depth == 0:
+                raise d.error
+            tally.failures.append((d.path, d.error))
+            continue
+        tally.directories += 1
+        tally.entries += len(d.entries)
         for e in d.entries:
-            yield os.path.join(d.path, e.name)
+            tally.by_type[e.type] = tally.by_type.get(e.type, 0) + 1
+        if progress is not None:
+            progress(tally.entries)
+    return tally
+
+
+def write_tree(
+    root: str | bytes | os.PathLike,
+    out_fd: int,
+    *,
+    json: bool = False,
+    sep: bytes = b"\n",
+    threads: int = DEFAULT_THREADS,
+    max_depth: int | None = None,
+    follow_symlinks: bool = False,
+    one_filesystem: bool = False,
+    bufsize: int = DEFAULT_BUFSIZE,
+    filter: Filter = NO_FILTER,
+    progress: Callable[[int], object] | None = None,
+) -> TreeCount:
+    """Write the path of every entry below ``root`` to ``out_fd`` (``path + sep``), or with
+    ``json=True`` one JSON object per line, exactly as ``fastls --json`` prints it
+    (``path``, ``name``, ``type``, ``inode``, and ``path_b64`` for a path that is not UTF-8).
+
+    The C walker formats into per-thread buffers and writes whole lines, so lines from
+    different threads never interleave; their order is not fixed.  Needs the C core
+    (``ImportError`` otherwise).  Returns the :class:`TreeCount` (``by_type`` is empty).
+    """
+    _resolve_backend("dents")
+    root = os.fspath(root)
+    args = _tree_args(threads, max_depth, 0, follow_symlinks, one_filesystem, bufsize, filter)
+    raw = _dents.walk_write(os.fsencode(root), out_fd, json, sep, progress=progress, **args.c_kwargs())
+    return _tree_count(root, raw)
+
+
+def _tree_count(root: str | bytes, raw: tuple) -> TreeCount:
+    per_type, entries, dirs, failures, trace = raw
+    if trace:
+        _record_getdents(_tracer(), trace)
+    as_bytes = isinstance(root, bytes)
+    tally = TreeCount(entries, {}, dirs)
+    for dt, n in enumerate(per_type):
+        if n:
+            letter = _LETTER_OF_DT.get(dt, "?")
+            tally.by_type[letter] = tally.by_type.get(letter, 0) + n
+    for path, err, _depth in failures:
+        shown = path if as_bytes else os.fsdecode(path)
+        tally.failures.append((shown, _walk_error(err, shown)))
+    return tally
+
+
+def _walk_error(err: int, path: str | bytes) -> OSError:
+    reason = {errno.ELOOP: "File system loop detected", errno.EXDEV: "is a mount point; not crossed"}
+    return OSError(err, reason.get(err) or os.strerror(err), path)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -52,9 +51,9 @@ Exit status: 0 if every path was listed, 1 if some failed (each reported as
 @click.option(
     "--threads",
     type=click.IntRange(min=1),
-    default=8,
+    default=listing.DEFAULT_THREADS,
     show_default=True,
-    help="Directories listed at once with -r.",
+    help="Directories read at once with -r (native threads; more help on a cold disk or NFS).",
 )
 @click.option(
     "--backend",
@@ -85,7 +84,40 @@ def command(
     """List the entries of each directory in PATHS (default: the current directory)."""
     if backend is None:
         _native.warn_fallback(click.get_current_context().command_path)
-    request = fastls.ListRequest(
+    request = build_request(paths, recursive, max_depth, follow, count_only, sort, null, as_json, long_,
+                            include, exclude, types, bufsize, threads, backend)
+    with progress_reporter(progress, "listing", unit="entries") as on_progress:
+        report = fastls.run(
+            request, sys.stdout.fileno(), progress=(lambda r: on_progress(r.entries)) if on_progress else None
+        )
+    if count_only:
+        for line in fastls.count_lines(report, len(request.paths) > 1):
+            click.echo(line)
+    for line in fastls.failure_lines(report):
+        click.echo(line, err=True)
+    return 1 if report.failures else 0
+
+
+def build_request(
+    paths: tuple[str, ...],
+    recursive: bool,
+    max_depth: int | None,
+    follow: bool,
+    count_only: bool,
+    sort: bool,
+    null: bool,
+    as_json: bool,
+    long_: bool,
+    include: tuple[str, ...],
+    exclude: tuple[str, ...],
+    types: tuple[str, ...],
+    bufsize: int,
+    threads: int,
+    backend: str | None,
+    **_instrumentation: object,
+) -> fastls.ListRequest:
+    """The options, parsed, as the library's request (also what the click-free fast path must build)."""
+    return fastls.ListRequest(
         paths=paths or (".",),
         recursive=recursive,
         max_depth=max_depth,
@@ -100,26 +132,9 @@ def command(
         threads=threads,
         backend=backend,
     )
-    with progress_reporter(progress, "listing", unit="entries") as on_progress:
-        report = fastls.run(
-            request, sys.stdout.fileno(), progress=(lambda r: on_progress(r.entries)) if on_progress else None
-        )
-    if count_only:
-        _print_counts(report, len(request.paths) > 1)
-    for path, reason in report.failures:
-        click.echo(f"fastls: {os.fsdecode(path)}: {reason}", err=True)
-    return 1 if report.failures else 0
-
-
-def _print_counts(report: fastls.ListReport, several: bool) -> None:
-    if several:
-        for path, n in report.counts.items():
-            click.echo(f"{n}\t{path}")
-        click.echo(f"{report.entries}\ttotal")
-    elif report.counts:
-        click.echo(str(report.entries))
 
 
 def main() -> None:
-    """Entry point of the ``fastls`` script."""
+    """Entry point of the ``fastls`` script (``manyfiles._fastls_main`` handles the common
+    invocations without importing click, and everything else here)."""
     run_main(command, "fastls")

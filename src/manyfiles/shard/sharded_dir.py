@@ -131,35 +131,91 @@ class BucketStats:
                    statistics.pstdev(counts))
 
 
-def estimate_files(root: bytes, layout: Layout, samples: int = 4, *, rng: random.Random | None = None) -> int:
-    """Estimate the files under ``root`` by walking ``samples`` random paths down the tree.
+#: estimate_files stops sampling once the standard error of its estimate is this small
+#: (relative), so 95 % of estimates of a uniform tree land within about 2x this.
+ESTIMATE_REL_ERROR = 0.015
+#: ... or after this many sampled buckets
+ESTIMATE_MAX_SAMPLES = 2000
+#: upper levels are listed completely while that takes at most this many listings
+ESTIMATE_MAX_LISTINGS = 4096
 
-    Each sample multiplies the number of buckets seen at each level by the files in the
-    leaf it reaches; the result is the mean of the samples (exact for a uniform tree).
+
+def _hex_glob(layout: Layout, level: int) -> str:
+    """The names of hashed buckets at ``level`` as a glob (what Layout.is_bucket accepts)."""
+    return "[0-9a-f]" * layout.levels[level]
+
+
+def estimate_files(root: bytes, layout: Layout, samples: int = 128, *, rng: random.Random | None = None,
+                   rel_error: float = ESTIMATE_REL_ERROR, max_samples: int = ESTIMATE_MAX_SAMPLES) -> int:
+    """Estimate the files under ``root`` from a sample of buckets.
+
+    The upper bucket levels are listed completely while that costs at most
+    ``ESTIMATE_MAX_LISTINGS`` listings (for the default 2:2 layout: the root and its 256
+    buckets, which gives every leaf bucket exactly); then buckets of the deepest level
+    reached are drawn at random without replacement, each contributing its files (or, for a
+    deeper layout, a random path down to a leaf: the product of the fan-outs met and the
+    leaf's files, Knuth's estimator).  Sampling stops after at least ``samples`` buckets once
+    the standard error is below ``rel_error`` of the estimate, or after ``max_samples``.  (The
+    minimum matters: in a sparse tree most buckets hold one file, and a few dozen samples
+    can all say "1" and report a standard error of zero.)
+    Measured within 5 % on uniform trees of 10^4 to 10^6 files
+    (tests/shard/test_shard_scan.py, docs/benchmarks.md).
     """
     rng = rng or random.Random()
-    guesses = []
-    for _ in range(samples):
-        path, product = root, 1
-        for level in range(len(layout.levels)):
-            try:
-                subdirs = [e.name for e in listing.iter_entries(path)
-                           if e.type == "d" and layout.is_bucket(e.name, level)]
-            except (FileNotFoundError, NotADirectoryError):
-                subdirs = []
+    levels = len(layout.levels)
+
+    hashed = layout.key == "hash"
+
+    def buckets(path: bytes, level: int) -> list[bytes]:
+        try:
+            if hashed:  # the C core filters: no Python object for the other entries
+                names = listing.listdir(path, filter=listing.Filter(include=(_hex_glob(layout, level),),
+                                                                   types="d"))
+            else:
+                names = [e.name for e in listing.iter_entries(path)
+                         if e.type == "d" and layout.is_bucket(e.name, level)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []  # pruned meanwhile
+        prefix = path + b"/"
+        return [prefix + name for name in names]
+
+    def files(path: bytes) -> int:
+        try:
+            return sum(1 for e in listing.iter_entries(path)
+                       if e.type != "d" and not e.name.startswith(RESERVED_PREFIX))
+        except (FileNotFoundError, NotADirectoryError):
+            return 0
+
+    frontier, depth = [root], 0
+    while depth < levels and len(frontier) <= ESTIMATE_MAX_LISTINGS:
+        frontier = [b for parent in frontier for b in buckets(parent, depth)]
+        depth += 1
+    if not frontier:
+        return 0
+
+    def guess(start: bytes) -> int:
+        path, product = start, 1
+        for level in range(depth, levels):  # below the completely listed levels: one random path
+            subdirs = buckets(path, level)
             if not subdirs:
-                product = 0
-                break
+                return 0
             product *= len(subdirs)
-            path = os.path.join(path, rng.choice(subdirs))
-        if product:
-            try:
-                product *= sum(1 for e in listing.iter_entries(path)
-                               if e.type != "d" and not e.name.startswith(RESERVED_PREFIX))
-            except FileNotFoundError:
-                product = 0
-        guesses.append(product)
-    return round(statistics.fmean(guesses)) if guesses else 0
+            path = rng.choice(subdirs)
+        return product * files(path)
+
+    population = len(frontier)
+    n, total, squares = 0, 0, 0  # running sums: the stopping test is O(1) per sample
+    for i in rng.sample(range(population), min(population, max(1, max_samples))):
+        g = guess(frontier[i])
+        n, total, squares = n + 1, total + g, squares + g * g
+        if samples <= n < population:
+            mean = total / n
+            variance = max(0.0, (squares - n * mean * mean) / (n - 1))
+            # finite population: sampling without replacement shrinks the error
+            stderr = (variance / n * (1 - n / population)) ** 0.5
+            if mean == 0 or stderr <= rel_error * mean:
+                break
+    return round(population * total / n)
 
 
 # -- the sharded directory -------------------------------------------------------------------------
@@ -314,16 +370,30 @@ class ShardedDir:
 
     # -- reading -----------------------------------------------------------------------------------
 
-    def _leaves(self, threads: int = 8) -> Iterator[tuple[bytes, list[listing.Entry]]]:
-        """(leaf path, entries) for every leaf bucket, via the parallel walk."""
+    # The bucket scan: the tree walker enters only bucket directories (for hashed layouts the
+    # C walker checks the names itself: descend patterns per level) and reports the files of
+    # leaf buckets only (min_depth); manyfiles' own temp files are excluded.
+    _FILES = listing.Filter(exclude=(os.fsdecode(RESERVED_PREFIX) + "*",), types="flbcps?")
+
+    def _scan_options(self) -> dict[str, Any]:
         depth = len(self.layout.levels)
+        options: dict[str, Any] = {"max_depth": depth, "min_depth": depth, "filter": self._FILES}
+        if self.layout.key == "hash":
+            options["descend"] = [(_hex_glob(self.layout, level),) for level in range(depth)]
+        return options
+
+    def _leaves(self) -> Iterator[tuple[bytes, list[listing.Entry]]]:
+        """(leaf path, its files) for every leaf bucket, via the parallel walk."""
         if not os.path.isdir(self._rootb):
             return
-        for d in listing.walk(self._rootb, threads=threads, max_depth=depth):
-            if d.depth != depth or d.error is not None:
-                continue
-            rel = os.path.relpath(d.path, self._rootb).split(b"/")
-            if all(self.layout.is_bucket(p, i) for i, p in enumerate(rel)):
+        exact = self.layout.key == "hash"  # else is_bucket() decides below
+        for d in listing.walk(self._rootb, **self._scan_options()):
+            if d.error is not None:
+                if d.error.errno == errno.ENOENT:
+                    continue  # a bucket pruned by a concurrent remove()
+                raise d.error
+            if exact or all(self.layout.is_bucket(p, i)
+                            for i, p in enumerate(os.path.relpath(d.path, self._rootb).split(b"/"))):
                 yield d.path, d.entries
 
     def __iter__(self) -> Iterator[Any]:
@@ -331,19 +401,26 @@ class ShardedDir:
         as_str = not isinstance(self.root, bytes)
         for _, entries in self._leaves():
             for e in entries:
-                if e.type != "d" and not e.name.startswith(RESERVED_PREFIX):
-                    yield os.fsdecode(e.name) if as_str else e.name
+                yield os.fsdecode(e.name) if as_str else e.name
 
     def _counts(self) -> list[int]:
-        return [sum(1 for e in entries if e.type != "d" and not e.name.startswith(RESERVED_PREFIX))
-                for _, entries in self._leaves()]
+        return [len(entries) for _, entries in self._leaves()]
 
     def count(self) -> int:
-        """Exact number of stored files (lists every bucket, in parallel)."""
-        return sum(self._counts())
+        """Exact number of stored files: every bucket is listed by the C walker's threads,
+        without creating a Python object per file (or per bucket, for hashed layouts)."""
+        if self.layout.key != "hash" or listing.default_backend() != "dents":
+            return sum(self._counts())
+        if not os.path.isdir(self._rootb):
+            return 0
+        tally = listing.count_tree(self._rootb, **self._scan_options())
+        for _path, exc in tally.failures:
+            if exc.errno != errno.ENOENT:  # ENOENT: a bucket pruned by a concurrent remove()
+                raise exc
+        return tally.entries
 
-    def estimate(self, samples: int = 4, *, rng: random.Random | None = None) -> int:
-        """Approximate file count from a few random buckets, like git's objects/17 trick."""
+    def estimate(self, samples: int = 128, *, rng: random.Random | None = None) -> int:
+        """Approximate file count from random buckets (see :func:`estimate_files` for its precision)."""
         return estimate_files(self._rootb, self.layout, samples, rng=rng)
 
     def stats(self) -> BucketStats:
