@@ -193,7 +193,7 @@ def test_local_n_starts_a_cluster_traces_its_workers_and_stops_it(tmp_path: Path
     with iotrace.tracing(out), connect("local:2") as executor:
         # Dask's default MALLOC_TRIM_THRESHOLD_ makes every getdents buffer an mmap: not in ours
         assert set(executor.client.run(os.environ.get, "MALLOC_TRIM_THRESHOLD_").values()) == {None}
-        report = scale.count_tree(tree, cluster=executor, entries_per_shard=50, threads=1)
+        report = scale.count_tree(tree, cluster=executor, subtree_budget=50, threads=1)
     assert report.entries == 20 * 31
     assert _children() == before                       # the LocalCluster is gone
     ts = trace.load([out])

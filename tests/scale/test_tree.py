@@ -10,10 +10,11 @@ import pytest
 from manyfiles import scale
 from manyfiles.errors import NotFound
 from manyfiles.scale.executor import InProcessExecutor
-from manyfiles.scale.tree import Dir, TreeJob
+from manyfiles.scale.tree import Dir, Split, SubdirSlice, TreeJob
 
-# Small budgets so that a few thousand entries make dozens of shards on both workers.
-SMALL = {"entries_per_shard": 100, "dirs_per_shard": 4, "threads": 2}
+# Small numbers so that a thousand entries make dozens of shards on both workers: the first shard
+# lists two levels looking for 20 subtrees per thread, and "wide" (40 subdirectories) is sliced.
+SMALL = {"subtrees_per_thread": 20, "dirs_per_shard": 4, "threads": 2, "slice_dirs": 20}
 
 
 def make_tree(root: Path) -> None:
@@ -52,28 +53,40 @@ def tree(tmp_path_factory) -> Path:
 
 def test_count_equals_os_walk_and_spreads_over_both_workers(tree: Path, dask_client) -> None:
     want = len(walk_paths(os.fsencode(tree)))
-    report = scale.count_tree(tree, cluster=dask_client, slice_dirs=8, **SMALL)
+    report = scale.count_tree(tree, cluster=dask_client, **SMALL)
     assert report.entries == want
     real_dirs = sum(1 for p, ds, _ in os.walk(tree) for d in ds if not os.path.islink(os.path.join(p, d)))
     assert report.directories == 1 + real_dirs
     assert report.ok, report.failures
     assert report.shards >= 8 and len(report.workers) == 2, report.worker_lines()
     assert sum(w.items for w in report.workers.values()) == want
-    assert report.by_type["l"] == 2
 
 
 def test_written_listing_equals_os_walk_paths_byte_for_byte(tree: Path, tmp_path: Path, dask_client) -> None:
     out = tmp_path / "parts"
     out.mkdir()
-    report = scale.write_tree(str(tree), out, cluster=dask_client, sep=b"\0", slice_dirs=8, **SMALL)
+    report = scale.write_tree(str(tree), out, cluster=dask_client, sep=b"\0", **SMALL)
     listing = tmp_path / "all"
     with open(listing, "wb") as f:
         scale.copy_parts(report.parts, f.fileno())
     names = listing.read_bytes().split(b"\0")
     assert names.pop() == b""
     assert len(names) == len(set(names)) == report.entries       # nothing listed twice
-    assert set(names) == walk_paths(os.fsencode(tree))
+    assert set(names) == walk_paths(os.fsencode(tree))         # tmp_path is absolute: so are the paths
     assert os.listdir(out) == []                                 # parts copied and removed, no temps
+
+
+def test_json_listing_is_fastls_json(tree: Path, tmp_path: Path, dask_client) -> None:
+    import json
+
+    from manyfiles.fastls import decode_json_path
+
+    out = tmp_path / "parts"
+    out.mkdir()
+    report = scale.write_tree(tree, out, cluster=dask_client, json=True, **SMALL)
+    records = [json.loads(line) for p in report.parts for line in Path(p).read_bytes().splitlines()]
+    assert {decode_json_path(r) for r in records} == walk_paths(os.fsencode(tree))
+    assert {r["type"] for r in records} == {"f", "d", "l"}
 
 
 def test_max_depth_and_filter_apply_as_in_fastls(tree: Path, dask_client) -> None:
@@ -84,6 +97,8 @@ def test_max_depth_and_filter_apply_as_in_fastls(tree: Path, dask_client) -> Non
 
     files = scale.count_tree(tree, cluster=dask_client, filter=Filter(include=("f1*",)), **SMALL)
     assert files.entries == 12 * 6 * 3      # f1, f10, f11 in every leaf
+    dirs = scale.count_tree(tree, cluster=dask_client, filter=Filter(types="d"), **SMALL)
+    assert dirs.entries == 1 + 12 * 7 + 40 + 2           # wide, d*, d*/e*, wide/w*, odd, empty
 
 
 def test_unreadable_directory_is_a_failure_with_its_path_and_the_rest_is_counted(
@@ -112,18 +127,41 @@ def test_missing_root_is_not_found(tmp_path: Path, dask_client) -> None:
 
 def test_a_shard_run_twice_writes_the_same_part_once(tree: Path, tmp_path: Path) -> None:
     job = TreeJob(root=os.fsencode(tree), shown=b"T", out_dir=str(tmp_path), **SMALL)
-    shard = (Dir(b"d3", 1),)
+    shard = (Dir(b"d3", 1), Split(b"wide", 1, 100))           # a subtree, and a directory to split
     first = job.run(shard, lambda *a: None)
     data = Path(first.report.parts[0]).read_bytes()
     second = job.run(shard, lambda *a: None)
     assert first.report.parts == second.report.parts
     assert os.listdir(tmp_path) == [Path(first.report.parts[0]).name]     # no second part, no temp
     assert sorted(Path(second.report.parts[0]).read_bytes().split()) == sorted(data.split())
-    assert data.count(b"\n") == first.report.entries == second.report.entries
-    assert first.more == second.more
+    assert data.count(b"\n") == first.report.entries == second.report.entries == 6 * 13 + 40
+    slices = [item for s in first.more for item in s]
+    assert first.more == second.more and {type(i) for i in slices} == {SubdirSlice}   # wide's 40 subdirs
+    assert sum(len(job.run((s,), lambda *a: None).report.parts) for s in slices) == len(slices)
+
+
+def test_a_subtree_over_budget_is_split_and_its_partial_output_dropped(tree: Path, tmp_path: Path,
+                                                                     monkeypatch) -> None:
+    from manyfiles import listing
+
+    real = listing.write_tree
+
+    def ticks_at_once(path, fd, **kw):          # the walker's 100 ms tick, before it walks
+        if path.endswith(b"/d5") and "progress" in kw:
+            os.write(fd, b"half a listing\n")
+            kw["progress"](10**9)
+        return real(path, fd, **kw)
+
+    monkeypatch.setattr(listing, "write_tree", ticks_at_once)
+    job = TreeJob(root=os.fsencode(tree), shown=b"T", out_dir=str(tmp_path), **SMALL)
+    result = job.run((Dir(b"d5", 1), Dir(b"d6", 1)), lambda *a: None)
+    lines = Path(result.report.parts[0]).read_bytes().splitlines()
+    assert b"half a listing" not in lines and result.report.splits == 1
+    assert result.report.entries == len(lines) == 6 + 78      # d5's own entries, and all of d6
+    assert sorted(d.rel for s in result.more for d in s) == [f"d5/e{j}".encode() for j in range(6)]
 
 
 def test_in_process_executor_gives_the_same_report(tree: Path, dask_client) -> None:
-    here = scale.count_tree(tree, cluster=InProcessExecutor(), slice_dirs=8, **SMALL)
-    there = scale.count_tree(tree, cluster=dask_client, slice_dirs=8, **SMALL)
-    assert (here.entries, here.directories, here.by_type) == (there.entries, there.directories, there.by_type)
+    here = scale.count_tree(tree, cluster=InProcessExecutor(), **SMALL)
+    there = scale.count_tree(tree, cluster=dask_client, **SMALL)
+    assert (here.entries, here.directories) == (there.entries, there.directories)

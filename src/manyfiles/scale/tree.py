@@ -1,20 +1,26 @@
 """Counting and listing a tree on a cluster (``fastls -r --cluster``): subtrees as shards.
 
-A shard is a handful of directories (paths relative to the root).  Its worker lists them
-with the fastls core, several at a time (``threads``), depth-first, and keeps descending
-until it has listed ``entries_per_shard`` entries; the directories it found but did not
-enter go back to the client as new shards (at most ``dirs_per_shard`` each), so the tree
-spreads over the cluster as it is discovered, like dwalk's work queues.
+The work unit is a subtree counted (or written) by the C tree walker of one worker,
+``listing.count_tree`` / ``listing.write_tree``: native threads, no Python object per entry.
+What makes the subtrees is splitting, done on the workers too:
 
-* A directory with more than ``slice_dirs`` subdirectories is not sent back name by name:
-  its subdirectories become ``slice_dirs``-sized slices (those whose name hashes to residue
-  ``r`` modulo ``m``), each re-listed by the worker that runs it.  No result carries 10^6 names.
-* A huge flat directory is listed by one worker (getdents on one directory is sequential);
-  what it lists is counted, or written to that shard's part file, never returned.
-* Listing output goes to ``OUT_DIR/part-<shard hash>``, written under a temp name and renamed
-  when the shard ends: a shard re-run after its worker died rewrites the same part, so
-  nothing is lost or listed twice.  ``OUT_DIR`` must be reachable by the client and every
-  worker (the shared filesystem the tree is on, or anything on a one-machine cluster).
+* the first shard lists the top levels of the tree (directory names only) until it has
+  ``want`` subtrees (a few per worker thread), counts the entries of those upper directories
+  itself, and hands the subtrees back as new shards;
+* a subtree that turns out bigger than ``subtree_budget`` entries (the walker's progress
+  callback says so) is abandoned and split one level: its own entries are counted, its
+  subdirectories become new shards, so one huge branch spreads over the cluster as well;
+* a directory with more than ``slice_dirs`` subdirectories is not sent back name by name but
+  as slices (its subdirectories whose name hashes to residue ``r`` modulo ``m``), each
+  re-listed by the worker that runs it: no result carries 10^6 names;
+* a huge flat directory is listed by one worker (getdents on one directory is sequential):
+  what it holds is counted, or written to the shard's part file, never returned.
+
+Listing output (absolute paths: workers do not share the client's working directory) goes to
+``OUT_DIR/part-<shard hash>``, written under a temp name and renamed
+when the shard ends, so a shard re-run after its worker died rewrites the same part: nothing is
+lost or listed twice.  ``OUT_DIR`` must be reachable by the client and every worker (the
+shared filesystem the tree is on, or anything on a one-machine cluster).
 
 Errors: an unreadable directory is a failure with its path (the walk goes on); an unreadable
 root stops the job (NotFound, AccessDenied), as for a local walk.
@@ -28,31 +34,29 @@ import hashlib
 import math
 import os
 import secrets
-import threading
 import zlib
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Any, NamedTuple
 
 from manyfiles import listing
-from manyfiles._pool import Pool
 from manyfiles._progress import ProgressArg
 from manyfiles._report import Failure, Report
 from manyfiles.errors import UsageError, from_oserror
 from manyfiles.listing import NO_FILTER, Filter
 from manyfiles.scale.executor import ClusterArg, ClusterReport, Job, Publish, ShardResult, run_job
 
-ENTRIES_PER_SHARD = 200_000     # ~0.1-0.5 s of listing on a local disk; more on NFS
-DIRS_PER_SHARD = 2_000          # directories handed back per new shard
+SUBTREE_BUDGET = 2_000_000      # entries one walker call may count before its subtree is split
+SUBTREES_PER_THREAD = 8         # subtrees the first shard looks for, per worker thread
+DIRS_PER_SHARD = 2_000          # directories handed back per new shard, at most
 SLICE_DIRS = 50_000             # subdirectories of one directory per slice
+PLAN_DEPTH = 4                  # levels the first shard lists at most to find its subtrees
 PART_PREFIX = "part-"
-_TYPE = attrgetter("type")
+_DIRS_ONLY = Filter(types="d")
 
 
 class Dir(NamedTuple):
-    """A directory to list: path relative to the root (``b""`` = the root) and its depth."""
+    """A subtree: its path relative to the root (``b""`` = the root) and its depth."""
 
     rel: bytes
     depth: int
@@ -67,18 +71,31 @@ class SubdirSlice(NamedTuple):
     residue: int
 
 
+class Split(NamedTuple):
+    """List ``rel`` and the levels below it until there are ``want`` subtrees (``want=1``: one
+    level); count the entries of the directories listed, hand the subtrees back."""
+
+    rel: bytes
+    depth: int
+    want: int
+
+
 @dataclass(kw_only=True)
 class TreeReport(Report):
-    """A tree counted or listed on a cluster: entries (by type letter), directories listed,
-    unreadable directories as failures, and the part files written (listing only)."""
+    """A tree counted or listed on a cluster: entries, directories listed, unreadable directories
+    as failures, the part files written (listing only) and the subtrees split for being big."""
 
     entries: int = 0
     directories: int = 0
-    by_type: dict[str, int] = field(default_factory=dict)
+    splits: int = 0
     parts: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         return f"{self.entries:,} entries in {self.directories:,} directories in {self.seconds:.2f} s"
+
+
+class _OverBudget(Exception):
+    """Raised from the walker's progress callback: this subtree is too big for one call."""
 
 
 @dataclass(frozen=True)
@@ -86,21 +103,26 @@ class TreeJob(Job):
     """Count (``out_dir=None``) or list a tree; see the module docstring."""
 
     root: bytes                       # absolute: workers do not share the client's cwd
-    shown: bytes                      # the root as the user spelled it (printed paths start with it)
+    shown: bytes                      # the root as the user spelled it (in error messages)
     out_dir: str | None = None
     sep: bytes = b"\n"
+    json: bool = False
     max_depth: int | None = None
     filter: Filter = NO_FILTER
-    threads: int = 8
-    entries_per_shard: int = ENTRIES_PER_SHARD
+    threads: int = listing.DEFAULT_THREADS
+    subtree_budget: int = SUBTREE_BUDGET
     dirs_per_shard: int = DIRS_PER_SHARD
     slice_dirs: int = SLICE_DIRS
-    split: int = 8                    # new shards per handful of leftovers: ~ the cluster's threads
+    subtrees_per_thread: int = SUBTREES_PER_THREAD
+    want: int = SUBTREES_PER_THREAD   # subtrees the first shard looks for (set by sized_for)
     name = "fastls"
     unit = "entries"
 
     def shards(self) -> Iterator[tuple]:
-        yield (Dir(b"", 0),)
+        yield (Split(b"", 0, self.want),)
+
+    def sized_for(self, workers: int) -> TreeJob:
+        return dataclasses.replace(self, want=self.subtrees_per_thread * max(1, workers))
 
     def priority(self, shard: tuple) -> int:
         return -max(item.depth for item in shard)     # deepest first: the frontier stays small
@@ -108,32 +130,32 @@ class TreeJob(Job):
     def new_report(self) -> TreeReport:
         return TreeReport()
 
-    def sized_for(self, workers: int) -> TreeJob:
-        return dataclasses.replace(self, split=2 * workers)
-
     def run(self, shard: tuple, publish: Publish) -> ShardResult:
-        return _ShardWalk(self, publish).run(shard)
+        return _Shard(self, publish).run(shard)
 
 
-class _ShardWalk:
-    """One shard: a LIFO pool of directory visits on ``job.threads`` threads, within a budget."""
+class _Shard:
+    """One shard: its items one after another, each a walker call or a split."""
 
     def __init__(self, job: TreeJob, publish: Publish) -> None:
         self.job = job
         self.publish = publish
         self.report = TreeReport()
-        self.lock = threading.Lock()
-        self.listed = 0
-        self.leftover: list[Dir | SubdirSlice] = []
+        self.found: list[Dir | SubdirSlice] = []
         self.out: _Part | None = None
-        self.pool: Pool = Pool(self.visit, job.threads, name="mf-tree", lifo=True)
 
     def run(self, items: tuple) -> ShardResult:
-        job = self.job
-        if job.out_dir is not None:
-            self.out = _Part(job.out_dir, _shard_name(items))
+        if self.job.out_dir is not None:
+            self.out = _Part(self.job.out_dir, _shard_name(items))
         try:
-            self.pool.run(items)
+            for item in items:
+                if isinstance(item, Split):
+                    self.split(item)
+                elif isinstance(item, SubdirSlice):
+                    for d in self.slice(item):
+                        self.subtree(d)
+                else:
+                    self.subtree(item)
             if self.out is not None:
                 self.report.parts.append(self.out.commit())
         finally:
@@ -141,69 +163,110 @@ class _ShardWalk:
                 self.out.abort()
         return ShardResult(report=self.report, items=self.report.entries, more=self._more())
 
-    def _more(self) -> list[tuple]:
-        left = self.leftover
-        if not left:
-            return []
-        size = max(1, min(self.job.dirs_per_shard, math.ceil(len(left) / max(1, self.job.split))))
-        return [tuple(left[i:i + size]) for i in range(0, len(left), size)]
+    # -- a subtree in one walker call ------------------------------------------------------------
 
-    def push(self, items: list[Dir] | list[SubdirSlice]) -> None:
-        """Directories found: this shard lists them while under budget, else they go back."""
-        with self.lock:
-            if self.listed >= self.job.entries_per_shard:
-                self.leftover.extend(items)
-                return
-        self.pool.submit(*items)      # one wake-up for the lot
-
-    def visit(self, item: Dir | SubdirSlice) -> None:
-        if isinstance(item, SubdirSlice):
-            self._visit_slice(item)
+    def subtree(self, d: Dir) -> None:
+        job, rep = self.job, self.report
+        if job.max_depth is not None and d.depth > job.max_depth:
             return
+        path = _join(job.root, d.rel)
+        base = rep.entries
+        mark = self.out.tell() if self.out is not None else 0
+
+        def progress(n: int) -> None:
+            self.publish(base + n, 0, len(rep.failures))
+            if n > job.subtree_budget:
+                raise _OverBudget
+
+        options = {"threads": job.threads, "filter": job.filter, "progress": progress,
+                   "max_depth": None if job.max_depth is None else job.max_depth - d.depth}
+        try:
+            if self.out is None:
+                tally = listing.count_tree(path, **options)
+            else:
+                tally = listing.write_tree(path, self.out.fd, json=job.json, sep=job.sep, **options)
+        except _OverBudget:
+            if self.out is not None:
+                self.out.truncate(mark)
+            rep.splits += 1
+            self.split(Split(d.rel, d.depth, 1))
+            return
+        except OSError as exc:
+            self._unreadable(d, exc)
+            return
+        rep.entries += tally.entries
+        rep.directories += tally.directories
+        for failed, exc in tally.failures:
+            rep.failures.append(Failure.from_oserror(self._shown(failed), exc))
+        self.publish(rep.entries, 0, len(rep.failures))
+
+    def _shown(self, path: bytes) -> bytes:
+        """A path the walker reports (absolute) as the user would see it (under their spelling)."""
+        return self.job.shown + path[len(self.job.root):] if path.startswith(self.job.root) else path
+
+    def _unreadable(self, d: Dir, exc: OSError) -> None:
+        if d.depth == 0:
+            raise from_oserror(exc, self.job.shown) from exc
+        self.report.failures.append(Failure.from_oserror(_join(self.job.shown, d.rel), exc))
+
+    # -- splitting -----------------------------------------------------------------------------------
+
+    def split(self, s: Split) -> None:
+        """List ``s.rel`` and, breadth first, the levels below, until ``s.want`` subtrees are found."""
         job = self.job
-        path = _join(job.root, item.rel)
-        try:
-            entries = list(listing.iter_entries(path, resolve_unknown=True))
-        except OSError as exc:
-            if item.depth == 0:
-                raise from_oserror(exc, job.shown) from exc
-            with self.lock:
-                self.report.failures.append(Failure.from_oserror(_join(job.shown, item.rel), exc))
-            return
-        shown = [e for e in entries if job.filter.matches(e.name, e.type)] if job.filter else entries
-        if self.out is not None and shown:
-            base = os.path.join(job.shown, item.rel, b"")
-            sep = job.sep
-            self.out.write(base + (sep + base).join([e.name for e in shown]) + sep)
-        types = Counter(map(_TYPE, shown))
-        with self.lock:
-            r = self.report
-            r.directories += 1
-            r.entries += len(shown)
-            for letter, n in types.items():
-                r.by_type[letter] = r.by_type.get(letter, 0) + n
-            self.listed += len(entries)
-            done, failed = r.entries, len(r.failures)
-        self.publish(done, 0, failed)
-        if job.max_depth is not None and item.depth >= job.max_depth:
-            return
-        subdirs = [e.name for e in entries if e.type == "d"]
-        if len(subdirs) > job.slice_dirs:
-            mod = math.ceil(len(subdirs) / job.slice_dirs)
-            self.push([SubdirSlice(item.rel, item.depth, mod, residue) for residue in range(mod)])
-        elif subdirs:
-            join, rel, depth = os.path.join, item.rel, item.depth + 1
-            self.push([Dir(join(rel, name), depth) for name in subdirs])
+        level = [Dir(s.rel, s.depth)]
+        for _ in range(PLAN_DEPTH):
+            deeper: list[Dir] = []
+            for d in level:
+                deeper += self.one_level(d)
+            level = deeper
+            if len(level) >= s.want or not level or len(level) > job.slice_dirs:
+                break
+        self.found += level
 
-    def _visit_slice(self, s: SubdirSlice) -> None:
+    def one_level(self, d: Dir) -> list[Dir]:
+        """Count (or write) the entries of ``d`` itself; return its subdirectories."""
+        job, rep = self.job, self.report
+        if job.max_depth is not None and d.depth > job.max_depth:
+            return []
+        path = _join(job.root, d.rel)
         try:
-            entries = listing.iter_entries(_join(self.job.root, s.parent), resolve_unknown=True)
-            names = [e.name for e in entries if e.type == "d" and zlib.crc32(e.name) % s.mod == s.residue]
+            if self.out is None:
+                n = listing.count(path, filter=job.filter)
+            else:       # the walker formats this directory's lines, as for a whole subtree
+                n = listing.write_tree(path, self.out.fd, json=job.json, sep=job.sep, max_depth=0, threads=1,
+                                       filter=job.filter).entries
+            if job.max_depth is not None and d.depth >= job.max_depth:
+                names = []
+            else:
+                names = listing.listdir(path, filter=_DIRS_ONLY)
         except OSError as exc:
-            with self.lock:
-                self.report.failures.append(Failure.from_oserror(_join(self.job.shown, s.parent), exc))
-            return
-        self.push([Dir(os.path.join(s.parent, name), s.depth + 1) for name in names])
+            self._unreadable(d, exc)
+            return []
+        rep.entries += n
+        rep.directories += 1
+        self.publish(rep.entries, 0, len(rep.failures))
+        if len(names) > job.slice_dirs:
+            mod = math.ceil(len(names) / job.slice_dirs)
+            self.found += [SubdirSlice(d.rel, d.depth, mod, r) for r in range(mod)]
+            return []
+        return [Dir(os.path.join(d.rel, name), d.depth + 1) for name in names]
+
+    def slice(self, s: SubdirSlice) -> list[Dir]:
+        try:
+            names = listing.listdir(_join(self.job.root, s.parent), filter=_DIRS_ONLY)
+        except OSError as exc:
+            self._unreadable(Dir(s.parent, s.depth), exc)
+            return []
+        mine = [n for n in names if zlib.crc32(n) % s.mod == s.residue]
+        return [Dir(os.path.join(s.parent, n), s.depth + 1) for n in mine]
+
+    def _more(self) -> list[tuple]:
+        found = self.found
+        if not found:
+            return []
+        size = max(1, min(self.job.dirs_per_shard, math.ceil(len(found) / max(1, self.job.want))))
+        return [tuple(found[i:i + size]) for i in range(0, len(found), size)]
 
 
 def _join(root: bytes, rel: bytes) -> bytes:
@@ -216,19 +279,20 @@ def _shard_name(items: tuple) -> str:
 
 
 class _Part:
-    """A shard's output file: appended from several threads, renamed into place at the end."""
+    """A shard's output file, renamed into place when the shard is done."""
 
     def __init__(self, out_dir: str, name: str) -> None:
         self.final = os.path.join(out_dir, PART_PREFIX + name)
         self.tmp = os.path.join(out_dir, f".{PART_PREFIX}{name}.{secrets.token_hex(4)}.tmp")
         self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        self.lock = threading.Lock()
 
-    def write(self, data: bytes) -> None:
-        with self.lock:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self.fd, view):]
+    def tell(self) -> int:
+        return os.lseek(self.fd, 0, os.SEEK_CUR)
+
+    def truncate(self, size: int) -> None:
+        """Forget what an abandoned walker call wrote."""
+        os.ftruncate(self.fd, size)
+        os.lseek(self.fd, size, os.SEEK_SET)
 
     def commit(self) -> str:
         os.close(self.fd)
@@ -254,8 +318,8 @@ def _job(root: str | bytes | os.PathLike, **options: Any) -> TreeJob:
 
 
 def count_tree(root: str | bytes | os.PathLike, *, cluster: ClusterArg, max_depth: int | None = None,
-               filter: Filter = NO_FILTER, threads: int = 8, progress: ProgressArg = False,
-               **tuning: Any) -> ClusterReport:
+               filter: Filter = NO_FILTER, threads: int = listing.DEFAULT_THREADS,
+               progress: ProgressArg = False, **tuning: Any) -> ClusterReport:
     """Count the entries under ``root`` on ``cluster`` (``result``: a :class:`TreeReport`).
 
     Example:
@@ -267,22 +331,24 @@ def count_tree(root: str | bytes | os.PathLike, *, cluster: ClusterArg, max_dept
 
 
 def write_tree(root: str | bytes | os.PathLike, out_dir: str | os.PathLike, *, cluster: ClusterArg,
-               sep: bytes = b"\n", max_depth: int | None = None, filter: Filter = NO_FILTER, threads: int = 8,
+               sep: bytes = b"\n", json: bool = False, max_depth: int | None = None,
+               filter: Filter = NO_FILTER, threads: int = listing.DEFAULT_THREADS,
                progress: ProgressArg = False, **tuning: Any) -> ClusterReport:
-    """List every path under ``root`` (``root/a/b``, ``sep``-terminated) into part files in ``out_dir``.
-
-    ``result.parts`` names them; :func:`copy_parts` streams them to a file descriptor.
+    """List every path under ``root`` (``/abs/root/a/b`` + ``sep``, or ``fastls --json`` lines) into
+    part files in ``out_dir``; ``result.parts`` names them and :func:`copy_parts` streams them to a
+    file descriptor.  Paths are absolute: the workers do not share the caller's working directory.
     ``out_dir`` must exist and be visible to the client and every worker.
     """
     out = os.path.abspath(os.fspath(out_dir))
     if not os.path.isdir(out):
         raise UsageError(f"{os.fspath(out_dir)}: not a directory (the listing's part files go there)")
-    job = _job(root, out_dir=out, sep=sep, max_depth=max_depth, filter=filter, threads=threads, **tuning)
+    job = _job(root, out_dir=out, sep=sep, json=json, max_depth=max_depth, filter=filter, threads=threads,
+               **tuning)
     return run_job(job, cluster, progress=progress)
 
 
 def copy_parts(parts: list[str], out_fd: int, *, remove: bool = True) -> int:
-    """Copy part files to ``out_fd`` (one ``os.sendfile``/copy loop each); returns the bytes copied."""
+    """Copy part files to ``out_fd`` (``os.sendfile`` where it can); returns the bytes copied."""
     total = 0
     for path in parts:
         with open(path, "rb") as f:
@@ -315,4 +381,4 @@ def _copy_fd(src: int, dst: int, size: int) -> int:
     return sent
 
 
-__all__ = ["Dir", "SubdirSlice", "TreeJob", "TreeReport", "copy_parts", "count_tree", "write_tree"]
+__all__ = ["Dir", "Split", "SubdirSlice", "TreeJob", "TreeReport", "copy_parts", "count_tree", "write_tree"]
