@@ -25,6 +25,9 @@ def make_tree(root: Path) -> None:
             d.mkdir(parents=True)
             for k in range(12):
                 (d / f"f{k}").write_bytes(b"")
+    for odd in ("e*", "e[1]", "e?"):              # glob characters: each subtree entered literally
+        (root / "d0" / odd).mkdir()
+        (root / "d0" / odd / "inside").write_bytes(b"")
     wide = root / "wide"
     wide.mkdir()
     for i in range(40):
@@ -98,7 +101,7 @@ def test_max_depth_and_filter_apply_as_in_fastls(tree: Path, dask_client) -> Non
     files = scale.count_tree(tree, cluster=dask_client, filter=Filter(include=("f1*",)), **SMALL)
     assert files.entries == 12 * 6 * 3      # f1, f10, f11 in every leaf
     dirs = scale.count_tree(tree, cluster=dask_client, filter=Filter(types="d"), **SMALL)
-    assert dirs.entries == 1 + 12 * 7 + 40 + 2           # wide, d*, d*/e*, wide/w*, odd, empty
+    assert dirs.entries == 1 + 12 * 7 + 3 + 40 + 2       # wide, d*, d*/e*, d0/e[*?, wide/w*, odd, empty
 
 
 def test_unreadable_directory_is_a_failure_with_its_path_and_the_rest_is_counted(
