@@ -62,8 +62,17 @@ class ListReport:
 Progress = Callable[[ListReport], None]
 
 
-def run(request: ListRequest, out_fd: int, progress: Progress | None = None) -> ListReport:
-    """List ``request.paths`` to ``out_fd`` (counts only, with ``count_only``)."""
+def run(request: ListRequest, out_fd: int, progress: Progress | None = None, *, cluster: object = None,
+        parts_dir: str | None = None) -> ListReport:
+    """List ``request.paths`` to ``out_fd`` (counts only, with ``count_only``).
+
+    ``cluster`` (``"local:N"``, ``"tcp://HOST:8786"``, a ``distributed.Client``): a recursive
+    request runs on Dask workers (:func:`manyfiles.scale.tree.run_request`; paths printed absolute).
+    """
+    if cluster is not None:
+        from manyfiles.scale.tree import run_request
+
+        return run_request(request, out_fd, cluster=cluster, parts_dir=parts_dir, progress=progress)
     report = ListReport()
     t0 = time.perf_counter()
     writer = _Output(out_fd)

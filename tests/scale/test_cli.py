@@ -46,3 +46,21 @@ def test_bad_cluster_use_is_one_line_and_exit_2(tmp_path: Path, run_cli, argv, m
     assert proc.returncode == 2
     (line,) = proc.stderr.decode().splitlines()
     assert message in line, line
+
+
+def test_fastls_recursive_count_and_listing_on_a_cluster(tmp_path: Path, run_cli) -> None:
+    root = tmp_path / "tree"
+    for i in range(8):
+        for j in range(5):
+            (root / f"d{i}" / f"e{j}").mkdir(parents=True)
+            (root / f"d{i}" / f"e{j}" / "f").write_bytes(b"")
+    want = sorted(os.fsencode(os.path.join(p, n)) for p, ds, fs in os.walk(root) for n in ds + fs)
+    proc = run_cli("fastls", "-r", "-c", "--cluster", "local:1", str(root))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"{len(want)}\n".encode()
+    proc = run_cli("fastls", "-r", "-0", "--cluster", "local:1", "--parts-dir", str(tmp_path), str(root))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.split(b"\0")[:-1]) == want
+    assert os.listdir(tmp_path) == ["tree"]                     # the parts were removed
+    proc = run_cli("fastls", "--cluster", "local:1", str(root))
+    assert proc.returncode == 2 and proc.stderr == b"fastls: --cluster lists trees: add -r\n"

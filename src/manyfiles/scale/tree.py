@@ -42,9 +42,9 @@ from typing import Any, NamedTuple
 from manyfiles import listing
 from manyfiles._progress import ProgressArg
 from manyfiles._report import Failure, Report
-from manyfiles.errors import UsageError, from_oserror
+from manyfiles.errors import AccessDenied, NotFound, UsageError, from_oserror
 from manyfiles.listing import NO_FILTER, Filter
-from manyfiles.scale.executor import ClusterArg, ClusterReport, Job, Publish, ShardResult, run_job
+from manyfiles.scale.executor import ClusterArg, ClusterReport, Job, Publish, ShardResult, connect, run_job
 
 SUBTREE_BUDGET = 2_000_000      # entries one walker call may count before its subtree is split
 SUBTREES_PER_THREAD = 8         # subtrees the first shard looks for, per worker thread
@@ -385,6 +385,67 @@ def write_tree(root: str | bytes | os.PathLike, out_dir: str | os.PathLike, *, c
     return run_job(job, cluster, progress=progress)
 
 
+def run_request(request: Any, out_fd: int, *, cluster: ClusterArg, parts_dir: str | None = None,
+                progress: Any = None) -> Any:
+    """``fastls -r --cluster``: a :class:`~manyfiles.fastls.ListRequest` run on ``cluster``; returns the
+    :class:`~manyfiles.fastls.ListReport` fastls prints.  Listings are written by the workers to part
+    files in ``parts_dir`` (default: a temp folder here, enough for ``local:N``; on several
+    machines give a folder they all see), then copied to ``out_fd`` and removed."""
+    import shutil
+    import tempfile
+
+    from manyfiles.fastls import ListReport
+
+    _check_request(request)
+    report = ListReport()
+    own = parts_dir is None
+    folder = tempfile.mkdtemp(prefix="fastls-parts-") if own else os.fspath(parts_dir)
+    try:
+        with connect(cluster) as executor:
+            for path in request.paths:
+                run = _run_path(executor, request, path, folder, report, progress)
+                if run is None:
+                    continue
+                report.directories += run.directories
+                report.counts[path] = report.counts.get(path, 0) + run.entries
+                report.entries += run.entries
+                report.failures += [(f.path, f.reason) for f in run.failures]
+                if not request.count_only:
+                    copy_parts(run.parts, out_fd)
+    finally:
+        if own:
+            shutil.rmtree(folder, ignore_errors=True)
+    return report
+
+
+def _check_request(request: Any) -> None:
+    if not request.recursive:
+        raise UsageError("--cluster lists trees: add -r")
+    unsupported = [flag for flag, on in (("--sort", request.sort), ("--long", request.stat),
+                                         ("-L", request.follow_symlinks),
+                                         ("--backend", request.backend not in (None, "dents"))) if on]
+    if unsupported:
+        raise UsageError(f"{', '.join(unsupported)}: not with --cluster")
+
+
+def _run_path(executor: Any, request: Any, path: str, folder: str, report: Any, progress: Any) -> Any:
+    job = _job(path, out_dir=None if request.count_only else folder, sep=request.sep,
+               json=request.format == "json", max_depth=request.max_depth, filter=request.filter,
+               threads=request.threads)
+    base = report.entries
+
+    def tick(snap: Any) -> None:
+        report.entries = base + snap.done
+        progress(report)
+        report.entries = base
+
+    try:
+        return executor.run(job, progress=tick if progress is not None else False).result
+    except (NotFound, AccessDenied) as exc:        # fastls goes on with the next path
+        report.failures.append((path, str(exc).split(": ", 1)[-1]))
+        return None
+
+
 def copy_parts(parts: list[str], out_fd: int, *, remove: bool = True) -> int:
     """Copy part files to ``out_fd`` (``os.sendfile`` where it can); returns the bytes copied."""
     total = 0
@@ -419,4 +480,5 @@ def _copy_fd(src: int, dst: int, size: int) -> int:
     return sent
 
 
-__all__ = ["Dir", "Split", "SubdirSlice", "TreeJob", "TreeReport", "copy_parts", "count_tree", "write_tree"]
+__all__ = ["Dir", "Split", "SubdirSlice", "TreeJob", "TreeReport", "copy_parts", "count_tree", "run_request",
+           "write_tree"]
