@@ -30,6 +30,9 @@ _EXPORTS: dict[str, str] = {
     # deletion
     "remove_tree": "manyfiles.remove",
     "purge": "manyfiles.remove",
+    # read cache
+    "open": "manyfiles.cache",
+    "Cache": "manyfiles.cache",
     # profiling and I/O tracing
     "profile": "manyfiles.profiling",
     "tracing": "manyfiles.iotrace",
@@ -50,7 +53,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 # subpackages reachable as attributes (``mf.s3.pull(...)``) without importing them first
-_SUBMODULES = ("errors", "listing", "remove", "s3", "shard", "trace")
+_SUBMODULES = ("cache", "errors", "listing", "remove", "s3", "shard", "trace")
 
 __all__ = [*sorted(_EXPORTS), *_SUBMODULES, "__version__"]
 

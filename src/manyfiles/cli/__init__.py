@@ -1,7 +1,8 @@
 """The ``manyfiles`` command: a click group whose subcommands load lazily.
 
-Each verb lives in its own module (``ls``, ``shard``, ``s3pull``, ``rm``, ``trace``, ``info``);
-all but ``info`` are also installed as standalone scripts (``fastls``, ``shard``, ...).  The
+Each verb lives in its own module (``ls``, ``shard``, ``s3pull``, ``rm``, ``trace``, ``info``,
+``cache``); all but ``info`` and ``cache`` are also installed as standalone scripts (``fastls``,
+``shard``, ...).  The
 CLI only parses, calls the library and renders; exit codes: 0 ok, 1 something
 failed, 2 usage error, 130 interrupted.
 """
@@ -23,6 +24,7 @@ SUBCOMMANDS = {
     "pull": "s3pull",
     "rm": "rm",
     "trace": "trace",
+    "cache": "cache",
 }
 
 

@@ -7,6 +7,7 @@ summary).  No loop over objects here: the library does the work.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -81,6 +82,9 @@ def _fmt_bytes(n: float) -> str:
               help="Re-hash the files a previous run finished against their recorded checks; "
                    "refetch on mismatch.")
 @click.option("--fsync", is_flag=True, help="fsync each file and its folder before it counts as done.")
+@click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
+              help="Read through this manyfiles cache: objects it holds at the listed ETag are copied "
+                   "from it, the others fill it (see docs/cache.md).")
 @click.option("--dry-run", is_flag=True, help="List and plan only: print each object's engine.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON event a line on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, no summary (errors still go to stderr).")
@@ -96,7 +100,7 @@ def command(source: str, dest: str, strategy: str, concurrency: int, processes: 
             include: tuple[str, ...], exclude: tuple[str, ...], manifest: str | None, layout: str,
             part_size: int, retries: int, no_verify: bool, verify_existing: bool, fsync: bool, dry_run: bool,
             as_json: bool,
-            quiet: bool, aws_profile: str | None,
+            quiet: bool, cache_dir: str | None, aws_profile: str | None,
             region: str | None, endpoint_url: str | None, path_style: bool | None,
             no_sign_request: bool) -> int:
     """Download every object under SOURCE (s3://bucket/prefix, wildcards allowed) into DEST.
@@ -113,11 +117,16 @@ def command(source: str, dest: str, strategy: str, concurrency: int, processes: 
                               no_sign=no_sign_request, path_style=path_style)
     retry = RetryPolicy(attempts=retries + 1, base=float(os.environ.get("MANYFILES_RETRY_BASE", "0.1")))
     view = _View(as_json=as_json, dry_run=dry_run, quiet=quiet)
-    with view:
+    with view, contextlib.ExitStack() as stack:
+        cache = None
+        if cache_dir:
+            from manyfiles.cache import Cache
+
+            cache = stack.enter_context(Cache(cache_dir, settings=settings.resolved()))
         report = pull(source, dest, strategy=strategy, concurrency=concurrency, processes=processes,
                       include=include, exclude=exclude, manifest=manifest, layout=layout, dry_run=dry_run,
                       settings=settings, on_event=view.on_event, retry=retry, part_size=part_size,
-                      verify=not no_verify, verify_existing=verify_existing, fsync=fsync)
+                      verify=not no_verify, verify_existing=verify_existing, fsync=fsync, cache=cache)
     view.summary(report)
     return 0 if report.ok else 1
 

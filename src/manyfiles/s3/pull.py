@@ -88,6 +88,7 @@ class PullConfig:
     fsync: bool = False
     layout: str = "folder"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    cache: Any = None                   # a manyfiles.cache.Cache: hits are copied from it, downloads fill it
 
 
 def _engine_factory(ctx: Ctx, cfg: PullConfig, bud: _plan.Budget) -> Callable[[str], Engine]:
@@ -212,6 +213,9 @@ def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, sett
                 while not slots.acquire(timeout=0.5):
                     if ctx.cancel.is_set():
                         return
+                if cfg.cache is not None and _from_cache(cfg.cache, sink, url, info, job):
+                    put(("done", job, "cache"))
+                    continue
                 get_engine(job.engine).submit(job)
             put(("listed", None, listed))
             for eng in get_engine.engines.values():  # type: ignore[attr-defined]
@@ -251,6 +255,10 @@ def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, sett
                 if state is not None:
                     state.record(job.key, job.size or 0, job.etag, job.extra.get("check"),
                                  final_path(job.rel))
+                if cfg.cache is not None and value != "cache" and job.etag and job.size is not None \
+                        and not sink.memory:
+                    cfg.cache.import_file(f"s3://{url.bucket}/{job.key}", job.etag, job.size,
+                                          final_path(job.rel))
                 yield Event("done", job.key, job.size, value, job.rel)
             elif kind == "data":
                 yield (job, value)
@@ -303,6 +311,25 @@ def _close_state(state: State, report: Report, raising: bool) -> None:
             raise
     finally:
         state.release()
+
+
+def _from_cache(cache: Any, sink: Any, url: S3Url, info: ObjectInfo, job: Job) -> bool:
+    """``--cache``: install the object from the cache if it holds this version (ETag, size)."""
+    if not info.etag or info.size is None:
+        return False
+    try:
+        target = sink.target(info.key, job.rel, info.size, info.etag)
+    except (UnsafeKey, OSError):
+        return False                # the engine reports it
+    try:
+        if cache.export(f"s3://{url.bucket}/{info.key}", info.etag, info.size, target.append):
+            target.commit()
+            job.extra["verified"] = "cache"
+            return True
+    except (UnsafeKey, OSError):
+        pass
+    target.abort()
+    return False
 
 
 def _source(url: S3Url, settings: ClientSettings, manifest: str | None, retry: RetryPolicy,

@@ -1,0 +1,206 @@
+"""``manyfiles cache``: warm, inspect and maintain a persistent read cache.
+
+Examples:
+    manyfiles cache warm s3://bucket/train/ -j 32          fetch a prefix into the cache
+    manyfiles cache warm --files-from list.txt /nfs/data   paths/URLs from a file, plus a folder
+    manyfiles cache stats --json                           entries, bytes, hits, misses, evictions
+    manyfiles cache evict --to 100G                        LRU down to 100 GB
+    manyfiles cache verify                                 check every block's CRC, repair the index
+    manyfiles cache clear                                  remove everything
+
+The cache directory is --dir, else $MANYFILES_CACHE_DIR, else ~/.cache/manyfiles.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import click
+
+from manyfiles.cli._common import Size, instrumented
+
+MAX_ERROR_LINES = 20
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def default_dir() -> str:
+    env = os.environ.get("MANYFILES_CACHE_DIR")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "manyfiles")
+
+
+class Duration(click.ParamType):
+    """``90``, ``30m``, ``12h``, ``7d`` -> seconds."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        text = str(value).strip().lower()
+        unit = text[-1:] if text[-1:] in _DURATION_UNITS else "s"
+        try:
+            n = float(text[:-1] if text[-1:] in _DURATION_UNITS else text)
+        except ValueError:
+            self.fail(f"{value!r} is not a duration like 90, 30m, 12h or 7d", param, ctx)
+        if n < 0:
+            self.fail("must not be negative", param, ctx)
+        return n * _DURATION_UNITS[unit]
+
+
+def cache_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--dir`` and the S3 connection options, turned into a ``cache`` argument."""
+
+    @click.option("--dir", "cache_dir", type=click.Path(file_okay=False), default=None,
+                  help="Cache directory (default: $MANYFILES_CACHE_DIR or ~/.cache/manyfiles).")
+    @click.option("--max-size", type=Size(), default=None, help="Evict LRU entries beyond this size.")
+    @click.option("--min-free", type=Size(), default=None,
+                  help="Keep this much free on the cache's filesystem (default: 10%% of it).")
+    @click.option("--aws-profile", default=None, metavar="NAME", help="AWS credentials profile.")
+    @click.option("--region", default=None, help="AWS region (default: from the profile/environment).")
+    @click.option("--endpoint-url", default=None, metavar="URL",
+                  help="Custom S3 endpoint (default: $AWS_ENDPOINT_URL).")
+    @click.option("--no-sign-request", is_flag=True, help="Anonymous S3 requests (public buckets).")
+    @functools.wraps(fn)
+    def wrapper(*args: Any, cache_dir: str | None, max_size: int | None, min_free: int | None,
+                aws_profile: str | None, region: str | None, endpoint_url: str | None, no_sign_request: bool,
+                **kwargs: Any) -> Any:
+        from manyfiles.cache import Cache
+        from manyfiles.s3 import ClientSettings
+
+        settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,
+                                  no_sign=no_sign_request)
+        extra = {} if min_free is None else {"min_free": min_free}
+        with Cache(cache_dir or default_dir(), max_size=max_size, settings=settings, **extra) as cache:
+            return fn(*args, cache=cache, **kwargs)
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def command() -> None:
+    """A persistent local read cache for files and S3 objects (see docs/cache.md)."""
+
+
+def _read_list(path: str) -> Iterator[str]:
+    f = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115 - closed below
+    try:
+        for raw in f:
+            line = raw.rstrip(b"\n").rstrip(b"\r")
+            if line:
+                text = os.fsdecode(line)
+                yield text
+    finally:
+        if f is not sys.stdin.buffer:
+            f.close()
+
+
+@command.command()
+@click.argument("sources", nargs=-1)
+@click.option("--files-from", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="Also warm the paths/URLs listed in FILE, one a line ('-': stdin).")
+@click.option("-j", "--jobs", type=click.IntRange(1, 1024), default=16, show_default=True,
+              help="Objects fetched at once.")
+@click.option("--progress", is_flag=True, help="Show progress (a bar on a terminal, else a line every 5 s).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@instrumented
+@cache_options
+def warm(sources: tuple[str, ...], files_from: str | None, jobs: int, progress: bool, as_json: bool,
+         cache: Any) -> int:
+    """Fetch SOURCES (files, folders, s3://bucket/key, s3://bucket/prefix/) into the cache.
+
+    Entries already complete are only validated (one listing page per 1000 S3 objects, or a
+    HEAD / stat each).  Exit 1 if anything failed (one line each on stderr).
+    """
+    if not sources and files_from is None:
+        raise click.UsageError("nothing to warm: give SOURCES or --files-from")
+    if files_from is not None and files_from != "-" and not os.path.exists(files_from):
+        raise click.UsageError(f"--files-from {files_from}: no such file")
+    srcs: Iterator[str] = iter(sources)
+    if files_from is not None:
+        import itertools
+
+        srcs = itertools.chain(sources, _read_list(files_from))
+    report = cache.warm(srcs, jobs=jobs, progress=progress)
+    _print_failures(report.failures)
+    _print_report(report, as_json)
+    return 0 if report.ok else 1
+
+
+@command.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
+@cache_options
+def stats(as_json: bool, cache: Any) -> int:
+    """Entries, bytes, hits, misses, hit ratio, evictions (all processes, since creation)."""
+    s = cache.stats()
+    if as_json:
+        click.echo(json.dumps(s.to_dict(), indent=2))
+    else:
+        click.echo(str(s))
+    return 0
+
+
+@command.command()
+@click.argument("sources", nargs=-1)
+@click.option("--to", "to_size", type=Size(), default=None,
+              help="Evict least recently used entries down to SIZE.")
+@click.option("--older-than", type=Duration(), default=None,
+              help="Evict entries not used for this long (90, 30m, 12h, 7d).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@instrumented
+@cache_options
+def evict(sources: tuple[str, ...], to_size: int | None, older_than: float | None, as_json: bool,
+          cache: Any) -> int:
+    """Evict SOURCES' entries, or by --to / --older-than; with neither, apply --max-size/--min-free."""
+    if sources and (to_size is not None or older_than is not None):
+        raise click.UsageError("give SOURCES or --to/--older-than, not both")
+    report = cache.evict(list(sources) if sources else None, to_size=to_size, older_than=older_than)
+    _print_report(report, as_json)
+    return 0
+
+
+@command.command()
+@click.option("--progress", is_flag=True, help="Show progress (a bar on a terminal, else a line every 5 s).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@instrumented
+@cache_options
+def verify(progress: bool, as_json: bool, cache: Any) -> int:
+    """Check every cached block's header and CRC-32; remove bad and orphaned blocks, fix the index.
+
+    Exit 0 even when corrupt blocks were found and removed (the cache is sound afterwards;
+    the counts say what was repaired).
+    """
+    report = cache.verify(progress=progress)
+    _print_report(report, as_json)
+    return 0 if report.ok else 1
+
+
+@command.command()
+@instrumented
+@cache_options
+def clear(cache: Any) -> int:
+    """Remove every entry and block (the directory stays a cache)."""
+    cache.clear()
+    return 0
+
+
+def _print_failures(failures: list) -> None:
+    prog = click.get_current_context().find_root().info_name or "manyfiles"
+    for f in failures[:MAX_ERROR_LINES]:
+        click.echo(f"{prog}: {f.path}: {f.reason}", err=True)
+    if len(failures) > MAX_ERROR_LINES:
+        click.echo(f"{prog}: ... and {len(failures) - MAX_ERROR_LINES} more failures", err=True)
+
+
+def _print_report(report: Any, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        click.echo(report.summary())

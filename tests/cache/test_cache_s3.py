@@ -1,0 +1,203 @@
+"""The cache over S3 (moto behind a counting proxy): GETs counted, ETags changed, restarts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+import pytest
+from cachekit import blob, run_python
+
+import manyfiles as mf
+from manyfiles.cache import Cache
+
+BS = 64 << 10
+
+
+@pytest.fixture
+def cache(tmp_path: Path, s3):
+    c = Cache(tmp_path / "cache", block_size=BS, settings=s3.settings)
+    yield c
+    c.close()
+
+
+def _seed(s3, n_small: int = 12, n_big: int = 2) -> dict[str, bytes]:
+    objs = {}
+    for i in range(n_small):
+        objs[f"train/small-{i:03d}.bin"] = s3.put(f"train/small-{i:03d}.bin", blob(1000 + 997 * i, f"s{i}"))
+    for i in range(n_big):
+        objs[f"train/big-{i}.bin"] = s3.put(f"train/big-{i}.bin", blob(5 * BS + 17 * (i + 1), f"b{i}"))
+    return objs
+
+
+def test_a_new_process_reads_everything_from_the_cache_without_a_get(tmp_path: Path, s3, cache: Cache):
+    objs = _seed(s3)
+    for key, data in objs.items():
+        assert cache.get_bytes(s3.url(key)) == data
+    cache.flush()
+    blocks = sum(-(-len(d) // BS) for d in objs.values())
+    before = cache.stats()
+    assert before.fills == blocks
+    gets_before = len(s3.gets())
+    assert gets_before == blocks, "each block fetched once"
+
+    trace = tmp_path / "epoch2.mftrace"
+    expected = {k: hashlib.sha256(d).hexdigest() for k, d in objs.items()}
+    out = run_python(f"""
+        import hashlib, json, random
+        import manyfiles as mf
+        from manyfiles.cache import Cache
+        expected = {json.dumps(expected)}
+        with mf.tracing({str(trace)!r}), Cache({cache.dir!r}) as cache:
+            ok = {{}}
+            for key, digest in expected.items():
+                url = "s3://{s3.bucket}/" + key
+                with mf.open(url, cache=cache) as f:
+                    ok[key] = hashlib.sha256(f.read()).hexdigest() == digest
+                    f.seek(random.randrange(f.raw.size))
+                    f.read(100)
+            s = cache.stats()
+        print(json.dumps({{"ok": ok, "hits": s.hits, "misses": s.misses}}))
+    """, env=s3.env)
+    assert all(out["ok"].values()), out["ok"]
+    assert len(s3.gets()) == gets_before, "the new process sent GETs"
+    assert out["misses"] == before.misses, "the new process missed"
+    assert out["hits"] - before.hits >= blocks
+
+    from manyfiles.trace import load, summarize
+
+    ops = {o.op: o.count for o in summarize(load([str(trace)])).ops}
+    assert ops.get("cache.hit", 0) >= blocks
+    assert "s3.get" not in ops and "s3.get_range" not in ops and "cache.miss" not in ops
+    assert ops["s3.head"] == len(objs), "validate on open: one HEAD per open"
+
+
+def test_get_bytes_of_an_object_never_seen_is_one_request(s3, cache: Cache):
+    small = s3.put("one.bin", blob(BS - 1, "one"))
+    big = s3.put("two.bin", blob(2 * BS + 1, "two"))
+    s3.put("empty.bin", b"")
+    assert cache.get_bytes(s3.url("one.bin")) == small
+    assert (len(s3.gets()), len(s3.heads())) == (1, 0), "the version comes with the first block"
+    assert cache.get_bytes(s3.url("two.bin")) == big
+    assert (len(s3.gets()), len(s3.heads())) == (4, 0)
+    assert cache.get_bytes(s3.url("empty.bin")) == b""        # nothing to range: a HEAD says so
+    cache.flush()
+    gets = len(s3.gets())
+    assert cache.get_bytes(s3.url("one.bin")) == small        # known now: validated by a HEAD
+    assert len(s3.gets()) == gets and len(s3.heads()) == 2
+
+
+def test_a_changed_etag_is_a_miss_and_a_change_mid_read_is_refused(s3, cache: Cache):
+    url = s3.url("v.bin")
+    old = s3.put("v.bin", blob(4 * BS, "v1"))
+    assert cache.get_bytes(url) == old
+    cache.flush()
+    new = s3.put("v.bin", blob(4 * BS, "v2"))
+    assert cache.get_bytes(url) == new
+    cache.flush()
+    assert cache.get_bytes(url) == new
+    assert cache.stats().entries == 1
+
+    with cache.open(url, buffering=0) as f:          # reading v2, block 0 cached
+        assert f.read(100) == new[:100]
+        cache.invalidate(url)                         # block 3 must now come from the origin
+        s3.put("v.bin", blob(4 * BS, "v3"))
+        f.seek(3 * BS)
+        with pytest.raises(mf.ObjectChanged, match="changed"):
+            f.read(100)
+
+
+def test_random_reads_fetch_only_the_blocks_touched(s3, cache: Cache):
+    data = s3.put("big.bin", blob(64 * BS, "r"))
+    touched = set()
+    with mf.open(s3.url("big.bin"), cache=cache, buffering=0) as f:
+        for pos in random.Random(3).sample(range(1, len(data) - 4096), 6):
+            f.seek(pos)
+            assert f.read(4096) == data[pos:pos + 4096]
+            touched.update({pos // BS, (pos + 4095) // BS})
+    # the first open of an object never seen gets its version with block 0 (one ranged GET)
+    touched.add(0)
+    ranges = sorted(r[2] for r in s3.gets())
+    assert ranges == sorted(f"bytes={i * BS}-{(i + 1) * BS - 1}" for i in touched)
+    assert not s3.heads()
+    cache.flush()
+    with mf.open(s3.url("big.bin"), cache=cache, buffering=0) as f:     # known now: a HEAD
+        f.seek(50 * BS)
+        assert f.read(10) == data[50 * BS:50 * BS + 10]
+    assert len(s3.heads()) == 1 and s3.gets()[-1][2] == f"bytes={50 * BS}-{51 * BS - 1}"
+
+
+def test_without_a_cache_random_reads_get_just_their_bytes(s3):
+    data = s3.put("p.bin", blob(20 * BS + 5, "p"))
+    with mf.open(s3.url("p.bin"), settings=s3.settings) as f:
+        assert f.read() == data
+    with mf.open(s3.url("p.bin"), settings=s3.settings, buffering=0) as f:
+        f.seek(7 * BS + 3)
+        assert f.read(4096) == data[7 * BS + 3:7 * BS + 3 + 4096]
+    assert s3.gets()[-1][2] == f"bytes={7 * BS + 3}-{7 * BS + 3 + 4095}"
+
+
+def test_a_corrupted_body_is_detected_and_fetched_again(s3, cache: Cache):
+    small = s3.put("small.bin", blob(3000, "c"))
+    big = s3.put("big.bin", blob(3 * BS, "c"))
+    s3.proxy.faults.append((lambda m, p: m == "GET" and p.endswith("small.bin"), "corrupt"))
+    assert cache.get_bytes(s3.url("small.bin")) == small      # MD5 != ETag -> retried
+    s3.proxy.faults.append((lambda m, p: m == "GET" and p.endswith("big.bin"), "corrupt"))
+    report = cache.warm([s3.url("big.bin")])                   # one GET, MD5-checked, then blocks
+    assert report.ok, report.failures
+    assert s3.proxy.applied == ["corrupt", "corrupt"]
+    assert len(s3.gets()) == 4
+    cache.flush()
+    assert cache.get_bytes(s3.url("big.bin")) == big
+    assert len(s3.gets()) == 4
+
+
+def test_write_through_to_s3(tmp_path: Path, s3):
+    url = s3.url("out/model.bin")
+    s3.put("out/model.bin", b"v1" * 100)
+    with Cache(tmp_path / "c", block_size=BS, settings=s3.settings, ttl=3600) as cache:
+        assert cache.get_bytes(url) == b"v1" * 100
+        cache.flush()
+        with mf.open(url, "wb", cache=cache) as f:
+            f.write(blob(BS + 1, "up"))
+            assert s3.admin.get_object(Bucket=s3.bucket, Key="out/model.bin")["Body"].read() == b"v1" * 100
+        assert s3.admin.get_object(Bucket=s3.bucket, Key="out/model.bin")["Body"].read() == blob(BS + 1, "up")
+        # ttl: no HEAD is made, so only the invalidation keeps this from serving v1
+        assert cache.get_bytes(url) == blob(BS + 1, "up")
+        with pytest.raises(ValueError), mf.open(url, "wb", cache=cache) as f:
+            f.write(b"partial")
+            raise ValueError("writer failed")
+    assert s3.admin.get_object(Bucket=s3.bucket, Key="out/model.bin")["Body"].read() == blob(BS + 1, "up")
+
+
+def test_warm_a_prefix_then_validate_by_listing(s3, cache: Cache, tmp_path: Path):
+    objs = _seed(s3, n_small=30, n_big=1)
+    report = cache.warm([s3.url("train/")], jobs=4)
+    assert report.ok and report.objects == len(objs) and report.fetched == len(objs)
+    assert report.bytes == sum(map(len, objs.values()))
+    gets, heads = len(s3.gets()), len(s3.heads())
+    again = cache.warm([s3.url("train/*.bin")])
+    assert again.cached == len(objs) and again.fetched == 0
+    assert (len(s3.gets()), len(s3.heads())) == (gets, heads), "a listing validates, no GET/HEAD"
+    # epoch 2 with a TTL: the listing's validation is trusted, no request at all
+    with Cache(cache.dir, ttl=600, settings=s3.settings) as ttl_cache:
+        for key, data in objs.items():
+            assert ttl_cache.get_bytes(s3.url(key)) == data
+    assert (len(s3.gets()), len(s3.heads())) == (gets, heads)
+
+
+def test_missing_objects_and_buckets_are_one_line_errors(s3, cache: Cache):
+    with pytest.raises(mf.NotFound, match=r"^s3://.*/nope\.bin: no such object$"):
+        cache.get_bytes(s3.url("nope.bin"))
+    with pytest.raises(mf.NotFound, match="no such object"):
+        mf.open("s3://no-such-bucket-here/x", settings=s3.settings)
+    report = cache.warm([s3.url("nothing/"), s3.url("nope.bin"), "s3://no-such-bucket-here/a/"])
+    assert not report.ok and report.objects == 3
+    reasons = {f.path: f.reason for f in report.failures}
+    assert reasons[s3.url("nothing/")] == "no such object or prefix"
+    assert "no such bucket" in reasons["s3://no-such-bucket-here/a/"].lower()
+    with pytest.raises(mf.PartialFailure, match="3 failed"):
+        report.raise_for_failures()
+    json.dumps(report.to_dict())
