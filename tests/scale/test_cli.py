@@ -64,3 +64,15 @@ def test_fastls_recursive_count_and_listing_on_a_cluster(tmp_path: Path, run_cli
     assert os.listdir(tmp_path) == ["tree"]                     # the parts were removed
     proc = run_cli("fastls", "--cluster", "local:1", str(root))
     assert proc.returncode == 2 and proc.stderr == b"fastls: --cluster lists trees: add -r\n"
+
+
+def test_cache_warm_cluster(tmp_path: Path, run_cli) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(12):
+        (data / f"f{i}").write_bytes(bytes([i]) * (100 + i))
+    proc = run_cli("manyfiles", "cache", "warm", "--dir", str(tmp_path / "c"), "--cluster", "local:1",
+                   str(data))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(b"12 objects: 12 fetched") and b"shards on 1 workers" in proc.stdout
+    assert b"manyfiles cache: " in proc.stderr and b" shards, " in proc.stderr       # the worker's line

@@ -466,11 +466,12 @@ def connect(cluster: ClusterArg) -> Iterator[Executor]:
         executor.close()
 
 
-def run_job(job: Job, cluster: ClusterArg, *, progress: ProgressArg = False) -> ClusterReport:
+def run_job(job: Job, cluster: ClusterArg, *, shards: Iterable[Any] | None = None,
+            progress: ProgressArg = False) -> ClusterReport:
     """``connect(cluster)`` and run ``job`` on it: what the tools' ``cluster=`` argument does."""
     check_progress(progress)
     with connect(cluster) as executor:
-        return executor.run(job, progress=progress)
+        return executor.run(job, shards=shards, progress=progress)
 
 
 __all__ = [
