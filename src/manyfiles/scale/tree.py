@@ -399,9 +399,9 @@ def run_request(request: Any, out_fd: int, *, cluster: ClusterArg, parts_dir: st
     _check_request(request)
     report = ListReport()
     own = parts_dir is None
-    folder = tempfile.mkdtemp(prefix="fastls-parts-") if own else os.fspath(parts_dir)
-    try:
-        with connect(cluster) as executor:
+    with connect(cluster) as executor:
+        folder = tempfile.mkdtemp(prefix="fastls-parts-") if own else os.fspath(parts_dir)
+        try:
             for path in request.paths:
                 run = _run_path(executor, request, path, folder, report, progress)
                 if run is None:
@@ -412,9 +412,9 @@ def run_request(request: Any, out_fd: int, *, cluster: ClusterArg, parts_dir: st
                 report.failures += [(f.path, f.reason) for f in run.failures]
                 if not request.count_only:
                     copy_parts(run.parts, out_fd)
-    finally:
-        if own:
-            shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            if own:
+                shutil.rmtree(folder, ignore_errors=True)
     return report
 
 
