@@ -16,6 +16,8 @@ machine's load drifts alike for all of them; the table gives medians and ratios 
 
 Jobs:
 
+* ``overhead``  empty shards: what one shard costs each executor (no local peer; ms per shard).
+
 * ``tree``   count every entry of a two-level hashed tree (``fastls -r --count``); local =
              ``listing.count_tree`` (the C walker, 16 threads); on Dask the first shard lists the
              top levels and the subtrees are counted by the same walker on the workers.
@@ -45,7 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_line, make_flat, make_hashed_tree
 from manyfiles import listing, scale
-from manyfiles.scale.executor import InProcessExecutor
+from manyfiles.scale._dask import DaskExecutor
+from manyfiles.scale.executor import InProcessExecutor, NoopJob
 
 DATA = Path("/work/bench-data/scale")
 SHM = Path("/dev/shm/mf-bench-scale")
@@ -78,8 +81,6 @@ def table(title: str, times: dict[str, list[float]], n: int, unit: str) -> None:
 
 
 def clusters() -> dict[str, object]:
-    from manyfiles.scale._dask import DaskExecutor
-
     out = {}
     for n in (1, 2):
         t0 = time.perf_counter()
@@ -135,9 +136,31 @@ def bench_shard(files: int, repeat: int, running: dict) -> None:
           f"{repeat} rounds", times, files, "files")
 
 
+def bench_overhead(shards: int, repeat: int, running: dict) -> None:
+    methods: dict[str, Callable[[], object]] = {
+        "in-process": lambda: InProcessExecutor().run(NoopJob(), shards=range(shards)).items,
+    }
+    for name, (_, client) in running.items():
+        executor = DaskExecutor(client)
+        methods[name] = lambda e=executor: e.run(NoopJob(), shards=range(shards)).items
+
+    def check(name: str, result: object) -> None:
+        assert result == shards, (name, result)
+
+    times = timed_rounds(methods, repeat, check)
+    print(f"\n### executor overhead: {shards:,} empty shards, {repeat} rounds\n")
+    print("| executor | median s | ms per shard |")
+    print("|---|---:|---:|")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        print(f"| {name} | {med:.3f} | {med / shards * 1e3:.2f} |")
+    sys.stdout.flush()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--jobs", default="tree,shard", help="comma-separated: tree,shard,s3")
+    ap.add_argument("--jobs", default="overhead,tree,shard", help="comma-separated: overhead,tree,shard,s3")
+    ap.add_argument("--noop-shards", type=int, default=2000, help="shards of the overhead job")
     ap.add_argument("--shard-files", type=int, default=100_000, help="files in the flat folder")
     ap.add_argument("--files", type=int, default=1_000_000, help="files in the tree")
     ap.add_argument("--repeat", type=int, default=5)
@@ -147,6 +170,8 @@ def main() -> None:
     running = clusters()
     try:
         jobs = args.jobs.split(",")
+        if "overhead" in jobs:
+            bench_overhead(args.noop_shards, args.repeat, running)
         if "tree" in jobs:
             bench_tree(args.files, args.repeat, running)
         if "shard" in jobs:

@@ -30,6 +30,7 @@ from manyfiles._extras import require
 from manyfiles.errors import ManyfilesError, UsageError
 from manyfiles.scale.executor import (
     CLUSTER_FEATURE,
+    IN_FLIGHT_EXTRA,
     IN_FLIGHT_PER_THREAD,
     ClusterReport,
     Executor,
@@ -137,7 +138,7 @@ class DaskExecutor(Executor):
         try:
             with worker_traces(client):
                 while True:
-                    limit = IN_FLIGHT_PER_THREAD * max(1, self.workers)
+                    limit = IN_FLIGHT_PER_THREAD * max(1, self.workers) + IN_FLIGHT_EXTRA
                     while len(in_flight) < limit and (item := shards.next()) is not None:
                         sid, shard = item
                         fut = client.submit(run_on_worker, job, sid, shard, topic,
@@ -147,16 +148,18 @@ class DaskExecutor(Executor):
                     if not in_flight:
                         break
                     try:
-                        fut = finished.get(timeout=TICK)
+                        done = [finished.get(timeout=TICK)]
                     except queue.Empty:
                         live.progress.tick()
                         continue
-                    sid = in_flight.pop(fut)
-                    result = _result(fut, sid)
-                    raise_shard_error(result)
-                    live.finish(sid, result)
-                    report.add(result)
-                    shards.add(result.more)
+                    while not finished.empty():          # whatever else finished: one gather for all
+                        done.append(finished.get())
+                    for fut, result in zip(done, _results(client, done, in_flight), strict=True):
+                        sid = in_flight.pop(fut)
+                        raise_shard_error(result)
+                        live.finish(sid, result)
+                        report.add(result)
+                        shards.add(result.more)
                     live.progress.tick()
         except BaseException:
             if in_flight:
@@ -168,14 +171,22 @@ class DaskExecutor(Executor):
                 client.unsubscribe_topic(topic)
 
 
+def _results(client: Any, futures: list[Any], sids: dict[Any, int]) -> list[ShardResult]:
+    """The results of finished futures, fetched in one round trip (one by one to name a failure)."""
+    try:
+        results = client.gather(futures)
+    except Exception:
+        results = [_result(fut, sids[fut]) for fut in futures]
+    for fut in futures:
+        fut.release()
+    return results
+
+
 def _result(fut: Any, sid: int) -> ShardResult:
     try:
-        result = fut.result()
+        return fut.result()
     except distributed.KilledWorker as exc:
         raise ManyfilesError(f"shard {sid}: every worker that ran it died ({exc})") from exc
-    finally:
-        fut.release()
-    return result
 
 
 def run_on_worker(job: Job, sid: int, shard: Any, topic: str) -> ShardResult:

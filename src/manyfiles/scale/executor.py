@@ -54,7 +54,8 @@ Publish = Callable[[int, int, int], None]
 """``publish(done, bytes, failures)``: a shard's running totals (absolute, not deltas)."""
 
 MAX_FAILURES_PER_SHARD = 10_000   # listed per shard; the rest are counted (a result stays small)
-IN_FLIGHT_PER_THREAD = 2          # one running and one queued per worker thread
+IN_FLIGHT_PER_THREAD = 4          # shards submitted per worker thread (running + queued on it)...
+IN_FLIGHT_EXTRA = 16              # ...plus these: round trips overlap when shards are short
 PUBLISH_INTERVAL = 0.5            # seconds between two counter events of one shard
 CLUSTER_FEATURE = "running on a Dask cluster (--cluster)"
 
@@ -228,6 +229,20 @@ def _merged(a: Any, b: Any) -> Any:
         merge_report(a, b)
         return a
     return a if a not in (None, "") else b
+
+
+@dataclass(frozen=True)
+class NoopJob(Job):
+    """Shards that do nothing: what one shard costs an executor on your cluster (submit, run,
+    result, merge).  ``executor.run(NoopJob(), shards=range(1000)).seconds / 1000``."""
+
+    name = "noop"
+
+    def new_report(self) -> Report:
+        return Report()
+
+    def run(self, shard: Any, publish: Publish) -> ShardResult:
+        return ShardResult(report=Report(), items=1)
 
 
 # -- running one shard (on a worker, or in process) -------------------------------------------------
@@ -480,6 +495,7 @@ __all__ = [
     "Executor",
     "InProcessExecutor",
     "Job",
+    "NoopJob",
     "ShardResult",
     "WorkerStats",
     "connect",
