@@ -26,12 +26,12 @@ def keys_like(name: str, n: int, rnd: random.Random, prefix: str = "data/") -> l
 
 
 def listing(keys: list[str], page_size: int):
-    """ListObjectsV2 semantics over a sorted key list: pages of keys after StartAfter."""
+    """ListObjectsV2 semantics over a sorted key list: the keys after StartAfter, page by page."""
 
     def pages(after: str | None):
         i = 0 if after is None else bisect.bisect_right(keys, after)
         while i < len(keys):
-            yield keys[i:i + page_size]
+            yield from keys[i:i + page_size]
             i += page_size
 
     return pages
@@ -56,6 +56,20 @@ def test_ranges_partition_the_listing(alphabet: str, budget: int, page_size: int
         todo.extend(rest)
     assert sorted(seen) == keys and len(seen) == len(set(seen))
     assert tasks <= 6 * (len(keys) // budget + 1)          # splitting stays proportional
+
+
+def test_keep_selects_but_every_key_read_counts_against_the_budget() -> None:
+    keys = [f"k/{i:05d}" for i in range(1000)]
+    pages = listing(keys, 100)
+    todo, seen, tasks = deque([KeyRange(None, None)]), [], 0
+    while todo:
+        rng = todo.popleft()
+        tasks += 1
+        got, rest = take(pages(rng.after), rng, 50, "k/", key=lambda k: k, keep=lambda k: k.endswith("7"))
+        assert len(got) <= 5
+        seen += got
+        todo.extend(rest)
+    assert sorted(seen) == [k for k in keys if k.endswith("7")] and tasks < 200
 
 
 def test_sequential_keys_split_into_balanced_ranges() -> None:

@@ -130,8 +130,11 @@ def _engine_factory(ctx: Ctx, cfg: PullConfig, bud: _plan.Budget) -> Callable[[s
 
 def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings: ClientSettings,
             cfg: PullConfig, keep: Callable[[str], bool] | None = None, dry_run: bool = False,
-            report: Report | None = None) -> Iterator[Event | tuple[str, bytes]]:
-    """The engine room: yields Events, and (key, bytes) pairs when ``dest`` is None (memory)."""
+            report: Report | None = None,
+            state_slice: str | None = None) -> Iterator[Event | tuple[str, bytes]]:
+    """The engine room: yields Events, and (key, bytes) pairs when ``dest`` is None (memory).
+
+    ``state_slice``: a cluster slice (``manyfiles.scale.s3pull``) keeps its own state files."""
     from manyfiles.s3.sink import FolderSink, MemorySink
 
     if cfg.strategy not in _plan.STRATEGIES:
@@ -164,7 +167,7 @@ def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, sett
     else:
         if os.path.exists(dest) and not os.path.isdir(dest):
             raise ManyfilesError(f"{dest}: not a directory")
-        sink = FolderSink(dest, layout=cfg.layout, fsync=cfg.fsync).open()
+        sink = FolderSink(dest, layout=cfg.layout, fsync=cfg.fsync, state_slice=state_slice).open()
         state = sink.state
     ctx = Ctx(options, sink)
     get_engine = _engine_factory(ctx, cfg, bud)
@@ -342,19 +345,29 @@ def _source(url: S3Url, settings: ClientSettings, manifest: str | None, retry: R
 def pull(source: str, dest: str, *, strategy: str = "auto", concurrency: int = 64, processes: int = 0,
          include: Iterable[str] = (), exclude: Iterable[str] = (), manifest: str | None = None,
          layout: str = "folder", dry_run: bool = False, settings: ClientSettings | None = None,
-         on_event: Callable[[Event], None] | None = None, page_size: int = 1000, **config: Any) -> Report:
+         on_event: Callable[[Event], None] | None = None, page_size: int = 1000, cluster: object = None,
+         **config: Any) -> Report:
     """Download every object under ``source`` (``s3://bucket/prefix``, wildcards allowed) into ``dest``.
 
     Returns a :class:`Report`; per-object failures are collected there (and in
     ``DEST/.s3pull/failures.tsv``), not raised.  ``on_event`` receives every
     :class:`Event` in the calling thread.  Extra keyword arguments go to
     :class:`PullConfig` (``verify``, ``verify_existing``, ``fsync``, ``part_size``, ``retry``...).
+    ``cluster`` (``"local:N"``, ``"tcp://HOST:8786"``, a ``distributed.Client``): listing and
+    downloads run on Dask workers into the shared ``dest`` (:mod:`manyfiles.scale.s3pull`).
 
     Example:
         >>> report = pull("s3://bucket/images/", "/data/images")   # doctest: +SKIP
         >>> report.done, report.failures
         (120000, [])
     """
+    if cluster is not None:     # key ranges and slices on Dask workers: manyfiles.scale.s3pull
+        from manyfiles.scale.s3pull import pull_on_cluster
+
+        return pull_on_cluster(source, dest, cluster=cluster, settings=settings, include=include,
+                               exclude=exclude, manifest=manifest, dry_run=dry_run, on_event=on_event,
+                               strategy=strategy, concurrency=concurrency, processes=processes, layout=layout,
+                               **config)
     url = parse_url(source)
     settings = (settings or ClientSettings()).resolved()
     cfg = PullConfig(strategy=strategy, concurrency=concurrency, processes=processes, layout=layout, **config)

@@ -58,6 +58,7 @@ IN_FLIGHT_PER_THREAD = 4          # shards submitted per worker thread (running 
 IN_FLIGHT_EXTRA = 16              # ...plus these: round trips overlap when shards are short
 PUBLISH_INTERVAL = 0.5            # seconds between two counter events of one shard
 CLUSTER_FEATURE = "running on a Dask cluster (--cluster)"
+WALL_TIME = ("seconds", "elapsed")  # report fields holding the wall time: set by the client, not summed
 
 
 # -- what a job is ---------------------------------------------------------------------------------
@@ -149,7 +150,8 @@ class ClusterReport(Report):
         return getattr(result, name)
 
     def summary(self) -> str:
-        inner = self.result.summary() if self.result is not None else f"{self.items:,} {self.job}"
+        inner = (self.result.summary() if hasattr(self.result, "summary")
+                 else f"{self.items:,} items, {self.bytes:,} bytes in {self.seconds:.2f} s")
         text = f"{inner} [{self.shards:,} shards on {len(self.workers)} workers"
         if self.reruns:
             text += f", {self.reruns} re-run after a worker was lost"
@@ -203,7 +205,7 @@ def merge_report(into: Any, part: Any) -> None:
     keeps the first non-empty value.  ``seconds`` is the caller's wall time, not a sum.
     """
     for f in dataclasses.fields(into):
-        if f.name == "seconds":
+        if f.name in WALL_TIME:
             continue
         setattr(into, f.name, _merged(getattr(into, f.name), getattr(part, f.name)))
 
@@ -404,7 +406,9 @@ class Executor:
             report.reruns = live.reruns
         report.seconds = time.monotonic() - t0
         if report.result is not None:
-            report.result.seconds = report.seconds
+            for f in dataclasses.fields(report.result):
+                if f.name in WALL_TIME:
+                    setattr(report.result, f.name, report.seconds)
         job.finish(report)
         return report
 

@@ -81,29 +81,33 @@ def _char_between(a: int, b: int) -> str | None:
     return chr(x) if a < x < b else None
 
 
-def take(pages: Iterable[Iterable[Any]], rng: KeyRange, budget: int, prefix: str = "",
-         key: Any = None) -> tuple[list, list[KeyRange]]:
-    """Read ``pages`` (a listing from ``StartAfter=rng.after``) until ``budget`` items or the end of
-    ``rng``; returns the items in the range and what is left of it, cut in two.
+def take(listing: Iterable[Any], rng: KeyRange, budget: int, prefix: str = "",
+         key: Any = None, keep: Any = None) -> tuple[list, list[KeyRange]]:
+    """Read ``listing`` (lazily: a ListObjectsV2 walk from ``StartAfter=rng.after``) until ``budget``
+    keys or the end of ``rng``; returns the items in the range that ``keep`` accepts (default: all)
+    and what is left of the range, cut in two.
 
-    ``key(item)`` gives an item's key (default: ``item.key``).  Items past ``rng.upto`` end the
-    range; reading stops at a page boundary once ``budget`` is reached.
+    ``key(item)`` gives an item's key (default: ``item.key``).  Every key read counts against the
+    budget, kept or not, so a lister's work is bounded even when few keys match; a key past
+    ``rng.upto`` ends the range.  With a budget that is a multiple of the page size, no page is
+    fetched in vain.
     """
     key = key or (lambda item: item.key)
     items: list = []
-    for page in pages:
-        for item in page:
-            if rng.upto is not None and key(item) > rng.upto:
-                return items, []
+    last = None
+    read = 0
+    for item in listing:
+        k = key(item)
+        if rng.upto is not None and k > rng.upto:
+            return items, []
+        if keep is None or keep(item):
             items.append(item)
-        if len(items) >= budget:
+        last, read = k, read + 1
+        if read >= budget:
             break
     else:
         return items, []
-    if not items:
-        return items, []
-    last = key(items[-1])
-    if rng.upto is not None and last >= rng.upto:
+    if last is None or (rng.upto is not None and last >= rng.upto):
         return items, []
     cut = midpoint(last, rng.upto, prefix)
     if cut is None:
