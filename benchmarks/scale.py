@@ -35,17 +35,21 @@ overhead of more processes, not a speed-up.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine_line, make_flat, make_hashed_tree
+from _common import HERE, machine_line, make_flat, make_hashed_tree
 from manyfiles import listing, scale
 from manyfiles.scale._dask import DaskExecutor
 from manyfiles.scale.executor import InProcessExecutor, NoopJob
@@ -157,9 +161,69 @@ def bench_overhead(shards: int, repeat: int, running: dict) -> None:
     sys.stdout.flush()
 
 
+S3_KEY, S3_SECRET = "scalebenchkey", "scalebenchsecret"
+
+
+def s3_server() -> tuple[subprocess.Popen, str]:
+    """versitygw (posix backend) on a free port, as in benchmarks/s3pull.py; credentials in os.environ
+    so that the worker processes started afterwards sign with them too."""
+    exe = next((p for p in (HERE.parent / ".cache/go/bin/versitygw", Path.home() / "go/bin/versitygw")
+                if p.exists()), None)
+    if exe is None:
+        sys.exit("versitygw missing: go install github.com/versity/versitygw/cmd/versitygw@latest")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (DATA / "gw").mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "ROOT_ACCESS_KEY": S3_KEY, "ROOT_SECRET_KEY": S3_SECRET}
+    proc = subprocess.Popen([str(exe), "--port", f"127.0.0.1:{port}", "--keep-alive", "--quiet", "posix",
+                             str(DATA / "gw")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.environ.update({"AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET})
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.1)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def bench_s3(objects: int, repeat: int, running: dict, endpoint: str) -> None:
+    import boto3
+
+    from manyfiles import s3
+
+    c = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=S3_KEY,
+                     aws_secret_access_key=S3_SECRET)
+    bucket = "scale-bench"
+    with contextlib.suppress(c.exceptions.ClientError):     # kept from an earlier run (--keep)
+        c.create_bucket(Bucket=bucket)
+    have = sum(p.get("KeyCount", 0) for p in c.get_paginator("list_objects_v2").paginate(Bucket=bucket))
+    with ThreadPoolExecutor(32) as pool:
+        list(pool.map(lambda i: c.put_object(Bucket=bucket, Key=f"d/{i * 7919 % 65536:04x}/{i:07d}",
+                                             Body=os.urandom(4096)), range(have, objects)))
+    settings = s3.ClientSettings(endpoint_url=endpoint, region="us-east-1")
+    dest = DATA / "dest"
+    source = f"s3://{bucket}/d/"
+    methods: dict[str, Callable[[], object]] = {
+        "local": lambda: s3.pull(source, str(dest), settings=settings).done,
+    }
+    for name, (_, client) in running.items():
+        methods[name] = lambda c=client: s3.pull(source, str(dest), settings=settings, cluster=c).done
+
+    def check(name: str, result: object) -> None:
+        assert result == objects, (name, result)
+        shutil.rmtree(dest)
+
+    times = timed_rounds(methods, repeat, check)
+    table(f"s3pull, {objects:,} x 4 KiB from versitygw on the same 2 vCPUs, {repeat} rounds", times, objects,
+          "objects")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--jobs", default="overhead,tree,shard", help="comma-separated: overhead,tree,shard,s3")
+    ap.add_argument("--jobs", default="overhead,tree,shard,s3", help="comma-separated subset of those")
+    ap.add_argument("--objects", type=int, default=5_000, help="objects in the S3 bucket")
     ap.add_argument("--noop-shards", type=int, default=2000, help="shards of the overhead job")
     ap.add_argument("--shard-files", type=int, default=100_000, help="files in the flat folder")
     ap.add_argument("--files", type=int, default=1_000_000, help="files in the tree")
@@ -167,9 +231,12 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the generated data")
     args = ap.parse_args()
     print(machine_line(), "| load average", " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    jobs = args.jobs.split(",")
+    server = s3_server() if "s3" in jobs else None      # before the workers: they inherit the keys
     running = clusters()
     try:
-        jobs = args.jobs.split(",")
+        if server is not None:
+            bench_s3(args.objects, args.repeat, running, server[1])
         if "overhead" in jobs:
             bench_overhead(args.noop_shards, args.repeat, running)
         if "tree" in jobs:
@@ -180,6 +247,9 @@ def main() -> None:
         for lc, client in running.values():
             client.close()
             lc.close()
+        if server is not None:
+            server[0].terminate()
+            server[0].wait()
         if not args.keep:
             shutil.rmtree(DATA, ignore_errors=True)
         shutil.rmtree(SHM, ignore_errors=True)
