@@ -17,7 +17,7 @@ Executors:
 * :class:`InProcessExecutor` -- the shards one after another in this process (the reference
   semantics, and what tests use to run a shard twice);
 * the Dask executor (:func:`connect` with ``"local:N"``, ``"tcp://HOST:8786"`` or a
-  ``distributed.Client``) -- shards as Dask tasks, at most ~2 per worker thread in flight,
+  ``distributed.Client``) -- shards as Dask tasks, at most 4 per worker thread (+16) in flight,
   counters published by the workers (``Worker.log_event``) and summed on the client
   (``Client.subscribe_topic``) for the progress display.
 
