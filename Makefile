@@ -9,10 +9,10 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test lint venv bench-venv clean
 
-$(STAMP): pyproject.toml setup.py $(wildcard src/manyfiles/*.c src/manyfiles/*.h)
+$(STAMP): pyproject.toml setup.py ci/dev-constraints.txt $(wildcard src/manyfiles/*.c src/manyfiles/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	MANYFILES_REQUIRE_C_EXTENSION=1 $(PY) -m pip install -q -e '.[dev]'
+	MANYFILES_REQUIRE_C_EXTENSION=1 $(PY) -m pip install -q -c ci/dev-constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -1,15 +1,26 @@
 """s3pull against its peers on a fast local S3 server (versitygw), direct and behind added latency.
 
 One run measures, on the same server and the same data: s3pull --strategy auto and each forced
-engine, s5cmd, the aws cli, and a plain aioboto3 script with default settings.  Each tool
-downloads the whole bucket into an empty folder; the median of --repeat runs is reported, with
-ratios against s5cmd and (for auto) against the best forced engine measured in the same run.
+engine, s3pull auto without content checks (--no-verify) and with ETag/MD5 checks only
+(--etag-only), s5cmd, the aws cli, and a plain aioboto3 script with default settings.  Each
+tool downloads the whole bucket into an empty folder; the median of --repeat runs is reported,
+with ratios against s5cmd, (for auto) against the best forced engine, and the cost of
+verification (auto against auto --no-verify) measured in the same run.
 
-Needs: versitygw (and toxiproxy for --latency) built into .cache/go/bin (see docs/s3pull.md),
-and the peers from `make bench-venv`.  Data lives in /work/bench-data/s3pull (outside the repo).
+Shapes: 1k, 1m, 50m, 1g, mixed (uploaded by s5cmd), and for the verification cost three 1 GiB
+objects uploaded by boto3: 1g-md5 (one PutObject: single-part, ETag = MD5), 1g-multi (8 MiB
+parts: ETag = md5-of-md5s-128) and 1g-crc32c (one PutObject with a CRC32C checksum).  versitygw
+also stores a CRC64NVME for every object, so auto checks crc64nvme (crc32c for 1g-crc32c) and
+--etag-only checks md5 / multipart-md5; the "checked by" column says what each run used.
+
+Needs: versitygw (and toxiproxy for --latency): taken from .cache/go/bin, ~/go/bin or PATH, and
+built into .cache/go/bin (git-ignored) with `go install` when missing; the peers from
+`make bench-venv`.  Data lives in benchmarks/_data/s3pull (git-ignored; --clean deletes it).
 
     .venv/bin/python benchmarks/s3pull.py                       # all shapes, direct
     .venv/bin/python benchmarks/s3pull.py --latency 0,5,20 --shapes 1k,1m
+    .venv/bin/python benchmarks/s3pull.py --shapes 1k,1g-md5,1g-multi,1g-crc32c --repeat 5 \\
+        --tools "auto,auto --no-verify,auto --etag-only,s5cmd,aws cli"    # verification cost
 """
 
 from __future__ import annotations
@@ -33,7 +44,11 @@ from _common import machine_line
 ROOT = Path(__file__).resolve().parent.parent
 GOBIN = ROOT / ".cache" / "go" / "bin"
 BENCH_VENV = ROOT / ".venv-bench" / "bin"
-DATA = Path(os.environ.get("S3PULL_BENCH_DATA", "/work/bench-data/s3pull"))
+DATA = Path(os.environ.get("S3PULL_BENCH_DATA", ROOT / "benchmarks" / "_data" / "s3pull"))
+GO_TOOLS = {   # binary -> (go package, name go install gives it)
+    "versitygw": ("github.com/versity/versitygw/cmd/versitygw@latest", "versitygw"),
+    "toxiproxy-server": ("github.com/Shopify/toxiproxy/v2/cmd/server@v2.5.0", "server"),
+}
 KEY, SECRET = "benchkey", "benchsecret"
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -44,8 +59,14 @@ SHAPES = {
     "50m": [(20, 50 * MiB)],
     "1g": [(1, 1024 * MiB)],
     "mixed": [(1000, 1 * KiB), (50, 1 * MiB), (4, 50 * MiB), (1, 256 * MiB)],
+    "1g-md5": [(1, 1024 * MiB)],
+    "1g-multi": [(1, 1024 * MiB)],
+    "1g-crc32c": [(1, 1024 * MiB)],
 }
+# how a shape is uploaded: s5cmd, or boto3 as one PutObject / multipart / PutObject with a CRC32C
+UPLOAD = {"1g-md5": "put", "1g-multi": "multipart", "1g-crc32c": "crc32c"}
 ENGINES = ["auto", "lean", "http", "async", "threads", "processes", "ranged", "sync"]
+VARIANTS = {"auto --no-verify": ["--no-verify"], "auto --etag-only": ["--etag-only"]}
 
 
 def free_port() -> int:
@@ -64,10 +85,27 @@ def wait_port(port: int, timeout: float = 30) -> None:
     raise RuntimeError(f"nothing listening on 127.0.0.1:{port}")
 
 
+def go_tool(name: str) -> Path:
+    """``name`` from .cache/go/bin, ~/go/bin or PATH; else built with ``go install`` into .cache/go/bin."""
+    for candidate in (GOBIN / name, Path.home() / "go" / "bin" / name):
+        if candidate.exists():
+            return candidate
+    found = shutil.which(name)
+    if found:
+        return Path(found)
+    package, built = GO_TOOLS[name]
+    if not shutil.which("go"):
+        sys.exit(f"{name} is missing and there is no go toolchain to build it ({package})")
+    print(f"building {name}: go install {package} (a few minutes)", file=sys.stderr, flush=True)
+    GOBIN.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["go", "install", package], env={**os.environ, "GOBIN": str(GOBIN)}, check=True)
+    if built != name:
+        (GOBIN / name).symlink_to(GOBIN / built)
+    return GOBIN / name
+
+
 def start_versitygw() -> tuple[subprocess.Popen, int]:
-    exe = GOBIN / "versitygw"
-    if not exe.exists():
-        sys.exit(f"{exe} missing: GOBIN={GOBIN} go install github.com/versity/versitygw/cmd/versitygw@latest")
+    exe = go_tool("versitygw")
     port = free_port()
     (DATA / "gw").mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "ROOT_ACCESS_KEY": KEY, "ROOT_SECRET_KEY": SECRET}
@@ -82,9 +120,7 @@ class Toxiproxy:
     """toxiproxy-server in front of the S3 server, adding ``latency`` ms to every response."""
 
     def __init__(self, upstream_port: int) -> None:
-        exe = GOBIN / "toxiproxy-server"
-        if not exe.exists():
-            sys.exit(f"{exe} missing (go install github.com/Shopify/toxiproxy/v2/cmd/server@v2.5.0)")
+        exe = go_tool("toxiproxy-server")
         self.api_port = free_port()
         self.proc = subprocess.Popen([str(exe), "-host", "127.0.0.1", "-port", str(self.api_port)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -144,16 +180,47 @@ def seed(shape: str, endpoint: str) -> tuple[int, int]:
                     chunk = os.urandom(min(left, 8 * MiB))
                     f.write(chunk)
                     left -= len(chunk)
-    subprocess.run([str(BENCH_VENV / "s5cmd"), "--endpoint-url", endpoint, "cp", f"{src}/*", f"s3://{bucket}/"],
-                   env=env_for(endpoint), check=True, stdout=subprocess.DEVNULL)
+    how = UPLOAD.get(shape, "s5cmd")
+    if how == "s5cmd":
+        subprocess.run([str(BENCH_VENV / "s5cmd"), "--endpoint-url", endpoint, "cp", f"{src}/*",
+                        f"s3://{bucket}/"], env=env_for(endpoint), check=True, stdout=subprocess.DEVNULL)
+    else:
+        upload_boto3(c, how, src, bucket)
     shutil.rmtree(src, ignore_errors=True)
     return n_total, b_total
+
+
+def upload_boto3(client, how: str, src: Path, bucket: str) -> None:
+    """One PutObject (single-part, ETag = MD5), multipart in 8 MiB parts, or PutObject + CRC32C.
+
+    No checksum is sent but the CRC32C one: the server then stores its default (versitygw: a
+    full-object CRC64NVME, as S3 does since 2025)."""
+    import boto3
+    from boto3.s3.transfer import TransferConfig
+    from botocore.config import Config
+
+    if how != "crc32c":
+        client = boto3.client("s3", endpoint_url=client.meta.endpoint_url, region_name="us-east-1",
+                              aws_access_key_id=KEY, aws_secret_access_key=SECRET,
+                              config=Config(request_checksum_calculation="when_required"))
+
+    for path in sorted(src.rglob("*.bin")):
+        key = str(path.relative_to(src))
+        if how == "multipart":
+            parts = TransferConfig(multipart_threshold=8 * MiB, multipart_chunksize=8 * MiB)
+            client.upload_file(str(path), bucket, key, Config=parts)
+            continue
+        extra = {"ChecksumAlgorithm": "CRC32C"} if how == "crc32c" else {}
+        with open(path, "rb") as f:
+            client.put_object(Bucket=bucket, Key=key, Body=f, **extra)
 
 
 def tools(bucket: str, dest: Path, endpoint: str, only: set[str] | None) -> dict[str, list[str]]:
     py = str(Path(sys.executable))
     s3pull = str(Path(sys.executable).parent / "s3pull")
     out = {f"s3pull {e}": [s3pull, f"s3://{bucket}/", str(dest), "--strategy", e, "-q"] for e in ENGINES}
+    for name, flags in VARIANTS.items():
+        out[f"s3pull {name}"] = [s3pull, f"s3://{bucket}/", str(dest), "-q", *flags]
     out["s5cmd"] = [str(BENCH_VENV / "s5cmd"), "--endpoint-url", endpoint, "cp", f"s3://{bucket}/*",
                     f"{dest}/"]
     out["aws cli"] = [str(BENCH_VENV / "aws"), "s3", "cp", "--recursive", "--quiet", "--endpoint-url",
@@ -175,11 +242,25 @@ def check(dest: Path, n: int, nbytes: int) -> None:
         raise RuntimeError(f"{dest}: got {cnt} files / {size} bytes, expected {n} / {nbytes}")
 
 
-def measure(shape: str, endpoint: str, repeat: int, only: set[str] | None, label: str) -> dict[str, float]:
+def checked_by(dest: Path) -> str:
+    """The check methods s3pull recorded for what it installed (its state file), e.g. "md5"."""
+    counts: dict[str, int] = {}
+    state = dest / ".s3pull" / "state.jsonl"
+    if state.exists():
+        for line in state.read_text().splitlines():
+            method = json.loads(line).get("m", "?")
+            counts[method] = counts.get(method, 0) + 1
+    return ", ".join(sorted(counts)) if counts else "-"
+
+
+def measure(shape: str, endpoint: str, repeat: int, only: set[str] | None,
+            label: str) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Every tool ``repeat`` times, interleaved; returns (times per tool, check method per tool)."""
     n, nbytes = SHAPES_TOTALS[shape]
     dest = DATA / "dest"
     cmds = tools(f"bench-{shape}", dest, endpoint, only)
     times: dict[str, list[float]] = {k: [] for k in cmds}
+    checks: dict[str, str] = {}
     env = env_for(endpoint)
     for _ in range(repeat):
         for name, cmd in cmds.items():          # interleaved: noise spreads over every tool
@@ -192,37 +273,62 @@ def measure(shape: str, endpoint: str, repeat: int, only: set[str] | None, label
                 raise RuntimeError(f"{name} failed ({r.returncode}): {r.stderr.decode()[-500:]}")
             check(dest, n, nbytes)
             times[name].append(dt)
+            if name.startswith("s3pull"):
+                checks[name] = checked_by(dest)
             print(f"  {label} {shape} {name}: {dt:.2f} s", file=sys.stderr, flush=True)
     shutil.rmtree(dest, ignore_errors=True)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return times, checks
 
 
 SHAPES_TOTALS: dict[str, tuple[int, int]] = {}
 
 
-def print_shape(shape: str, label: str, med: dict[str, float]) -> list[str]:
+def verification_cost(times: dict[str, list[float]], checked: str) -> str | None:
+    """Throughput lost to checking, against auto --no-verify in the same run: from the medians,
+    and the median of the per-round ratios (each round ran both back to back)."""
+    off = times.get("s3pull auto --no-verify")
+    on = times.get(checked)
+    if not off or not on:
+        return None
+    cost = 1 - statistics.median(off) / statistics.median(on)
+    paired = statistics.median(1 - a / b for a, b in zip(off, on, strict=True))
+    return (f"verification cost, {checked.removeprefix('s3pull ')} vs auto --no-verify: {cost:.1%} of "
+            f"throughput (paired rounds: {paired:.1%}; target <= 10%)")
+
+
+def print_shape(shape: str, label: str, times: dict[str, list[float]], checks: dict[str, str]) -> list[str]:
     n, nbytes = SHAPES_TOTALS[shape]
+    med = {k: statistics.median(v) for k, v in times.items()}
     desc = " + ".join(f"{c} x {s // MiB} MiB" if s >= MiB else f"{c} x {s // KiB} KiB"
                       for c, s in SHAPES[shape])
-    lines = [f"\n### {desc} ({label})\n", "| tool | median s | objects/s | MB/s | speed vs s5cmd |",
-             "|---|---:|---:|---:|---:|"]
+    how = {"put": "one PutObject", "multipart": "multipart, 8 MiB parts", "crc32c": "PutObject + CRC32C"}
+    upload = how.get(UPLOAD.get(shape, ""), "uploaded by s5cmd")
+    lines = [f"\n### {desc}, {upload} ({label})\n",
+             "| tool | median s | objects/s | MB/s | speed vs s5cmd | checked by |",
+             "|---|---:|---:|---:|---:|---|"]
     base = med.get("s5cmd")
     for name, secs in sorted(med.items(), key=lambda kv: kv[1]):
         ratio = f"{base / secs:.2f}" if base else "-"
-        lines.append(f"| {name} | {secs:.2f} | {n / secs:.0f} | {nbytes / secs / 1e6:.0f} | {ratio} |")
-    forced = {k: v for k, v in med.items() if k.startswith("s3pull ") and k != "s3pull auto"}
+        lines.append(f"| {name} | {secs:.2f} | {n / secs:.0f} | {nbytes / secs / 1e6:.0f} | {ratio} | "
+                     f"{checks.get(name, '-')} |")
+    forced = {k: v for k, v in med.items()
+              if k.startswith("s3pull ") and k.removeprefix("s3pull ") in ENGINES and k != "s3pull auto"}
     notes = []
     if "s3pull auto" in med and forced:
         best = min(forced, key=forced.get)
         notes.append(f"auto / best forced ({best}): {med['s3pull auto'] / forced[best]:.2f}x the time "
                      f"(target <= 1.10)")
+    for checked in ("s3pull auto", "s3pull auto --etag-only"):
+        cost = verification_cost(times, checked)
+        if cost:
+            notes.append(cost)
     if "s3pull auto" in med:
         for peer in ("aioboto3 default", "aws cli", "s5cmd"):
             if peer in med:
                 notes.append(f"auto vs {peer}: {med[peer] / med['s3pull auto']:.2f}x as fast")
-    if notes:
-        lines.append("")
-        lines += [f"- {x}" for x in notes]
+    notes.append(f"load average (1 min) when this shape finished: {os.getloadavg()[0]:.1f}")
+    lines.append("")
+    lines += [f"- {x}" for x in notes]
     print("\n".join(lines), flush=True)
     return lines
 
@@ -260,7 +366,8 @@ def main() -> None:
     ap.add_argument("--latency", default="0", help="comma-separated added latencies in ms (0 = direct)")
     ap.add_argument("--latency-shapes", default="1k,1m,mixed", help="shapes measured behind latency")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--tools", default="", help="comma-separated subset (e.g. auto,http,s5cmd)")
+    ap.add_argument("--tools", default="",
+                    help="comma-separated subset (e.g. auto,http,s5cmd,auto --no-verify)")
     ap.add_argument("--clean", action="store_true", help="delete the server's data at the end")
     ap.add_argument("--peer-aioboto3", nargs=2, metavar=("BUCKET", "DEST"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -271,8 +378,9 @@ def main() -> None:
     gw, port = start_versitygw()
     direct = f"http://127.0.0.1:{port}"
     toxi = None
-    print(f"Machine: {machine_line()}; server: versitygw posix backend on 127.0.0.1 (same 2 cores); "
-          f"median of {args.repeat}; command: {' '.join(sys.argv)}", flush=True)
+    print(f"Machine: {machine_line()}; load average {os.getloadavg()[0]:.1f}; server: versitygw posix "
+          f"backend on 127.0.0.1 (same 2 cores); median of {args.repeat}; command: {' '.join(sys.argv)}",
+          flush=True)
     try:
         shapes = args.shapes.split(",")
         for shape in shapes:
@@ -289,8 +397,8 @@ def main() -> None:
                 label = f"+{ms} ms latency"
                 todo = [s for s in shapes if s in args.latency_shapes.split(",")]
             for shape in todo:
-                med = measure(shape, endpoint, args.repeat, only, label)
-                print_shape(shape, label, med)
+                times, checks = measure(shape, endpoint, args.repeat, only, label)
+                print_shape(shape, label, times, checks)
     finally:
         if toxi is not None:
             toxi.stop()

@@ -231,8 +231,8 @@ class _TerminalDisplay(_Display):
         self.task = self.bar.add_task(task, total=None, text="")
 
     def update(self, snap: Snapshot) -> None:
-        total = snap.total if snap.total is not None else None
-        self.bar.update(self.task, completed=snap.done, total=total, text=_counts(snap))
+        completed, total = _bar(snap)
+        self.bar.update(self.task, completed=completed, total=total, text=_counts(snap))
 
     def close(self) -> None:
         self.bar.stop()
@@ -250,7 +250,8 @@ class _NotebookDisplay(_Display):
     def update(self, snap: Snapshot) -> None:
         import html
 
-        value = f"value='{snap.done}' max='{snap.total}'" if snap.total else ""
+        completed, total = _bar(snap)
+        value = f"value='{completed}' max='{total}'" if total else ""
         state = "done" if snap.finished else f"{snap.seconds:.1f} s"
         text = html.escape(f"{_counts(snap)} [{state}]")
         self.handle.update(self._html(
@@ -269,6 +270,14 @@ class _LogDisplay(_Display):
         if snap.finished or now - self._last >= LOG_INTERVAL:
             self._last = now
             print(str(snap) + (" [done]" if snap.finished else ""), file=sys.stderr, flush=True)
+
+
+def _bar(snap: Snapshot) -> tuple[int, int | None]:
+    """What the bar (and its ETA) follows: bytes when their total is known (a few huge objects
+    would leave an item bar still until the end), else items."""
+    if snap.bytes_total:
+        return snap.bytes, snap.bytes_total
+    return snap.done, snap.total
 
 
 def _counts(snap: Snapshot) -> str:

@@ -1,4 +1,9 @@
-"""A real S3 endpoint over HTTP (moto's server mode) and a fault-injecting HTTP proxy in front of it."""
+"""A real S3 endpoint over HTTP: moto's server mode, behind an edge that checks every SigV4
+signature (moto's own server accepts any), and a fault-injecting proxy that checks them too.
+
+``moto_server`` is the URL every test pulls from (signatures checked); ``moto_direct`` is moto
+itself, for the admin client that seeds buckets.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,13 @@ import os
 import uuid
 
 import pytest
-from s3util import CREDS, FaultProxy
+from s3util import CREDS, SECRETS, FaultProxy
 
 from manyfiles.s3 import ClientSettings
 
 
 @pytest.fixture(scope="session")
-def moto_server():
+def moto_direct():
     import logging
 
     from moto.server import ThreadedMotoServer
@@ -33,10 +38,18 @@ def moto_server():
 
 
 @pytest.fixture(scope="session")
-def s3admin(moto_server):
+def moto_server(moto_direct):
+    """moto behind an edge that refuses a wrong signature (403 SignatureDoesNotMatch)."""
+    edge = FaultProxy(moto_direct, secrets=SECRETS)
+    yield edge.url
+    edge.close()
+
+
+@pytest.fixture(scope="session")
+def s3admin(moto_direct):
     import boto3
 
-    return boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1",
+    return boto3.client("s3", endpoint_url=moto_direct, region_name="us-east-1",
                         aws_access_key_id="testing", aws_secret_access_key="testing")
 
 
@@ -61,22 +74,22 @@ def settings(moto_server) -> ClientSettings:
 @pytest.fixture
 def cli_env(moto_server) -> dict:
     """Environment for s3pull subprocesses: moto via AWS_ENDPOINT_URL, fast retries."""
-    return {**CREDS, "AWS_ENDPOINT_URL": moto_server, "MANYFILES_RETRY_BASE": "0.01"}
+    return {**CREDS, "AWS_ENDPOINT_URL": moto_server, "MANYFILES_TESTING": "retry_base=0.01"}
 
 
 @pytest.fixture
-def proxy(moto_server):
-    p = FaultProxy(moto_server)
+def proxy(moto_direct):
+    p = FaultProxy(moto_direct, secrets=SECRETS)
     yield p
     p.close()
 
 
 @pytest.fixture(scope="session")
-def s3plain(moto_server):
+def s3plain(moto_direct):
     """An admin client that uploads without flexible checksums (objects with only an ETag)."""
     import boto3
     from botocore.config import Config
 
-    return boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1",
+    return boto3.client("s3", endpoint_url=moto_direct, region_name="us-east-1",
                         aws_access_key_id="testing", aws_secret_access_key="testing",
                         config=Config(request_checksum_calculation="when_required"))

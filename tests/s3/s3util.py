@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import os
 import re
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -13,9 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from manyfiles.s3 import RetryPolicy
+from manyfiles.s3.keys import STATE_DIR
 
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
          "AWS_DEFAULT_REGION": "us-east-1"}
+SECRETS = {CREDS["AWS_ACCESS_KEY_ID"]: CREDS["AWS_SECRET_ACCESS_KEY"]}   # what the test edges accept
 
 # Fast retries: the tests exercise the retry paths, not the sleeping.
 FAST_RETRY = RetryPolicy(attempts=4, base=0.01, cap=0.05)
@@ -31,7 +35,61 @@ def blob(n: int, seed: str = "") -> bytes:
     return bytes(out[:n])
 
 
+def files_under(root) -> dict[str, bytes]:
+    """Every file under ``root`` but s3pull's state folder: relative path -> content."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != STATE_DIR]
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, root)] = fh.read()
+    return out
+
+
+def put_multipart(client, bucket: str, key: str, parts: list[bytes]) -> bytes:
+    """Upload ``parts`` as one multipart object (ETag ``md5-N``); returns the whole body."""
+    up = client.create_multipart_upload(Bucket=bucket, Key=key)
+    done = []
+    for i, body in enumerate(parts, 1):
+        r = client.upload_part(Bucket=bucket, Key=key, UploadId=up["UploadId"], PartNumber=i, Body=body)
+        done.append({"ETag": r["ETag"], "PartNumber": i})
+    client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up["UploadId"],
+                                     MultipartUpload={"Parts": done})
+    return b"".join(parts)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 # --- fault-injecting proxy ------------------------------------------------------------------------
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def read_body(self) -> bytes | None:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else None
+
+
+def _relay(host: str, port: int, method: str, target: str, body, headers: dict):
+    """One request to ``host:port``: (status, headers, body)."""
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    try:
+        conn.request(method, target, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.getheaders(), resp.read()
+    finally:
+        conn.close()
+
+
+Refusal = tuple[int, str, dict[str, str], bytes]    # status, S3 error code, headers, extra XML
 
 # What each fault kind does to one request (the proxy stays a real HTTP/1.1 server in front of moto).
 CONTENT_FAULTS = ("flip", "wrong-range", "wrong-range-honest", "other-body")
@@ -58,9 +116,20 @@ class FaultProxy:
     ``sse_kms = True`` makes every object look KMS-encrypted, as S3 shows it: the
     ``x-amz-server-side-encryption: aws:kms`` header and an ETag that is not the MD5 of the body,
     consistently in listings, HEAD and GET (If-Match is translated back for moto).
+
+    Behaving like a real S3 edge: ``tls`` (an ``ssl.SSLContext``) serves HTTPS;
+    ``clock_offset`` (seconds) gives the server a clock that far from ours and answers any
+    request whose ``x-amz-date`` is more than 15 minutes from it with 403 RequestTimeTooSkewed
+    (and its ``Date``), as S3 does; ``bucket_region`` answers requests signed for another region
+    with a region redirect (``redirect = "301"``: PermanentRedirect, ``"400"``:
+    AuthorizationHeaderMalformed), with ``x-amz-bucket-region``.  ``refused`` counts those answers.
+    ``secrets`` (access key -> secret) makes it check every signed request's SigV4 signature,
+    as received and before any fault touches it (botocore's S3SigV4Auth recomputes it), and
+    answer 403 SignatureDoesNotMatch / InvalidAccessKeyId otherwise, as S3 would.
     """
 
-    def __init__(self, upstream: str, seed: int = 1234) -> None:
+    def __init__(self, upstream: str, seed: int = 1234, tls=None,
+                 secrets: dict[str, str] | None = None) -> None:
         import random
 
         self.upstream = urlsplit(upstream)
@@ -70,28 +139,34 @@ class FaultProxy:
         self.decoy_path: str | None = None
         self.sse_kms = False
         self.delay = 0.0          # seconds added to every object GET
+        self.clock_offset: float | None = None
+        self.bucket_region: str | None = None
+        self.redirect = "301"
+        self.redirect_always = False    # a server that redirects every request (to test "once")
+        self.secrets = secrets
+        self.signed = 0                 # requests whose signature was checked and right
+        self.checksum_mode_asked = 0    # requests with x-amz-checksum-mode
+        self.refused: list[tuple[str, str, str]] = []    # (method, path, error code)
         self.applied: list[str] = []
         self.requests: list[tuple[str, str, str | None]] = []
         self.lock = threading.Lock()
         proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
+        class Handler(_Handler):
             def _upstream(self, method, path, body, headers):
-                conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=30)
-                conn.request(method, path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-                conn.close()
-                return resp.status, resp.getheaders(), data
+                return _relay(proxy.upstream.hostname, proxy.upstream.port, method, path, body, headers)
 
             def _handle(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
+                body = self.read_body()
+                refusal = proxy._refusal(self.command, self.path, self.headers)
+                if refusal is not None:
+                    with proxy.lock:
+                        proxy.refused.append((self.command, self.path, refusal[1]))
+                    self._refuse(*refusal)
+                    return
+                if self.headers.get("x-amz-checksum-mode"):
+                    with proxy.lock:
+                        proxy.checksum_mode_asked += 1
                 fault = proxy._take(self.command, self.path, self.headers)
                 if proxy.delay and self.command == "GET" and "list-type" not in self.path:
                     time.sleep(proxy.delay)
@@ -169,11 +244,37 @@ class FaultProxy:
                 if self.command != "HEAD":
                     self.wfile.write(data)
 
+            def _refuse(self, status: int, code: str, headers: dict[str, str], extra: bytes) -> None:
+                msg = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>' + code.encode()
+                       + b"</Code><Message>refused by the test edge</Message>" + extra + b"</Error>")
+                body = msg if self.command != "HEAD" else b""
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
             do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _handle
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def finish_request(self, request, client_address):
+                if tls is not None:     # the handshake in the request's thread, not the accept loop
+                    try:
+                        request = tls.wrap_socket(request, server_side=True)
+                    except OSError:     # a client that refused our certificate
+                        with proxy.lock:
+                            proxy.handshakes_refused += 1
+                        return
+                super().finish_request(request, client_address)
+
+        self.handshakes_refused = 0
+        self.server = Server(("127.0.0.1", 0), Handler)
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -194,6 +295,59 @@ class FaultProxy:
         raw = etag.strip('"')
         return f'"{getattr(self, "_etags", {}).get(raw, raw)}"'
 
+    def _refusal(self, method: str, path: str, headers) -> tuple[int, str, dict[str, str], bytes] | None:
+        """(status, code, headers, extra XML) for a request S3 would refuse here, or None."""
+        import calendar
+        import email.utils
+
+        auth = headers.get("Authorization") or ""
+        if self.secrets is not None and auth:
+            code = self._signature_error(method, path, headers, auth)
+            if code:
+                return 403, code, {}, b""
+            with self.lock:
+                self.signed += 1
+        if self.clock_offset is not None and headers.get("X-Amz-Date"):
+            server_now = time.time() + self.clock_offset
+            sent = calendar.timegm(time.strptime(headers["X-Amz-Date"], "%Y%m%dT%H%M%SZ"))
+            if abs(sent - server_now) > 900:
+                date = {"Date": email.utils.formatdate(server_now, usegmt=True)}
+                return 403, "RequestTimeTooSkewed", date, b"<MaxAllowedSkewMilliseconds>900000" \
+                    b"</MaxAllowedSkewMilliseconds>"
+        m = re.search(r"Credential=[^/]+/\d{8}/([^/]+)/s3/", auth)
+        if self.bucket_region and m and (m.group(1) != self.bucket_region or self.redirect_always):
+            where = {"x-amz-bucket-region": self.bucket_region}
+            if self.redirect == "301":
+                return 301, "PermanentRedirect", where, b"<Endpoint>s3.amazonaws.com</Endpoint>"
+            region = f"<Region>{self.bucket_region}</Region>".encode()
+            return 400, "AuthorizationHeaderMalformed", where, region
+        return None
+
+    def _signature_error(self, method: str, path: str, headers, auth: str) -> str | None:
+        import hmac
+
+        from botocore.auth import S3SigV4Auth
+        from botocore.awsrequest import AWSRequest
+        from botocore.credentials import Credentials
+
+        m = re.fullmatch(r"AWS4-HMAC-SHA256 Credential=([^/]+)/\d{8}/([^/]+)/s3/aws4_request, ?"
+                         r"SignedHeaders=([^,]+), ?Signature=([0-9a-f]{64})", auth)
+        if m is None:
+            return "AuthorizationHeaderMalformed"
+        key, region, signed, signature = m.groups()
+        secret = self.secrets.get(key)
+        if secret is None:
+            return "InvalidAccessKeyId"
+        names = signed.split(";")
+        if "host" not in names or any(headers.get(n) is None for n in names):
+            return "SignatureDoesNotMatch"
+        req = AWSRequest(method=method, url=f"http://{headers['Host']}{path}",
+                         headers={n: headers[n] for n in names})
+        req.context["timestamp"] = headers.get("X-Amz-Date", "")
+        signer = S3SigV4Auth(Credentials(key, secret, headers.get("X-Amz-Security-Token")), "s3", region)
+        want = signer.signature(signer.string_to_sign(req, signer.canonical_request(req)), req)
+        return None if hmac.compare_digest(want, signature) else "SignatureDoesNotMatch"
+
     def _take(self, method, path, headers) -> str | None:
         with self.lock:
             for i, (pred, kind) in enumerate(self.faults):
@@ -213,3 +367,123 @@ class FaultProxy:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+# --- TLS and a forward proxy ------------------------------------------------------------------------
+
+def make_ca(folder) -> tuple[str, ssl.SSLContext]:
+    """A fresh CA (its PEM written to ``folder/ca.pem``) and a server context for 127.0.0.1 signed by it."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def cert(subject: str, key, issuer: str, issuer_key, ca: bool):
+        b = (x509.CertificateBuilder()
+             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+             .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+             .public_key(key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(now - datetime.timedelta(hours=1))
+             .not_valid_after(now + datetime.timedelta(days=2))
+             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if ca:
+            b = b.add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False),
+                                critical=True)
+        else:
+            names = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+            b = b.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        return b.sign(issuer_key, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = cert("manyfiles test CA", ca_key, "manyfiles test CA", ca_key, True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    server_cert = cert("127.0.0.1", key, "manyfiles test CA", ca_key, False)
+    pem = lambda c: c.public_bytes(serialization.Encoding.PEM)  # noqa: E731
+    ca_path = os.path.join(folder, "ca.pem")
+    with open(ca_path, "wb") as f:
+        f.write(pem(ca_cert))
+    chain = os.path.join(folder, "server.pem")
+    with open(chain, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+        f.write(pem(server_cert))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(chain)
+    return ca_path, ctx
+
+
+class ForwardProxy:
+    """An HTTP proxy (what HTTP_PROXY / HTTPS_PROXY point at): absolute-form requests are
+    forwarded and recorded in ``requests`` (method, URL); CONNECT opens a tunnel, recorded in
+    ``tunnels`` (host:port)."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str]] = []
+        self.tunnels: list[str] = []
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(_Handler):
+            def do_CONNECT(self) -> None:
+                host, _, port = self.path.rpartition(":")
+                with proxy.lock:
+                    proxy.tunnels.append(self.path)
+                upstream = socket.create_connection((host, int(port)), timeout=30)
+                self.send_response(200, "Connection established")
+                self.end_headers()
+                self.wfile.flush()
+                self.close_connection = True
+                _pump(self.connection, upstream)
+
+            def _forward(self) -> None:
+                u = urlsplit(self.path)
+                with proxy.lock:
+                    proxy.requests.append((self.command, self.path))
+                target = u.path + (f"?{u.query}" if u.query else "")
+                status, headers, data = _relay(u.hostname, u.port, self.command, target, self.read_body(),
+                                               dict(self.headers.items()))
+                self.send_response(status)
+                for k, v in headers:
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _pump(a: socket.socket, b: socket.socket) -> None:
+    """Copy bytes both ways until one side closes."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(a, selectors.EVENT_READ, b)
+    sel.register(b, selectors.EVENT_READ, a)
+    try:
+        while True:
+            for key, _ in sel.select(timeout=60):
+                data = key.fileobj.recv(1 << 16)
+                if not data:
+                    return
+                key.data.sendall(data)
+    except OSError:
+        return
+    finally:
+        sel.close()
+        b.close()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,10 +19,10 @@ import urllib.request
 import uuid
 
 import pytest
-from s3util import blob
+from s3util import blob, free_port, put_multipart
 
 from manyfiles.s3 import ClientSettings, RetryPolicy, pull
-from manyfiles.s3.plan import STRATEGIES
+from manyfiles.s3.routing import STRATEGIES
 from manyfiles.s3.sigv4 import Signer, query_string, uri_path
 
 FAST = RetryPolicy(attempts=3, base=0.002, cap=0.01)
@@ -78,18 +77,12 @@ def test_signer_matches_botocore(key, params, extra, token, monkeypatch):
 
 # --- a moto server that checks signatures -------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def auth_server():
     """moto_server in a subprocess; an IAM user with s3:* is created, then auth is switched on."""
     import boto3
 
-    port = _free_port()
+    port = free_port()
     exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
     proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -121,7 +114,6 @@ def auth_server():
 @pytest.fixture(scope="module")
 def auth_bucket(auth_server):
     import boto3
-    from test_integrity import put_multipart
 
     url, key_id, secret = auth_server
     s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id=key_id,
@@ -221,3 +213,27 @@ def test_ipv6_endpoint(bucket, tmp_path):
             assert (dest / "big.bin").read_bytes() == blob(3 << 20, "v6")
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_suites_server_checks_every_engines_signature(strategy, bucket, moto_server, tmp_path,
+                                                          monkeypatch):
+    """Every s3 test pulls through an edge that checks signatures: a wrong secret is refused
+    by it, for the GETs of every engine (a manifest: no listing first)."""
+    from manyfiles.errors import CredentialsError
+    from manyfiles.s3 import sigv4
+
+    name, put = bucket
+    put("w/x.bin", blob(1000, "x"))
+    manifest = tmp_path / "keys"
+    manifest.write_text("w/x.bin\t1000\n")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    sigv4._sessions.clear()
+    try:
+        with pytest.raises(CredentialsError, match="SignatureDoesNotMatch"):
+            pull(f"s3://{name}/w/", str(tmp_path / "o"), strategy=strategy, manifest=str(manifest),
+                 settings=ClientSettings(endpoint_url=moto_server, region="us-east-1"), retry=FAST,
+                 processes=2, concurrency=2)
+    finally:
+        sigv4._sessions.clear()
+    assert not (tmp_path / "o" / "x.bin").exists()

@@ -10,21 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-from s3util import CREDS, blob
+from s3util import CREDS, blob, files_under
 
 from manyfiles.s3.keys import STATE_DIR
 
 S3PULL = str(Path(sys.executable).parent / "s3pull")
-
-
-def final_files(dest: Path) -> dict[str, bytes]:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(dest):
-        dirnames[:] = [d for d in dirnames if d != STATE_DIR]
-        for f in filenames:
-            p = Path(dirpath) / f
-            out[str(p.relative_to(dest))] = p.read_bytes()
-    return out
 
 
 def test_pull_summary_and_rerun(run_cli, bucket, cli_env, tmp_path):
@@ -34,7 +24,7 @@ def test_pull_summary_and_rerun(run_cli, bucket, cli_env, tmp_path):
     r = run_cli("s3pull", f"s3://{name}/k/", str(dest), env=cli_env)
     assert r.returncode == 0, r.stderr
     assert b"8 downloaded" in r.stderr and b"engines: lean 8" in r.stderr
-    assert final_files(dest) == {k[2:]: v for k, v in data.items()}
+    assert files_under(dest) == {k[2:]: v for k, v in data.items()}
     r = run_cli("s3pull", f"s3://{name}/k/", str(dest), env=cli_env)
     assert r.returncode == 0 and b"0 downloaded" in r.stderr and b"8 skipped" in r.stderr
 
@@ -55,7 +45,7 @@ def test_json_events_and_failures_exit_1(run_cli, bucket, cli_env, tmp_path):
     failed = next(e for e in events if e["event"] == "failed")
     assert failed["key"] == "j/../../etc/passwd" and "unsafe key" in failed["reason"]
     assert (dest / STATE_DIR / "failures.tsv").read_text().startswith("j/../../etc/passwd\t")
-    assert final_files(dest) == {"ok.txt": b"fine"}
+    assert files_under(dest) == {"ok.txt": b"fine"}
 
 
 def test_dry_run_prints_the_plan_and_writes_nothing(run_cli, bucket, cli_env, tmp_path):
@@ -115,7 +105,7 @@ def _ctrl_c_reaches_child() -> None:
 
 
 def _start(proxy_url, name, dest, *extra):
-    env = {**os.environ, **CREDS, "AWS_ENDPOINT_URL": proxy_url, "MANYFILES_RETRY_BASE": "0.01"}
+    env = {**os.environ, **CREDS, "AWS_ENDPOINT_URL": proxy_url, "MANYFILES_TESTING": "retry_base=0.01"}
     return subprocess.Popen([S3PULL, f"s3://{name}/s/", str(dest), "-j", "2", *extra], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=_ctrl_c_reaches_child)
@@ -123,22 +113,29 @@ def _start(proxy_url, name, dest, *extra):
 
 def _wait_for_files(dest: Path, n: int, proc) -> None:
     deadline = time.monotonic() + 60
-    while len(final_files(dest)) < n if dest.exists() else True:
+    while len(files_under(dest)) < n if dest.exists() else True:
         assert proc.poll() is None, proc.stderr.read()
         assert time.monotonic() < deadline
         time.sleep(0.02)
 
 
-def test_kill_9_then_rerun_completes(proxy, bucket, tmp_path):
+def _slow_pull_under_way(proxy, bucket, dest: Path, seed: str, files: int):
+    """30 objects behind a slow proxy; returns (data, the s3pull process) once ``files`` are in."""
     name, put = bucket
-    data = {f"{i:02d}.bin": put(f"s/{i:02d}.bin", blob(30_000 + i, f"k{i}")) for i in range(30)}
+    data = {f"{i:02d}.bin": put(f"s/{i:02d}.bin", blob(30_000 + i, f"{seed}{i}")) for i in range(30)}
     proxy.delay = 0.2  # >= 2.7 s for the rest: the signal lands mid-run even on a loaded machine
-    dest = tmp_path / "out"
     proc = _start(proxy.url, name, dest)
-    _wait_for_files(dest, 4, proc)
+    _wait_for_files(dest, files, proc)
+    return data, proc
+
+
+def test_kill_9_then_rerun_completes(proxy, bucket, tmp_path):
+    name, _ = bucket
+    dest = tmp_path / "out"
+    data, proc = _slow_pull_under_way(proxy, bucket, dest, "k", 4)
     proc.kill()
     proc.wait()
-    got = final_files(dest)
+    got = files_under(dest)
     assert 4 <= len(got) < 30
     assert all(data[k] == v for k, v in got.items())      # no partial file under a final name
     proxy.delay = 0.0
@@ -147,21 +144,17 @@ def test_kill_9_then_rerun_completes(proxy, bucket, tmp_path):
     assert proc.returncode == 0, err
     summary = json.loads(out.decode().splitlines()[-1])
     assert summary["done"] + summary["skipped"] == 30
-    assert final_files(dest) == data
+    assert files_under(dest) == data
     assert [f for f in os.listdir(dest / STATE_DIR / "tmp")] == []
 
 
 def test_ctrl_c_exits_130_without_partial_files(proxy, bucket, tmp_path):
-    name, put = bucket
-    data = {f"{i:02d}.bin": put(f"s/{i:02d}.bin", blob(30_000 + i, f"c{i}")) for i in range(30)}
-    proxy.delay = 0.2  # >= 2.7 s for the rest: the signal lands mid-run even on a loaded machine
     dest = tmp_path / "out"
-    proc = _start(proxy.url, name, dest)
-    _wait_for_files(dest, 3, proc)
+    data, proc = _slow_pull_under_way(proxy, bucket, dest, "c", 3)
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert err.decode().strip().endswith("s3pull: interrupted")
-    got = final_files(dest)
+    got = files_under(dest)
     assert len(got) < 30 and all(data[k] == v for k, v in got.items())
     assert [f for f in os.listdir(dest / STATE_DIR / "tmp") if f.endswith(".tmp")] == []

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from s3util import blob
+from s3util import blob, files_under
 
 from manyfiles.s3.keys import STATE_DIR
 
@@ -21,16 +21,6 @@ def snapshot(root: Path) -> dict[str, bytes]:
         for f in filenames:
             p = Path(dirpath) / f
             out[str(p.relative_to(root))] = p.read_bytes()
-    return out
-
-
-def finals(dest: Path) -> dict[str, bytes]:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(dest):
-        dirnames[:] = [d for d in dirnames if d != STATE_DIR]
-        for f in filenames:
-            p = Path(dirpath) / f
-            out[str(p.relative_to(dest))] = p.read_bytes()
     return out
 
 
@@ -76,7 +66,7 @@ def test_symlink_plants_are_refused_and_nothing_outside_changes(plant, run_cli, 
     assert r.returncode == 1, err
     assert len(err.strip().splitlines()) == 1 and "symlink" in err and "Traceback" not in err
     assert err.startswith("s3pull: ") and STATE_DIR in err
-    assert finals(dest) == {}
+    assert files_under(dest) == {}
 
 
 def test_state_dir_owned_by_someone_else_is_refused(run_cli, bucket, cli_env, tmp_path):
@@ -90,7 +80,7 @@ def test_state_dir_owned_by_someone_else_is_refused(run_cli, bucket, cli_env, tm
     r = run_cli("s3pull", f"s3://{name}/o/", str(dest), env=cli_env)
     err = r.stderr.decode()
     assert r.returncode == 1 and "not owned by" in err and len(err.strip().splitlines()) == 1
-    assert finals(dest) == {}
+    assert files_under(dest) == {}
 
 
 def test_failed_listing_creates_nothing(run_cli, cli_env, tmp_path):
@@ -122,10 +112,10 @@ def test_full_disk_is_one_line_no_wrong_file_and_rerun_completes(strategy, small
     err = r.stderr.decode()
     assert r.returncode == 1, err
     assert "Traceback" not in err and "No space left on device" in err
-    got = finals(dest)
+    got = files_under(dest)
     assert all(data[k] == v for k, v in got.items()) and len(got) < 5
     subprocess.run(["mount", "-o", "remount,size=40m", str(small_disk)], check=True)
     r = run_cli("s3pull", f"s3://{name}/f/", str(dest), "--strategy", strategy, "--part-size", "1MiB",
                 env=cli_env)
     assert r.returncode == 0, r.stderr.decode()
-    assert finals(dest) == data
+    assert files_under(dest) == data

@@ -9,6 +9,7 @@ from s3util import FAST_RETRY, blob
 
 from manyfiles.s3 import ClientSettings, pull
 from manyfiles.s3.keys import STATE_DIR
+from manyfiles.s3.report import Tally
 
 KiB = 1024
 PART = 64 * KiB
@@ -56,7 +57,7 @@ def test_faults_on_ranged_parts(fault, bucket, proxy, via_proxy, tmp_path):
     proxy.faults.append((get_of("r/big.bin", range_start=2 * PART), fault))
     report = pull(f"s3://{name}/r/", str(tmp_path / "o"), settings=via_proxy, **cfg())
     assert proxy.applied == [fault]
-    assert report.failures == [] and report.engines == {"ranged": [1, len(data)]}
+    assert report.failures == [] and report.engines == {"ranged": Tally(1, len(data))}
     assert report.retries == 1
     assert (tmp_path / "o" / "big.bin").read_bytes() == data
 
@@ -68,8 +69,8 @@ def test_persistent_server_errors_fail_that_object_only(bucket, proxy, via_proxy
     proxy.faults.append((get_of("p/bad.bin"), "500-always"))
     dest = tmp_path / "o"
     report = pull(f"s3://{name}/p/", str(dest), settings=via_proxy, **cfg())
-    assert report.done == 1 and [k for k, _ in report.failures] == ["p/bad.bin"]
-    assert "InternalError" in report.failures[0][1]
+    assert report.done == 1 and [f.path for f in report.failures] == ["p/bad.bin"]
+    assert "InternalError" in report.failures[0].reason
     assert report.retries == FAST_RETRY.attempts - 1
     assert proxy.applied.count("500-always") == FAST_RETRY.attempts
     assert (dest / "good.bin").read_bytes() == good
@@ -88,7 +89,7 @@ def test_auth_errors_are_not_retried(bucket, proxy, via_proxy, tmp_path):
     proxy.faults.append((forbid, "403-always"))
     report = pull(f"s3://{name}/a/", str(tmp_path / "o"), settings=via_proxy, **cfg())
     assert report.done == 0 and report.retries == 0
-    assert "AccessDenied" in report.failures[0][1]
+    assert "AccessDenied" in report.failures[0].reason
     assert proxy.applied == ["403-always"]
 
 
@@ -98,7 +99,7 @@ def test_large_object_resumes_by_part(bucket, proxy, via_proxy, tmp_path):
     proxy.faults.append((get_of("big/blob.bin", range_start=4 * PART), "500-always"))
     dest = tmp_path / "o"
     first = pull(f"s3://{name}/big/", str(dest), settings=via_proxy, **cfg())
-    assert [k for k, _ in first.failures] == ["big/blob.bin"]
+    assert [f.path for f in first.failures] == ["big/blob.bin"]
     assert not (dest / "blob.bin").exists()
     parts_files = [f for f in os.listdir(dest / STATE_DIR / "tmp") if f.endswith(".parts")]
     assert len(parts_files) == 1

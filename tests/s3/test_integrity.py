@@ -6,29 +6,16 @@ or listed in the failures, and a clean re-run makes every object exact.
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from s3util import CONTENT_FAULTS, blob
+from s3util import CONTENT_FAULTS, blob, files_under, put_multipart
 
+from manyfiles.errors import IntegrityError
 from manyfiles.s3 import ClientSettings, RetryPolicy, get_objects, pull
-from manyfiles.s3.keys import STATE_DIR
-from manyfiles.s3.plan import STRATEGIES
+from manyfiles.s3.routing import STRATEGIES
 
 KiB, MiB = 1 << 10, 1 << 20
 FAST = RetryPolicy(attempts=4, base=0.002, cap=0.01)
 MATRIX_FAULTS = ("flip", "wrong-range", "reset", "truncate", "503", "ignore-range")
-
-
-def files_under(root) -> dict[str, bytes]:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != STATE_DIR]
-        for f in filenames:
-            p = os.path.join(dirpath, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, root)] = fh.read()
-    return out
 
 
 def object_get(method, path, headers) -> bool:
@@ -38,17 +25,6 @@ def object_get(method, path, headers) -> bool:
 def cfg(**kw):
     return {"ranged_min": 1 * MiB, "part_size": 1 * MiB, "retry": FAST, "concurrency": 4, "processes": 2,
             **kw}
-
-
-def put_multipart(client, bucket: str, key: str, parts: list[bytes]) -> bytes:
-    up = client.create_multipart_upload(Bucket=bucket, Key=key)
-    done = []
-    for i, body in enumerate(parts, 1):
-        r = client.upload_part(Bucket=bucket, Key=key, UploadId=up["UploadId"], PartNumber=i, Body=body)
-        done.append({"ETag": r["ETag"], "PartNumber": i})
-    client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up["UploadId"],
-                                     MultipartUpload={"Parts": done})
-    return b"".join(parts)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +62,7 @@ def test_fault_matrix_never_installs_wrong_bytes(strategy, fault, p, corpus, pro
     want = {k.removeprefix("c/"): v for k, v in data.items()}
     wrong = sorted(k for k, v in got.items() if want.get(k) != v)
     assert wrong == [], f"wrong bytes installed: {wrong}"
-    failed = {k.removeprefix("c/") for k, _ in report.failures}
+    failed = {f.path.removeprefix("c/") for f in report.failures}
     assert failed | set(got) == set(want) and not failed & set(got)
     assert report.done == len(got)
     proxy.random_faults = None
@@ -160,3 +136,48 @@ def test_memory_sink_verifies_too(corpus, proxy):
     got = get_objects(f"s3://{name}/c/", settings=via, **cfg())
     assert sorted(proxy.applied) == ["flip", "flip"]
     assert got == data
+
+
+@pytest.mark.parametrize("alg", ["CRC32", "CRC32C", "CRC64NVME"])
+def test_crc_checked_ranged_objects_combine_per_range_crcs(alg, s3admin, bucket, proxy, tmp_path):
+    """A CRC-checked object fetched in ranges: each range's CRC is taken by the thread that
+    writes it and the pieces are combined; a flipped byte in one range is still caught."""
+    name, _ = bucket
+    data = blob(3 * MiB + 17, alg)
+    s3admin.put_object(Bucket=name, Key=f"x/{alg}.bin", Body=data, ChecksumAlgorithm=alg)
+    proxy.faults.append((lambda m, p, h: m == "GET" and (h.get("Range") or "").startswith(f"bytes={MiB}-"),
+                         "flip"))
+    via = ClientSettings(endpoint_url=proxy.url, region="us-east-1")
+    report = pull(f"s3://{name}/x/", str(tmp_path / "o"), settings=via, **cfg())
+    assert proxy.applied == ["flip"] and report.failures == [] and report.retries >= 1
+    assert report.verified == {alg.lower(): 1}
+    assert (tmp_path / "o" / f"{alg}.bin").read_bytes() == data
+
+
+def test_digest_combines_crc_pieces_written_in_any_order():
+    import base64
+    import random
+    import zlib
+
+    from manyfiles.s3.integrity import Claim, Digest
+
+    data = blob(1_000_003, "pieces")
+    want = base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+    ranges = [(o, min(o + 65536, len(data))) for o in range(0, len(data), 65536)]
+    random.Random(7).shuffle(ranges)
+    d = Digest(Claim("crc32", want), len(data), lambda off, n: data[off:off + n])
+    for i, (a, b) in enumerate(ranges):
+        if i == 3:
+            d.written(a, b - a)            # a resumed part: read back
+            continue
+        feed = d.claim_feed(a)
+        feed.update(data[a:b])
+        d.written(a, b - a, feed)
+    assert d.check() == "crc32"
+    missing = Digest(Claim("crc32", want), len(data), lambda off, n: data[off:off + n])
+    for a, b in ranges[1:]:
+        feed = missing.claim_feed(a)
+        feed.update(data[a:b])
+        missing.written(a, b - a, feed)
+    with pytest.raises(IntegrityError, match="never hashed"):
+        missing.check()

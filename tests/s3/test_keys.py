@@ -6,7 +6,7 @@ import pytest
 
 from manyfiles.errors import UsageError
 from manyfiles.s3.keys import UnsafeKey, local_relpath, make_filter, parse_url
-from manyfiles.s3.plan import PART_SIZE, budget, choose, part_size_for
+from manyfiles.s3.routing import PART_SIZE, budget, choose, part_size_for
 
 
 @pytest.mark.parametrize("key", [

@@ -6,11 +6,11 @@ import hashlib
 import os
 
 import pytest
-from s3util import FAST_RETRY, blob
+from s3util import FAST_RETRY, blob, files_under
 
 from manyfiles.s3 import get_objects, iter_objects, pull
 from manyfiles.s3.keys import STATE_DIR
-from manyfiles.s3.plan import STRATEGIES
+from manyfiles.s3.routing import STRATEGIES
 
 KiB = 1024
 PART = 64 * KiB     # tiny parts so a 200 KiB object is fetched as 4 ranged GETs
@@ -24,17 +24,6 @@ def seed_mixed(put) -> dict[str, bytes]:
     data["data/big.bin"] = put("data/big.bin", blob(200 * KiB + 123, "b"))
     data["data/empty"] = put("data/empty", b"")
     return data
-
-
-def files_under(root) -> dict[str, bytes]:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != STATE_DIR]
-        for f in filenames:
-            p = os.path.join(dirpath, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, root)] = fh.read()
-    return out
 
 
 def small_cfg(**kw):
@@ -56,7 +45,7 @@ def test_every_engine_downloads_exact_bytes(strategy, bucket, settings, tmp_path
     assert report.bytes == sum(len(v) for v in data.values())
     if strategy == "auto":
         assert set(report.engines) == {"lean", "ranged"}
-        assert report.engines["ranged"][0] == 1
+        assert report.engines["ranged"].objects == 1
     else:
         assert set(report.engines) == {strategy}
     # nothing left behind in the temp folder
@@ -91,9 +80,9 @@ def test_hostile_keys_never_escape_dest(bucket, settings, tmp_path):
     put("weird name (1)/ünï ключ.txt", b"unicode")
     dest = tmp_path / "inner" / "out"
     report = pull(f"s3://{name}/", str(dest), settings=settings, **small_cfg())
-    failed = {k for k, _ in report.failures}
+    failed = {f.path for f in report.failures}
     assert failed == set(hostile)
-    assert all("unsafe key" in reason for _, reason in report.failures)
+    assert all("unsafe key" in f.reason and f.code == "unsafe-key" for f in report.failures)
     assert report.skipped == 1            # the directory marker
     assert report.done == 2
     assert files_under(dest) == {"ok/file.txt": b"fine", "weird name (1)/ünï ключ.txt": b"unicode"}
@@ -114,7 +103,7 @@ def test_symlink_inside_dest_is_not_followed(bucket, settings, tmp_path):
     os.symlink(outside, dest / "sub")
     report = pull(f"s3://{name}/", str(dest), settings=settings, **small_cfg())
     assert report.done == 0 and len(report.failures) == 1
-    assert "symlink" in report.failures[0][1]
+    assert "symlink" in report.failures[0].reason
     assert os.listdir(outside) == []
 
 
@@ -141,7 +130,7 @@ def test_downloads_start_while_listing_continues(bucket, settings, tmp_path):
 
     from manyfiles.s3.keys import parse_url
     from manyfiles.s3.listing import list_objects
-    from manyfiles.s3.pull import PullConfig, execute
+    from manyfiles.s3.pull import PullConfig, run
 
     name, put = bucket
     for i in range(12):
@@ -158,7 +147,7 @@ def test_downloads_start_while_listing_continues(bucket, settings, tmp_path):
                     time.sleep(0.01)
             yield info
 
-    kinds = [ev.kind for ev in execute(url, gated(), str(dest), settings=settings,
+    kinds = [ev.kind for ev in run(url, gated(), str(dest), settings=settings,
                                        cfg=PullConfig(retry=FAST_RETRY))]
     assert kinds.count("done") == 12
     assert kinds.index("done") < kinds.index("listed")
@@ -174,9 +163,9 @@ def test_manifest_with_and_without_sizes(bucket, settings, tmp_path):
     report = pull(f"s3://{name}/m/", str(tmp_path / "o"), settings=settings, manifest=str(manifest),
                   **small_cfg())
     assert files_under(tmp_path / "o") == {"a.bin": a, "b.bin": b}
-    assert report.engines.get("ranged", [0])[0] == 1
-    assert [k for k, _ in report.failures] == ["m/missing"]
-    assert "no such key" in report.failures[0][1]
+    assert report.engines["ranged"].objects == 1
+    assert [f.path for f in report.failures] == ["m/missing"]
+    assert "no such key" in report.failures[0].reason
 
 
 def test_object_changed_since_listing_is_a_clear_failure(bucket, settings, tmp_path):
@@ -188,7 +177,7 @@ def test_object_changed_since_listing_is_a_clear_failure(bucket, settings, tmp_p
     report = pull(f"s3://{name}/c/", str(tmp_path / "o"), settings=settings, manifest=str(manifest),
                   **small_cfg())
     assert report.done == 0
-    assert "changed" in report.failures[0][1]
+    assert "changed" in report.failures[0].reason
     assert not (tmp_path / "o" / "x.bin").exists()
 
 
@@ -206,14 +195,15 @@ def test_dry_run_writes_nothing_and_reports_the_plan(bucket, settings, tmp_path)
     name, put = bucket
     data = seed_mixed(put)
     plans = []
-    report = pull(f"s3://{name}/data/", str(tmp_path / "o"), settings=settings, dry_run=True,
-                  on_event=lambda e: plans.append((e.key, e.engine)) if e.kind == "plan" else None,
-                  **small_cfg())
+    plan = pull(f"s3://{name}/data/", str(tmp_path / "o"), settings=settings, dry_run=True,
+                on_event=lambda e: plans.append((e.key, e.engine)) if e.kind == "plan" else None,
+                **small_cfg())
     assert not (tmp_path / "o").exists()
     assert dict(plans)["data/big.bin"] == "ranged"
     assert dict(plans)["data/small/00.txt"] == "lean"
     assert dict(plans)["data/medium.bin"] == "lean"
-    assert sum(v[0] for v in report.planned.values()) == len(data)
+    assert sum(v.objects for v in plan.planned.values()) == len(data)
+    assert {j.key: j.engine for j in plan.objects} == dict(plans)
 
 
 def test_sharded_layout_writes_through_the_shard_library(bucket, settings, tmp_path):

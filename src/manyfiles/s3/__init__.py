@@ -3,36 +3,48 @@
 Public API:
 
 * :func:`pull` -- download ``s3://bucket/prefix`` (wildcards allowed) into a folder;
-  returns a :class:`Report`.
+  returns a :class:`PullReport` (``dry_run=True``: a :class:`PullPlan` to ``execute()``).
+* :func:`plan` -- the dry run: what :func:`pull` would fetch, by which engine.
+* :func:`verify` -- re-hash every file a pull installed against the check it passed.
 * :func:`iter_objects` / :func:`get_objects` -- the same transfer into memory,
   ``(key, bytes)`` pairs or a dict, for notebooks.
 * :class:`ClientSettings` -- profile, region, endpoint, unsigned requests.
 
 Example:
     >>> from manyfiles import s3
-    >>> report = s3.pull("s3://bucket/shards/", "/data/shards")          # doctest: +SKIP
-    >>> blobs = s3.get_objects("s3://bucket/labels/*.json")             # doctest: +SKIP
+    >>> report = s3.pull("s3://bucket/shards/", "/data/shards", progress=True)  # doctest: +SKIP
+    >>> blobs = s3.get_objects("s3://bucket/labels/*.json")                    # doctest: +SKIP
+    >>> s3.verify("/data/shards").raise_for_failures()                         # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.keys import UnsafeKey, local_relpath, parse_url
-from manyfiles.s3.plan import STRATEGIES
-from manyfiles.s3.pull import Event, PullConfig, Report, get_objects, iter_objects, pull
+from manyfiles.s3.pull import Event, PullConfig, PullPlan, get_objects, iter_objects, plan, pull
+from manyfiles.s3.report import PullReport, VerifyReport
 from manyfiles.s3.retry import RetryPolicy
+from manyfiles.s3.routing import STRATEGIES
+from manyfiles.s3.verify import verify
+
+Report = PullReport   # the name before reports shared a base
 
 __all__ = [
     "STRATEGIES",
     "ClientSettings",
     "Event",
     "PullConfig",
+    "PullPlan",
+    "PullReport",
     "Report",
     "RetryPolicy",
     "UnsafeKey",
+    "VerifyReport",
     "get_objects",
     "iter_objects",
     "local_relpath",
     "parse_url",
+    "plan",
     "pull",
+    "verify",
 ]

@@ -43,7 +43,7 @@ class ClientSettings:
 
         return replace(self, endpoint_url=configured_endpoint(self))
 
-    def _config_kwargs(self, pool: int) -> dict[str, Any]:
+    def _config_kwargs(self, pool: int, checksums: bool = True) -> dict[str, Any]:
         UNSIGNED = require("s3", "botocore", S3_FEATURE).UNSIGNED
 
         from manyfiles.s3.sigv4 import aws_config
@@ -58,6 +58,8 @@ class ClientSettings:
             "retries": {"total_max_attempts": 1, "mode": "standard"},
             "s3": {"addressing_style": style},
         }
+        if not checksums:   # botocore would ask for them (and check them) on every GET by default
+            kw["response_checksum_validation"] = "when_required"
         if self.no_sign:
             kw["signature_version"] = UNSIGNED
         return kw
@@ -67,21 +69,22 @@ class ClientSettings:
 
         return boto3.session.Session(profile_name=self.profile, region_name=self.region)
 
-    def client(self, pool: int = 10):
-        """A boto3 S3 client whose connection pool holds ``pool`` connections."""
+    def client(self, pool: int = 10, checksums: bool = True):
+        """A boto3 S3 client whose connection pool holds ``pool`` connections (``checksums=False``:
+        it never asks for flexible checksums on its own)."""
         Config = require("s3", "botocore.config", S3_FEATURE).Config
 
         session = self.boto3_session()
-        config = Config(**self._config_kwargs(pool))
+        config = Config(**self._config_kwargs(pool, checksums))
         return session.client("s3", endpoint_url=self.endpoint_url, config=config,
                               verify=None if self.verify_tls else False)
 
-    def aio_client(self, pool: int = 10):
+    def aio_client(self, pool: int = 10, checksums: bool = True):
         """An aioboto3 client context manager (``async with``) with a ``pool``-sized pool."""
         aioboto3 = require("async", "aioboto3", ASYNC_FEATURE)
         AioConfig = require("async", "aiobotocore.config", ASYNC_FEATURE).AioConfig
 
         session = aioboto3.Session(profile_name=self.profile, region_name=self.region)
-        config = AioConfig(**self._config_kwargs(pool))
+        config = AioConfig(**self._config_kwargs(pool, checksums))
         return session.client("s3", endpoint_url=self.endpoint_url, config=config,
                               verify=None if self.verify_tls else False)

@@ -19,10 +19,13 @@ every byte.  Per-part methods (multipart ETags, composite checksums) need the pa
 one ``HEAD ?partNumber=1`` gives (:func:`part_layout`).
 
 :class:`Digest` hashes what was *written*: engines report each byte range after every byte of
-it reached the target.  Ranges may finish in any order (ranged GETs on several threads); each
-check unit (the object, or one part) is hashed strictly in order: the range at the unit's
-frontier is hashed from the buffer in hand while it streams, the others are read back from the
-target (page cache) when the frontier reaches them.
+it reached the target.  Ranges may finish in any order (ranged GETs on several threads).  CRCs
+combine (``crc(A + B)`` from ``crc(A)``, ``crc(B)`` and ``len(B)``; awscrt does it), so with a
+CRC every range is hashed by the thread that writes it, as it streams, and the pieces are
+combined in order at the end: nothing is read back and nothing is serial.  MD5 and SHA do not
+combine: each check unit (the object, or one part) is hashed strictly in order; the range at the
+unit's frontier is hashed from the buffer in hand while it streams, the others are read back
+from the target (page cache) when the frontier reaches them.
 """
 
 from __future__ import annotations
@@ -69,6 +72,14 @@ class _Crc:
 
     def copy(self) -> _Crc:
         return _Crc(self.fn, self.n, self.value)
+
+
+_COMBINE = {"crc32": "combine_crc32", "crc32c": "combine_crc32c", "crc64nvme": "combine_crc64nvme"}
+
+
+def combiner(method: str):
+    """``combine(crc1, crc2, len2)`` for a CRC method when awscrt has it (0.2x+), else None."""
+    return getattr(_crt, _COMBINE.get(method, ""), None) if _crt is not None else None
 
 
 def new_hash(alg: str):
@@ -203,20 +214,22 @@ async def apart_layout(size: int, etag: str | None, head_part) -> tuple[int, ...
 
 
 class _Unit:
-    __slots__ = ("busy", "end", "frontier", "h", "pending", "start")
+    __slots__ = ("busy", "end", "frontier", "h", "pending", "pieces", "start")
 
     def __init__(self, start: int, end: int, h) -> None:
         self.start, self.end, self.frontier, self.h = start, end, start, h
         self.pending: dict[int, int] = {}
+        self.pieces: dict[int, tuple[int, int]] = {}    # CRC of each range: offset -> (value, length)
         self.busy = False
 
 
 class Digest:
     """Hashes one object's written bytes in check units and checks them against a :class:`Claim`.
 
-    Sequential writers call :meth:`stream`; ranged writers call :meth:`claim` before a range
-    (a feed to hash while streaming, or None), :meth:`written` after every byte of it is in the
-    target, :meth:`release` if it failed.  ``read_back(offset, n)`` returns bytes already written.
+    Sequential writers call :meth:`stream`; ranged writers call :meth:`claim_feed` before a
+    range (a feed to hash while streaming, or None), :meth:`written` after every byte of it is
+    in the target, :meth:`release` if it failed.  ``read_back(offset, n)`` returns bytes already
+    written.
     """
 
     def __init__(self, claim: Claim, size: int | None, read_back: Callable[[int, int], bytes] | None = None):
@@ -224,6 +237,7 @@ class Digest:
         self.lock = threading.Lock()
         self.units: list[_Unit] = []
         self.active = claim.method != SIZE_ONLY
+        self.combine = combiner(claim.method)   # CRCs: every range hashed on its own, combined at the end
         if self.active:
             sizes = claim.parts or ((size or 0,) if size is not None else ())
             pos = 0
@@ -264,9 +278,12 @@ class Digest:
         raise IntegrityError(f"offset {offset} outside the object")
 
     def claim_feed(self, offset: int):
-        """A hasher to feed while writing the range at ``offset``, if it is next in its unit."""
+        """A hasher to feed while writing the range at ``offset``: always for a CRC (its own
+        piece), else only if the range is next in its unit."""
         if not self.active:
             return None
+        if self.combine is not None:
+            return new_hash(self.claim.method)
         u = self._unit(offset)
         with self.lock:
             if u.busy or u.frontier != offset:
@@ -279,6 +296,13 @@ class Digest:
         if not self.active or n == 0:
             return
         u = self._unit(offset)
+        if self.combine is not None:
+            if feed is None:     # a part an earlier run wrote: hash it back now
+                feed = new_hash(self.claim.method)
+                self._read_into(feed, offset, offset + n)
+            with self.lock:
+                u.pieces[offset] = (feed.value, n)
+            return
         if feed is not None:
             with self.lock:
                 u.h = feed
@@ -293,7 +317,7 @@ class Digest:
 
     def release(self, offset: int) -> None:
         """A claimed range failed: give the unit back."""
-        if not self.active:
+        if not self.active or self.combine is not None:
             return
         u = self._unit(offset)
         self._drain(u)
@@ -306,20 +330,37 @@ class Digest:
                     u.busy = False
                     return
                 at = u.frontier
-            h = u.h
-            end = at + n
-            pos = at
-            while pos < end:
-                k = min(READ_BACK, end - pos)
-                data = self.read_back(pos, k)
-                if len(data) != k:
-                    with self.lock:
-                        u.busy = False
-                    raise IntegrityError(f"read back {len(data)} of {k} bytes at offset {pos}")
-                h.update(data)
-                pos += k
+            try:
+                self._read_into(u.h, at, at + n)
+            except IntegrityError:
+                with self.lock:
+                    u.busy = False
+                raise
             with self.lock:
-                u.frontier = end
+                u.frontier = at + n
+
+    def _read_into(self, h, start: int, end: int) -> None:
+        pos = start
+        while pos < end:
+            k = min(READ_BACK, end - pos)
+            data = self.read_back(pos, k)
+            if len(data) != k:
+                raise IntegrityError(f"read back {len(data)} of {k} bytes at offset {pos}")
+            h.update(data)
+            pos += k
+
+    def _combine_pieces(self, u: _Unit) -> None:
+        """A CRC unit's value from its pieces, in order; they must cover it exactly."""
+        value, pos = 0, u.start
+        for offset in sorted(u.pieces):
+            piece, n = u.pieces[offset]
+            if offset != pos:
+                break
+            value = piece if pos == u.start else self.combine(value, piece, n)
+            pos += n
+        if pos != u.end:
+            raise IntegrityError(f"bytes {pos}-{u.end - 1} were never hashed")
+        u.h.value, u.frontier = value, pos
 
     # -- the verdict -----------------------------------------------------------------------------
     def check(self) -> str:
@@ -327,6 +368,10 @@ class Digest:
         c = self.claim
         if not self.active:
             return c.method
+        if self.combine is not None:
+            for u in self.units:
+                if u.pieces or u.frontier == u.start != u.end:
+                    self._combine_pieces(u)
         for u in self.units:
             if u.end >= 0 and u.frontier != u.end:
                 raise IntegrityError(f"bytes {u.frontier}-{u.end - 1} were never hashed")

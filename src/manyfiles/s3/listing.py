@@ -12,10 +12,11 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from manyfiles import iotrace
-from manyfiles.errors import AccessDenied, CredentialsError, ManyfilesError, NotFound, TransferError
+from manyfiles._retry import retrying
+from manyfiles.errors import ManyfilesError, TransferError
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.keys import S3Url
-from manyfiles.s3.retry import RetryPolicy, classify
+from manyfiles.s3.retry import RetryPolicy, classify, listing_error
 from manyfiles.s3.sigv4 import query_string
 
 
@@ -60,48 +61,29 @@ def list_objects_lean(settings: ClientSettings, url: S3Url, *, page_size: int = 
     from urllib.parse import unquote_plus
 
     from manyfiles.s3.engines.lean import LeanClient
-    from manyfiles.s3.http1 import RegionRedirect
-    from manyfiles.s3.sigv4 import Signer, bucket_region, resolve_endpoint, set_region, ssl_context
+    from manyfiles.s3.sigv4 import Route
 
     retry = retry or RetryPolicy()
     where = f"s3://{url.bucket}/{url.prefix}"
-
-    def connect(region: str) -> LeanClient:
-        try:
-            signer = Signer(settings, region)
-        except Exception as exc:
-            raise listing_error(where, classify(exc)) from exc
-        return LeanClient(resolve_endpoint(settings, url.bucket, region), signer, settings.read_timeout,
-                          ssl_context(settings))
-
-    client = connect(bucket_region(settings, url.bucket))
-    redirected = False
+    try:
+        route = Route(settings, url.bucket)
+    except Exception as exc:     # no credentials, no region...
+        raise listing_error(where, classify(exc)) from exc
+    # a region redirect is followed by the client (once), and the route it moved is what the
+    # engines started after this page use
+    client = LeanClient(route, settings.read_timeout)
     params = {"list-type": "2", "prefix": url.prefix, "max-keys": str(page_size), "encoding-type": "url"}
     if start_after:         # keys after this one (s3pull --cluster lists key ranges in parallel)
         params["start-after"] = start_after
     ns = ""
     while True:
         qs = query_string(params)
-        for attempt in range(retry.attempts):
-            tr = iotrace.TRACER
-            t0 = time.monotonic_ns()
-            try:
-                body = client.request_body("GET", client.ep.path_prefix or "/", qs)
-            except Exception as exc:
-                err = client._classify(exc)
-                if tr is not None:
-                    tr.record("s3.list", f"{url.bucket}/{url.prefix}", 0, 0, t0, time.monotonic_ns() - t0,
-                              err.status or -1)
-                if isinstance(err, RegionRedirect) and not redirected:
-                    redirected = True      # the bucket lives elsewhere: follow once, for every engine
-                    set_region(settings, url.bucket, err.region)
-                    client = connect(err.region)
-                    continue
-                if err.retryable and attempt + 1 < retry.attempts:
-                    time.sleep(retry.delay(attempt))
-                    continue
-                raise listing_error(where, err) from exc
-            break
+        t0 = time.monotonic_ns()
+        try:
+            body = retrying(lambda qs=qs: _traced_page(client, url, qs), retry, classify=client._classify)
+        except TransferError as err:
+            raise listing_error(where, err) from err
+        tr = iotrace.TRACER
         root = ET.fromstring(body)
         if not ns and root.tag.startswith("{"):
             ns = root.tag[: root.tag.index("}") + 1]
@@ -120,43 +102,38 @@ def list_objects_lean(settings: ClientSettings, url: S3Url, *, page_size: int = 
         params["continuation-token"] = token
 
 
-_CREDENTIAL_CODES = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
-                     "TokenRefreshRequired", "Unable to locate credentials", "credentials")
-
-
-def listing_error(where: str, err: TransferError) -> ManyfilesError:
-    """The run-stopping error for a listing that failed: NotFound, AccessDenied or CredentialsError."""
-    reason = str(err)
-    if "NoSuchBucket" in reason or (err.status == 404 and "NoSuchKey" not in reason):
-        return NotFound(f"{where}: no such bucket")
-    if any(code in reason for code in _CREDENTIAL_CODES):
-        return CredentialsError(f"{where}: {reason}")
-    if err.status in (401, 403) or "AccessDenied" in reason:
-        return AccessDenied(f"{where}: {reason}")
-    return ManyfilesError(f"{where}: {reason}")
+def _traced_page(client, url: S3Url, qs: str) -> bytes:
+    tr = iotrace.TRACER
+    t0 = time.monotonic_ns()
+    try:
+        return client.request_body("GET", client.ep.path_prefix or "/", qs)
+    except Exception as exc:
+        if tr is not None:
+            status = getattr(exc, "status", 0) or -1
+            tr.record("s3.list", f"{url.bucket}/{url.prefix}", 0, 0, t0, time.monotonic_ns() - t0, status)
+        raise
 
 
 def _list_page(client, url: S3Url, kwargs: dict, retry: RetryPolicy) -> dict:
-    where = f"s3://{url.bucket}/{url.prefix}"
-    for attempt in range(retry.attempts):
+    def page() -> dict:
         tr = iotrace.TRACER
         t0 = time.monotonic_ns()
         try:
-            page = client.list_objects_v2(**kwargs)
+            out = client.list_objects_v2(**kwargs)
         except Exception as exc:
-            err = classify(exc)
             if tr is not None:
                 tr.record("s3.list", f"{url.bucket}/{url.prefix}", 0, 0, t0, time.monotonic_ns() - t0,
-                          err.status or -1)
-            if err.retryable and attempt + 1 < retry.attempts:
-                time.sleep(retry.delay(attempt))
-                continue
-            raise listing_error(where, err) from exc
+                          classify(exc).status or -1)
+            raise
         if tr is not None:
-            n = len(page.get("Contents", ()))
+            n = len(out.get("Contents", ()))
             tr.record("s3.list", f"{url.bucket}/{url.prefix}", n, 0, t0, time.monotonic_ns() - t0, 200)
-        return page
-    raise AssertionError("unreachable")
+        return out
+
+    try:
+        return retrying(page, retry, classify=classify)
+    except TransferError as err:
+        raise listing_error(f"s3://{url.bucket}/{url.prefix}", err) from err
 
 
 def read_manifest(path: str, url: S3Url) -> Iterator[ObjectInfo]:

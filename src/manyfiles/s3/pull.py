@@ -1,10 +1,11 @@
 """list -> plan -> execute -> report for one bulk download.
 
-A producer thread lists the source (or reads the manifest), maps each key to a
-safe local path, skips what a previous run finished, asks :mod:`plan` for an
-engine and submits the job, so downloads start with the first listing page.
-The calling thread consumes the engines' events: it keeps the state file, the
-report and the progress callback, and is where Ctrl-C lands.
+A producer thread lists the source (or reads the manifest, or a plan's objects), maps each
+key to a safe local path, skips what a previous run finished, asks :mod:`plan` for an engine
+and submits the job, so downloads start with the first listing page.  The calling thread
+consumes the engines' events: it keeps the state file, the report and the progress, and is
+where Ctrl-C lands.  A dry run stops after the plan and returns it (:class:`PullPlan`);
+``plan.execute()`` (or ``pull(plan=...)``) fetches exactly its objects later.
 """
 
 from __future__ import annotations
@@ -14,29 +15,32 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
-from manyfiles.errors import ManyfilesError, UsageError
-from manyfiles.s3 import plan as _plan
+from manyfiles._progress import Progress, ProgressArg, check_progress, progress_for
+from manyfiles.errors import IntegrityError, ManyfilesError, PartialFailure, UsageError
+from manyfiles.s3 import routing as _plan
 from manyfiles.s3.client import ClientSettings
-from manyfiles.s3.engines.base import Ctx, Engine, Options
+from manyfiles.s3.engines.base import Ctx, Done, Engine, Failed, Options
+from manyfiles.s3.integrity import SIZE_ONLY, Claim, Digest, claim_for
 from manyfiles.s3.keys import STATE_DIR, S3Url, UnsafeKey, local_relpath, make_filter, parse_url
 from manyfiles.s3.listing import ObjectInfo, list_objects_lean, read_manifest
+from manyfiles.s3.report import PullReport
 from manyfiles.s3.retry import RetryPolicy, classify
 from manyfiles.s3.state import State
 from manyfiles.s3.transfer import Job
 
 MAX_OUTSTANDING = 20_000   # jobs listed but not finished: bounds memory on huge buckets
+LAYOUTS = ("folder", "sharded")
 
 
 class Event(NamedTuple):
     """What ``on_event`` receives.
 
     kind: "plan" (engine chosen; value = part size), "skip" (value = reason), "done" (value = the
-    relative path),
-    "failed" (value = reason), "retry" (value = reason), "bytes" (value = n, no key),
-    "listed" (listing finished; value = number of objects).
+    relative path), "failed" (value = reason), "retry" (value = reason), "bytes" (value = n, no
+    key), "listed" (listing finished; value = number of objects).
     """
 
     kind: str
@@ -44,35 +48,6 @@ class Event(NamedTuple):
     size: int | None
     engine: str | None
     value: Any
-
-
-@dataclass
-class Report:
-    """Outcome of a pull; ``failures`` holds (key, reason) for every object that failed."""
-
-    listed: int = 0
-    done: int = 0
-    skipped: int = 0
-    bytes: int = 0
-    retries: int = 0
-    resumed_parts: int = 0
-    failures: list[tuple[str, str]] = field(default_factory=list)
-    engines: dict[str, list[int]] = field(default_factory=dict)   # engine -> [objects, bytes]
-    planned: dict[str, list[int]] = field(default_factory=dict)   # engine -> [objects, bytes]
-    budget: str = ""
-    elapsed: float = 0.0
-    failures_file: str | None = None
-    dry_run: bool = False
-    verified: dict[str, int] = field(default_factory=dict)   # check method -> objects (md5, size-only...)
-    notes: list[str] = field(default_factory=list)           # why a better check was not possible
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
-
-    @property
-    def rate(self) -> float:
-        return self.bytes / self.elapsed if self.elapsed > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -85,10 +60,56 @@ class PullConfig:
     part_size: int = _plan.PART_SIZE
     verify: bool = True                 # False: size-only (--no-verify)
     verify_existing: bool = False       # re-hash every file the state file calls done
+    checksum_mode: bool = True          # False: never ask for flexible checksums, ETags only
     fsync: bool = False
     layout: str = "folder"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     cache: Any = None                   # a manyfiles.cache.Cache: hits are copied from it, downloads fill it
+
+    def check(self) -> None:
+        """UsageError for a bad value, before anything is listed or created."""
+        if self.strategy not in _plan.STRATEGIES:
+            raise UsageError(f"unknown strategy {self.strategy!r} "
+                             f"(choose from {', '.join(_plan.STRATEGIES)})")
+        if self.layout not in LAYOUTS:
+            raise UsageError(f"unknown layout {self.layout!r} (choose from {', '.join(LAYOUTS)})")
+        for name in ("concurrency", "part_size", "ranged_min"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(f"{name} must be a positive integer, not {value!r}")
+        if not isinstance(self.retry, RetryPolicy):
+            raise UsageError(f"retry must be a manyfiles.s3.RetryPolicy, not {self.retry!r}")
+
+
+@dataclass(kw_only=True)
+class PullPlan(PullReport):
+    """A dry run: what :func:`pull` would fetch (``objects``: one :class:`Job` each, with its
+    engine and part size) and how (:meth:`execute`).
+
+    Executing fetches exactly these objects, each pinned to the ETag it had when planned (an
+    object changed since fails as ``changed``), and re-checks the state first: an object a run
+    finished in the meantime is skipped.  Keys the plan refused stay failures of the execution.
+    """
+
+    dry_run: bool = True
+    source: str = ""
+    dest: str = ""
+    objects: list[Job] = field(default_factory=list, repr=False)
+    settings: ClientSettings = field(default_factory=ClientSettings, repr=False)
+    config: PullConfig = field(default_factory=PullConfig, repr=False)
+
+    def execute(self, *, progress: ProgressArg = False,
+                on_event: Callable[[Event], None] | None = None) -> PullReport:
+        """Fetch the planned objects: ``pull(plan=self)``."""
+        return pull(plan=self, progress=progress, on_event=on_event)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        for name in ("objects", "settings", "config"):
+            out.pop(name, None)
+        out["objects"] = [{"key": j.key, "path": j.rel, "size": j.size, "etag": j.etag, "engine": j.engine,
+                           "part_size": j.part_size} for j in self.objects]
+        return out
 
 
 def _engine_factory(ctx: Ctx, cfg: PullConfig, bud: _plan.Budget) -> Callable[[str], Engine]:
@@ -97,53 +118,83 @@ def _engine_factory(ctx: Ctx, cfg: PullConfig, bud: _plan.Budget) -> Callable[[s
     engines: dict[str, Engine] = {}
 
     def get(name: str) -> Engine:
-        key = name
-        eng = engines.get(key)
+        eng = engines.get(name)
         if eng is None:
-            if key == "async":
+            if name == "async":
                 from manyfiles.s3.engines.aio import AsyncEngine
 
                 eng = AsyncEngine(ctx, bud.small)
-            elif key == "http":
+            elif name == "http":
                 from manyfiles.s3.engines.http import HttpEngine
 
                 eng = HttpEngine(ctx, bud.small)
-            elif key == "sync":
+            elif name == "sync":
                 eng = ThreadsEngine(ctx, 1, name="sync")
-            elif key == "processes":
+            elif name == "processes":
                 from manyfiles.s3.engines.processes import ProcessesEngine
 
                 eng = ProcessesEngine(ctx, bud.processes, max(1, bud.small // bud.processes), cfg.sub_engine)
-            elif key == "ranged":
+            elif name == "ranged":
                 eng = ThreadsEngine(ctx, bud.big or bud.small, name="ranged", transport="lean")
-            elif key == "lean":
+            elif name == "lean":
                 n = bud.small if cfg.strategy == "auto" else bud.big
                 eng = ThreadsEngine(ctx, n, name="lean", transport="lean")
             else:
                 eng = ThreadsEngine(ctx, bud.big or bud.small, name="threads")
-            engines[key] = eng
+            engines[name] = eng
         return eng
 
     get.engines = engines  # type: ignore[attr-defined]
     return get
 
 
-def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings: ClientSettings,
-            cfg: PullConfig, keep: Callable[[str], bool] | None = None, dry_run: bool = False,
-            report: Report | None = None,
-            state_slice: str | None = None) -> Iterator[Event | tuple[str, bytes]]:
+def plan_objects(url: S3Url, objects: Iterable[ObjectInfo], cfg: PullConfig, *,
+                 keep: Callable[[str], bool] | None, final_path: Callable[[str], str],
+                 state: State | None) -> Iterator[tuple[str, Job, Any]]:
+    """The planner: ``("plan", job, part_size)``, ``("skip", job, reason)`` or ``("failed", job,
+    Failed)`` for every object ``keep`` accepts, in listing order.  Pure but for the state check."""
+    for info in objects:
+        if keep is not None and not keep(info.key.removeprefix(url.base)):
+            continue
+        try:
+            rel = local_relpath(info.key, url.base)
+            path = final_path(rel)
+        except UnsafeKey as exc:
+            job = Job(info.key, "", info.size, info.etag)
+            if info.key.endswith("/") and not info.size:
+                yield "skip", job, "directory marker"
+            else:
+                yield "failed", job, Failed(f"unsafe key: {exc}", "unsafe-key")
+            continue
+        if state is not None and state.done and state.is_done(info.key, info.size, info.etag, path,
+                                                              verify=cfg.verify_existing):
+            yield "skip", Job(info.key, rel, info.size, info.etag), "already downloaded"
+            continue
+        engine, part_size = _plan.choose(cfg.strategy, info.size, ranged_min=cfg.ranged_min,
+                                         part_size=cfg.part_size)
+        yield "plan", Job(info.key, rel, info.size, info.etag, engine, part_size), part_size
+
+
+def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings: ClientSettings,
+        cfg: PullConfig, keep: Callable[[str], bool] | None = None, dry_run: bool = False,
+        report: PullReport | None = None,
+        progress: Progress | None = None,
+        state_slice: str | None = None) -> Iterator[Event | tuple[str, bytes]]:
     """The engine room: yields Events, and (key, bytes) pairs when ``dest`` is None (memory).
 
-    ``state_slice``: a cluster slice (``manyfiles.scale.s3pull``) keeps its own state files."""
+    Fills ``report`` (a :class:`PullPlan` also collects the planned jobs) and ``progress``
+    (objects: done + skipped + failed; bytes; totals once the listing ended).
+    ``state_slice``: a cluster slice (``manyfiles.scale.s3pull``) keeps its own state files.
+    """
     from manyfiles.s3.sink import FolderSink, MemorySink
 
-    if cfg.strategy not in _plan.STRATEGIES:
-        raise UsageError(f"unknown strategy {cfg.strategy!r} (choose from {', '.join(_plan.STRATEGIES)})")
+    cfg.check()
     if dest is None and cfg.strategy == "processes":
         raise UsageError("the processes strategy writes files; use async or threads for memory")
-    report = report if report is not None else Report()
+    report = report if report is not None else PullReport()
     report.dry_run = dry_run
-    options = Options(url.bucket, settings, cfg.retry, cfg.verify, dest, cfg.layout, cfg.fsync)
+    options = Options(url.bucket, settings, cfg.retry, cfg.verify, dest, cfg.layout, cfg.fsync,
+                      cfg.checksum_mode)
     procs = cfg.processes or os.cpu_count() or 2
     bud = _plan.budget(cfg.strategy, cfg.concurrency, procs)
     report.budget = bud.describe()
@@ -187,38 +238,22 @@ def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, sett
     def produce() -> None:
         listed = 0
         try:
-            for info in objects:
+            for kind, job, value in plan_objects(url, objects, cfg, keep=keep, final_path=final_path,
+                                                 state=state):
                 if ctx.cancel.is_set():
-                    break
-                if keep is not None and not keep(
-                        info.key[len(url.base):] if info.key.startswith(url.base) else info.key):
-                    continue
+                    return
                 listed += 1
-                job = Job(info.key, "", info.size, info.etag)
-                try:
-                    job.rel = local_relpath(info.key, url.base)
-                    path = final_path(job.rel)
-                except UnsafeKey as exc:
-                    if info.key.endswith("/") and not info.size:
-                        put(("skip", job, "directory marker"))
-                    else:
-                        put(("failed", job, f"unsafe key: {exc}"))
-                    continue
-                if state is not None and state.done and state.is_done(info.key, info.size, info.etag, path,
-                                                                      verify=cfg.verify_existing):
-                    put(("skip", job, "already downloaded"))
-                    continue
-                job.engine, job.part_size = _plan.choose(cfg.strategy, info.size, ranged_min=cfg.ranged_min,
-                                                         part_size=cfg.part_size)
-                put(("plan", job, job.part_size))
-                if dry_run:
+                put((kind, job, value))
+                if kind != "plan" or dry_run:
                     continue
                 while not slots.acquire(timeout=0.5):
                     if ctx.cancel.is_set():
                         return
-                if cfg.cache is not None and _from_cache(cfg.cache, sink, url, info, job):
-                    put(("done", job, "cache"))
-                    continue
+                if cfg.cache is not None and not sink.memory:
+                    hit = _from_cache(cfg, sink, url, job)
+                    if hit is not None:
+                        put(("done", job, hit))
+                        continue
                 get_engine(job.engine).submit(job)
             put(("listed", None, listed))
             for eng in get_engine.engines.values():  # type: ignore[attr-defined]
@@ -228,7 +263,9 @@ def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, sett
         except BaseException as exc:  # re-raised in the consuming thread
             if not isinstance(exc, (ManyfilesError, KeyboardInterrupt)):
                 # e.g. no credentials found, or an engine that could not start
-                exc = ManyfilesError(f"s3://{url.bucket}/{url.prefix}: {classify(exc)}")
+                wrapped = ManyfilesError(f"s3://{url.bucket}/{url.prefix}: {classify(exc)}")
+                wrapped.__cause__ = exc
+                exc = wrapped
             put(("fatal", None, exc))
             return
         put(("end", None, None))
@@ -237,54 +274,62 @@ def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, sett
     producer = threading.Thread(target=produce, name="s3pull-planner", daemon=True)
     producer.start()
     clean = False
+    planned_bytes: int | None = 0
     try:
         while True:
             kind, job, value = ctx.events.get()
             if kind == "bytes":
                 report.bytes += value
+                if progress:
+                    progress.add(bytes=value)
                 yield Event("bytes", None, None, None, value)
             elif kind == "done":
+                outcome: Done = value
                 slots.release()
-                report.done += 1
-                eng = report.engines.setdefault(value, [0, 0])
-                eng[0] += 1
-                eng[1] += job.size or 0
-                report.resumed_parts += job.extra.get("resumed_parts", 0)
-                method = job.extra.get("verified", "size-only")
-                report.verified[method] = report.verified.get(method, 0) + 1
-                note = job.extra.get("note")
-                if note and note not in report.notes:
-                    report.notes.append(note)
+                report.add_done(outcome.engine, outcome.size, outcome.claim.method, outcome.claim.note,
+                                outcome.resumed_parts)
                 if state is not None:
-                    state.record(job.key, job.size or 0, job.etag, job.extra.get("check"),
+                    state.record(job.key, outcome.size, job.etag, outcome.claim.to_record(),
                                  final_path(job.rel))
-                if cfg.cache is not None and value != "cache" and job.etag and job.size is not None \
-                        and not sink.memory:
-                    cfg.cache.import_file(f"s3://{url.bucket}/{job.key}", job.etag, job.size,
+                if cfg.cache is not None and outcome.engine != "cache" and job.etag and not sink.memory:
+                    cfg.cache.import_file(f"s3://{url.bucket}/{job.key}", job.etag, outcome.size,
                                           final_path(job.rel))
-                yield Event("done", job.key, job.size, value, job.rel)
+                if progress:
+                    progress.add(1)
+                yield Event("done", job.key, outcome.size, outcome.engine, job.rel)
             elif kind == "data":
                 yield (job, value)
             elif kind == "plan":
-                p = report.planned.setdefault(job.engine, [0, 0])
-                p[0] += 1
-                p[1] += job.size or 0
+                report.add_planned(job.engine, job.size)
+                if isinstance(report, PullPlan):
+                    report.objects.append(job)
+                if planned_bytes is not None:
+                    planned_bytes = None if job.size is None else planned_bytes + job.size
+                if dry_run and progress:
+                    progress.add(1)
                 yield Event("plan", job.key, job.size, job.engine, value)
             elif kind == "failed":
-                if not dry_run and job.engine and job.rel:
+                failed: Failed = value
+                if not dry_run and job.engine:
                     slots.release()
-                report.failures.append((job.key, value))
-                yield Event("failed", job.key, job.size, job.engine or None, value)
-                if job is not None and job.extra.get("fatal"):
-                    raise ManyfilesError(job.extra["fatal"])
+                report.add_failure(job.key, failed.reason, failed.code)
+                if progress:
+                    progress.add(1, failures=1)
+                yield Event("failed", job.key, job.size, job.engine or None, failed.reason)
+                if failed.stop is not None:
+                    raise failed.stop
             elif kind == "retry":
                 report.retries += 1
                 yield Event("retry", job.key, job.size, job.engine, value)
             elif kind == "skip":
                 report.skipped += 1
+                if progress:
+                    progress.add(1)
                 yield Event("skip", job.key, job.size, None, value)
             elif kind == "listed":
                 report.listed = value
+                if progress:
+                    progress.set(total=value, bytes_total=None if dry_run else planned_bytes)
                 yield Event("listed", None, None, None, value)
             elif kind == "fatal":
                 raise value
@@ -292,7 +337,7 @@ def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, sett
                 clean = True
                 break
     finally:
-        report.elapsed = time.monotonic() - t0
+        report.seconds = time.monotonic() - t0
         if not clean:
             ctx.cancel.set()
             for eng in list(get_engine.engines.values()):  # type: ignore[attr-defined]
@@ -301,38 +346,49 @@ def execute(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, sett
             _close_state(state, report, raising=clean)
 
 
-def _close_state(state: State, report: Report, raising: bool) -> None:
+def _from_cache(cfg: PullConfig, sink: Any, url: S3Url, job: Job) -> Done | None:
+    """``--cache``: install the object from the cache if it holds this version (ETag, size).
+
+    The exported bytes pass the same check a download would where the listing allows one (a
+    single-part ETag is the MD5 of the body); a miss, a short block or a failed check leaves the
+    object to the engines (None)."""
+    if not job.etag or job.size is None:
+        return None
+    try:
+        target = sink.target(job.key, job.rel, job.size, job.etag)
+    except (UnsafeKey, OSError):
+        return None                # the engine reports it
+    claim = claim_for(job.etag, {}, job.size, None) if cfg.verify else Claim(SIZE_ONLY)
+    digest = Digest(claim, job.size, target.read)
+
+    def write(data: bytes) -> None:
+        target.append(data)
+        digest.stream(data)
+
+    try:
+        if cfg.cache.export(f"s3://{url.bucket}/{job.key}", job.etag, job.size, write):
+            digest.check()
+            target.commit()
+            return Done("cache", job.size, claim)
+    except (UnsafeKey, OSError, IntegrityError):
+        pass
+    target.abort()
+    return None
+
+
+def _close_state(state: State, report: PullReport, raising: bool) -> None:
     """Flush the state file and write failures.tsv; a disk error is one ``PATH: reason`` line,
     raised only if nothing else is already being raised."""
     try:
         try:
             state.close()
         finally:
-            report.failures_file = state.write_failures(report.failures)
+            report.failures_file = state.write_failures([(f.path, f.reason) for f in report.failures])
     except ManyfilesError:
         if raising:
             raise
     finally:
         state.release()
-
-
-def _from_cache(cache: Any, sink: Any, url: S3Url, info: ObjectInfo, job: Job) -> bool:
-    """``--cache``: install the object from the cache if it holds this version (ETag, size)."""
-    if not info.etag or info.size is None:
-        return False
-    try:
-        target = sink.target(info.key, job.rel, info.size, info.etag)
-    except (UnsafeKey, OSError):
-        return False                # the engine reports it
-    try:
-        if cache.export(f"s3://{url.bucket}/{info.key}", info.etag, info.size, target.append):
-            target.commit()
-            job.extra["verified"] = "cache"
-            return True
-    except (UnsafeKey, OSError):
-        pass
-    target.abort()
-    return False
 
 
 def _source(url: S3Url, settings: ClientSettings, manifest: str | None, retry: RetryPolicy,
@@ -342,73 +398,137 @@ def _source(url: S3Url, settings: ClientSettings, manifest: str | None, retry: R
     return list_objects_lean(settings, url, retry=retry, page_size=page_size)
 
 
-def pull(source: str, dest: str, *, strategy: str = "auto", concurrency: int = 64, processes: int = 0,
-         include: Iterable[str] = (), exclude: Iterable[str] = (), manifest: str | None = None,
-         layout: str = "folder", dry_run: bool = False, settings: ClientSettings | None = None,
+def _config(**kwargs: Any) -> PullConfig:
+    names = {f.name for f in fields(PullConfig)}
+    unknown = sorted(set(kwargs) - names)
+    if unknown:
+        raise UsageError(f"unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+    cfg = PullConfig(**kwargs)
+    cfg.check()
+    return cfg
+
+
+def _check_call(progress: object, on_event: object) -> None:
+    check_progress(progress)
+    if on_event is not None and not callable(on_event):
+        raise UsageError(f"on_event must be a callable taking an Event, not {on_event!r}")
+
+
+def pull(source: str | None = None, dest: str | os.PathLike | None = None, *, strategy: str = "auto",
+         concurrency: int = 64, processes: int = 0, include: Iterable[str] = (), exclude: Iterable[str] = (),
+         manifest: str | None = None, layout: str = "folder", dry_run: bool = False,
+         settings: ClientSettings | None = None, plan: PullPlan | None = None, progress: ProgressArg = False,
          on_event: Callable[[Event], None] | None = None, page_size: int = 1000, cluster: object = None,
-         **config: Any) -> Report:
+         **config: Any) -> PullReport:
     """Download every object under ``source`` (``s3://bucket/prefix``, wildcards allowed) into ``dest``.
 
-    Returns a :class:`Report`; per-object failures are collected there (and in
-    ``DEST/.s3pull/failures.tsv``), not raised.  ``on_event`` receives every
-    :class:`Event` in the calling thread.  Extra keyword arguments go to
+    Returns a :class:`PullReport`; per-object failures are collected there (and in
+    ``DEST/.s3pull/failures.tsv``), not raised (``report.raise_for_failures()`` does).
+    ``dry_run=True`` lists and plans only and returns a :class:`PullPlan` (a report with the
+    planned objects and ``execute()``); ``plan=`` fetches a plan's objects (``source``, ``dest``
+    and the options come from it).  ``progress``: True for a live display, or a callable taking
+    a :class:`~manyfiles._progress.Snapshot` (objects done/total, bytes).  ``on_event``
+    receives every :class:`Event` in the calling thread.  Extra keyword arguments go to
     :class:`PullConfig` (``verify``, ``verify_existing``, ``fsync``, ``part_size``, ``retry``...).
     ``cluster`` (``"local:N"``, ``"tcp://HOST:8786"``, a ``distributed.Client``): listing and
-    downloads run on Dask workers into the shared ``dest`` (:mod:`manyfiles.scale.s3pull`).
+    downloads run on Dask workers into the shared ``dest`` (:mod:`manyfiles.scale.s3pull`); the
+    result is then a ``ClusterReport`` whose ``result`` is this report merged over every slice.
+    Every argument is checked before anything is listed or created.
 
     Example:
-        >>> report = pull("s3://bucket/images/", "/data/images")   # doctest: +SKIP
+        >>> report = pull("s3://bucket/images/", "/data/images", progress=True)   # doctest: +SKIP
         >>> report.done, report.failures
         (120000, [])
     """
+    _check_call(progress, on_event)
     if cluster is not None:     # key ranges and slices on Dask workers: manyfiles.scale.s3pull
+        if plan is not None:
+            raise UsageError("plan=: not with a cluster (a cluster lists on its workers)")
         from manyfiles.scale.s3pull import pull_on_cluster
 
         return pull_on_cluster(source, dest, cluster=cluster, settings=settings, include=include,
                                exclude=exclude, manifest=manifest, dry_run=dry_run, on_event=on_event,
-                               strategy=strategy, concurrency=concurrency, processes=processes, layout=layout,
-                               **config)
-    url = parse_url(source)
-    settings = (settings or ClientSettings()).resolved()
-    cfg = PullConfig(strategy=strategy, concurrency=concurrency, processes=processes, layout=layout, **config)
-    report = Report()
-    keep = make_filter(tuple(include), tuple(exclude))
-    objects = _source(url, settings, manifest, cfg.retry, page_size)
-    for ev in execute(url, objects, dest, settings=settings, cfg=cfg, keep=keep, dry_run=dry_run,
-                      report=report):
-        if on_event is not None and isinstance(ev, Event):
-            on_event(ev)
+                               progress=progress, strategy=strategy, concurrency=concurrency,
+                               processes=processes, layout=layout, **config)
+    if plan is not None:
+        if not isinstance(plan, PullPlan):
+            raise UsageError(f"plan must come from manyfiles.s3.plan() or pull(dry_run=True), not {plan!r}")
+        if source is not None and source != plan.source:
+            raise UsageError(f"the plan is for {plan.source}, not {source}")
+        if dest is not None and os.path.abspath(dest) != plan.dest:
+            raise UsageError(f"the plan is for {plan.dest}, not {os.fspath(dest)}")
+        url, settings, cfg, dest = parse_url(plan.source), plan.settings, plan.config, plan.dest
+        objects: Iterable[ObjectInfo] = [ObjectInfo(j.key, j.size, j.etag) for j in plan.objects]
+        keep = None
+        report = PullReport(failures=list(plan.failures))
+    else:
+        if source is None or dest is None:
+            raise UsageError("pull needs a source and a destination (or a plan)")
+        url = parse_url(source)
+        cfg = _config(strategy=strategy, concurrency=concurrency, processes=processes, layout=layout,
+                      **config)
+        keep = make_filter(tuple(include), tuple(exclude))
+        settings = (settings or ClientSettings()).resolved()
+        objects = _source(url, settings, manifest, cfg.retry, page_size)
+        report = PullPlan(source=source, dest=os.path.abspath(dest), settings=settings, config=cfg) \
+            if dry_run else PullReport()
+    with progress_for(progress, "s3pull (dry run)" if dry_run else "s3pull", unit="objects") as p:
+        for ev in run(url, objects, os.fspath(dest), settings=settings, cfg=cfg, keep=keep, dry_run=dry_run,
+                      report=report, progress=p):
+            if on_event is not None and isinstance(ev, Event):
+                on_event(ev)
+    if plan is not None:
+        report.listed += len(plan.failures)
     return report
+
+
+def plan(source: str, dest: str | os.PathLike, **kwargs: Any) -> PullPlan:
+    """What :func:`pull` would fetch: ``pull(source, dest, dry_run=True, ...)``; nothing is written."""
+    kwargs.pop("dry_run", None)
+    result = pull(source, dest, dry_run=True, **kwargs)
+    assert isinstance(result, PullPlan)
+    return result
 
 
 def iter_objects(source: str, *, strategy: str = "auto", concurrency: int = 64,
                  include: Iterable[str] = (), exclude: Iterable[str] = (), manifest: str | None = None,
-                 settings: ClientSettings | None = None, errors: str = "raise",
+                 settings: ClientSettings | None = None, errors: str = "raise", progress: ProgressArg = False,
                  **config: Any) -> Iterator[tuple[str, bytes]]:
     """Yield ``(key, bytes)`` for every object under ``source``, in completion order.
 
     Nothing touches the disk.  ``errors="raise"`` raises PartialFailure at the end if
     some objects failed (after yielding all the others); ``"ignore"`` just skips them.
+    ``progress`` as for :func:`pull`.  Arguments are checked when called, before the
+    first object is asked for.
 
     Example:
         >>> for key, data in iter_objects("s3://bucket/labels/*.json"):   # doctest: +SKIP
         ...     labels[key] = json.loads(data)
     """
-    from manyfiles.errors import PartialFailure
-
+    _check_call(progress, None)
+    if errors not in ("raise", "ignore"):
+        raise UsageError(f"errors must be 'raise' or 'ignore', not {errors!r}")
     url = parse_url(source)
-    settings = (settings or ClientSettings()).resolved()
-    cfg = PullConfig(strategy=strategy, concurrency=concurrency, **config)
-    report = Report()
+    cfg = _config(strategy=strategy, concurrency=concurrency, **config)
+    if cfg.strategy == "processes":
+        raise UsageError("the processes strategy writes files; use async or threads for memory")
     keep = make_filter(tuple(include), tuple(exclude))
+    settings = (settings or ClientSettings()).resolved()
+    return _iter_objects(url, settings, manifest, cfg, keep, errors, progress)
+
+
+def _iter_objects(url: S3Url, settings: ClientSettings, manifest: str | None, cfg: PullConfig, keep,
+                  errors: str, progress: ProgressArg) -> Iterator[tuple[str, bytes]]:
+    report = PullReport()
     objects = _source(url, settings, manifest, cfg.retry)
-    for ev in execute(url, objects, None, settings=settings, cfg=cfg, keep=keep, report=report):
-        if not isinstance(ev, Event):
-            yield ev
+    with progress_for(progress, "s3 get_objects", unit="objects") as p:
+        for ev in run(url, objects, None, settings=settings, cfg=cfg, keep=keep, report=report, progress=p):
+            if not isinstance(ev, Event):
+                yield ev
     if report.failures and errors == "raise":
-        key, reason = report.failures[0]
-        raise PartialFailure(f"{len(report.failures)} object(s) failed; first: {key}: {reason}",
-                             report.failures)
+        first = report.failures[0]
+        raise PartialFailure(f"{len(report.failures)} object(s) failed; first: {first.path}: {first.reason}",
+                             report.failures, report)
 
 
 def get_objects(source: str, **kwargs: Any) -> dict[str, bytes]:
@@ -416,4 +536,5 @@ def get_objects(source: str, **kwargs: Any) -> dict[str, bytes]:
     return dict(iter_objects(source, **kwargs))
 
 
-__all__ = ["STATE_DIR", "Event", "PullConfig", "Report", "execute", "get_objects", "iter_objects", "pull"]
+__all__ = ["STATE_DIR", "Event", "PullConfig", "PullPlan", "get_objects", "iter_objects", "plan", "pull",
+           "run"]

@@ -163,7 +163,7 @@ class Signer:
     def __init__(self, settings: ClientSettings, region: str) -> None:
         self.region = region
         self.unsigned = settings.no_sign
-        self.clock_offset = 0.0      # server time - our time, learned from RequestTimeTooSkewed
+        self._settings = settings
         self._creds_source = None
         self._creds = None
         self._creds_at = 0.0
@@ -182,13 +182,19 @@ class Signer:
         self._creds = self._creds_source.get_frozen_credentials()
         self._creds_at = time.monotonic()
 
+    @property
+    def clock_offset(self) -> float:
+        """Server time - our time, learned from a RequestTimeTooSkewed (shared by every signer of
+        these settings, so engines started after the listing sign right from their first request)."""
+        return _clock_offsets.get(self._settings, 0.0)
+
     def correct_clock(self, server_date: str | None) -> None:
         """Take the server's clock (its Date header) after a RequestTimeTooSkewed."""
         if not server_date:
             return
         parsed = email.utils.parsedate(server_date)
         if parsed:
-            self.clock_offset = calendar.timegm(parsed) - time.time()
+            _clock_offsets[self._settings] = calendar.timegm(parsed) - time.time()
 
     def headers(self, host: str, path: str, extra: list[tuple[str, str]] = (), query: str = "",
                 method: str = "GET", now: float | None = None) -> list[tuple[str, str]]:
@@ -199,6 +205,7 @@ class Signer:
             with self._lock:
                 self._refresh()
         creds = self._creds
+        region = self.region    # once: a redirect may move it while we sign
         t = (time.time() + self.clock_offset) if now is None else now
         amzdate = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(t))
         day = amzdate[:8]
@@ -210,25 +217,53 @@ class Signer:
         canon_headers = "".join(f"{k}:{v}\n" for k, v in hdrs)
         signed = ";".join(k for k, _ in hdrs)
         creq = f"{method}\n{path}\n{query}\n{canon_headers}\n{signed}\n{_UNSIGNED}"
-        scope = f"{day}/{self.region}/s3/aws4_request"
+        scope = f"{day}/{region}/s3/aws4_request"
         sts = f"AWS4-HMAC-SHA256\n{amzdate}\n{scope}\n{hashlib.sha256(creq.encode()).hexdigest()}"
-        key = self._signing_key(creds.secret_key, day)
+        key = self._signing_key(creds.secret_key, day, region)
         sig = hmac.new(key, sts.encode(), hashlib.sha256).hexdigest()
         hdrs = [("Host", host)] + [h for h in hdrs if h[0] != "host"]
         hdrs.append(("Authorization", f"AWS4-HMAC-SHA256 Credential={creds.access_key}/{scope}, "
                                       f"SignedHeaders={signed}, Signature={sig}"))
         return hdrs
 
-    def _signing_key(self, secret: str, day: str) -> bytes:
-        cache_key = f"{secret}\0{day}\0{self.region}"
+    def _signing_key(self, secret: str, day: str, region: str) -> bytes:
+        cache_key = f"{secret}\0{day}\0{region}"
         key = self._keys.get(cache_key)
         if key is None:
             k = hmac.new(f"AWS4{secret}".encode(), day.encode(), hashlib.sha256).digest()
-            for part in (self.region, "s3", "aws4_request"):
+            for part in (region, "s3", "aws4_request"):
                 k = hmac.new(k, part.encode(), hashlib.sha256).digest()
             self._keys = {cache_key: k}
             key = k
         return key
+
+
+class Route:
+    """Where the requests for one bucket go and how they are signed, shared by a transport's
+    connections.  A region redirect (301 PermanentRedirect, 400 AuthorizationHeaderMalformed
+    with the bucket's region) moves it once, for every connection and every later engine;
+    connections compare their endpoint with :attr:`ep` and reconnect when it moved."""
+
+    def __init__(self, settings: ClientSettings, bucket: str) -> None:
+        region = bucket_region(settings, bucket)
+        self.settings, self.bucket = settings, bucket
+        self.signer = Signer(settings, region)    # NoCredentialsError when there are none
+        self.ep = resolve_endpoint(settings, bucket, region)
+        self.ssl_ctx = ssl_context(settings) if self.ep.scheme == "https" else None
+        self._lock = threading.Lock()
+
+    @property
+    def region(self) -> str:
+        return self.signer.region
+
+    def relocate(self, region: str) -> None:
+        """The bucket lives in ``region``: sign for it, and send there (on AWS, another host)."""
+        with self._lock:
+            if region == self.signer.region:
+                return          # another connection got there first
+            set_region(self.settings, self.bucket, region)
+            self.ep = resolve_endpoint(self.settings, self.bucket, region)
+            self.signer.region = region
 
 
 def uri_path(prefix: str, key: str) -> str:
@@ -242,6 +277,7 @@ def query_string(params: dict[str, str]) -> str:
 
 
 _regions: dict = {}
+_clock_offsets: dict = {}
 
 
 def bucket_region(settings: ClientSettings, bucket: str) -> str:
@@ -266,5 +302,5 @@ def _bucket_region(settings: ClientSettings, bucket: str) -> str:
     return hdrs.get("x-amz-bucket-region") or client.meta.region_name or "us-east-1"
 
 
-__all__ = ["AwsConfig", "Endpoint", "Signer", "aws_config", "bucket_region", "configured_endpoint",
+__all__ = ["AwsConfig", "Endpoint", "Route", "Signer", "aws_config", "bucket_region", "configured_endpoint",
            "query_string", "resolve_endpoint", "ssl_context", "uri_path"]

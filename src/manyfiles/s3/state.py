@@ -1,7 +1,8 @@
 """The state kept under ``DEST/.s3pull/`` so that a re-run skips finished work, opened safely.
 
 ``state.jsonl``  one line per finished object: key, size, ETag, the check its bytes passed
-                 (method, value, part sizes) and the installed file's inode and mtime
+                 (method, value, part sizes), the installed file's path (relative to DEST),
+                 inode and mtime
 ``tmp/``         temp files (random names, ``O_EXCL``); a large object also keeps
                  ``<random>.parts``: its identity on the first line, then finished part numbers
 ``failures.tsv`` key<TAB>reason for every object that failed in the last run
@@ -210,8 +211,10 @@ class State:
         return True
 
     def record(self, key: str, size: int, etag: str | None, check: dict | None, path: str | None) -> None:
+        """Remember that ``key`` is installed at ``path`` (absolute, under DEST) and passed ``check``."""
         rec = {"k": key, "s": size, "e": etag, **(check or {"m": SIZE_ONLY})}
         if path is not None:
+            rec["r"] = os.path.relpath(path, self.dest)
             with contextlib.suppress(OSError):
                 st = os.stat(path, follow_symlinks=False)
                 rec["i"], rec["t"] = st.st_ino, st.st_mtime_ns

@@ -1,17 +1,18 @@
 """One object or one part: GET, write into a Target, verify.  Shared by all engines.
 
-``Job`` is the unit the planner hands to engines (picklable, for worker processes).
-:class:`WholeBody` is what every whole-object GET does with its body, whatever the transport:
-complete writes into the target, hashing of what was written, and the final checks (length,
-listed size, then the object's :class:`~manyfiles.s3.integrity.Claim`).  The blocking boto3
-GET is here; the asyncio twins live with their engines, in the same order.
+``Job`` is the unit the planner hands to engines (immutable and picklable, for worker
+processes); what a transfer produced comes back as a :class:`Fetched`, never written into
+the job.  :class:`WholeBody` is what every whole-object GET does with its body, whatever the
+transport: complete writes into the target, hashing of what was written, and the final checks
+(length, listed size, then the object's :class:`~manyfiles.s3.integrity.Claim`).  The blocking
+boto3 GET is here; the asyncio twins live with their engines, in the same order.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from manyfiles import iotrace
 from manyfiles.errors import IntegrityError
@@ -21,13 +22,9 @@ from manyfiles.s3.retry import ObjectChanged, TransferError, classify
 CHUNK = 1 << 20
 
 
-@dataclass
+@dataclass(frozen=True)
 class Job:
-    """One object to fetch, with the engine the planner chose for it.
-
-    ``extra`` carries results back to the planner: ``verified`` (the check's method),
-    ``check`` (its record for the state file), ``note``, ``resumed_parts``.
-    """
+    """One object to fetch, with the engine the planner chose for it (``size`` None: unknown)."""
 
     key: str
     rel: str
@@ -35,8 +32,6 @@ class Job:
     etag: str | None
     engine: str = ""
     part_size: int = 0         # > 0: ranged, in parts of this size
-    tries: int = 0
-    extra: dict = field(default_factory=dict)
 
     @property
     def parts(self) -> list[tuple[int, int, int]]:
@@ -46,11 +41,14 @@ class Job:
         n = (self.size + self.part_size - 1) // self.part_size
         return [(i, i * self.part_size, min(self.size, (i + 1) * self.part_size) - 1) for i in range(n)]
 
-    def verified(self, claim: Claim) -> None:
-        self.extra["verified"] = claim.method
-        self.extra["check"] = claim.to_record()
-        if claim.note:
-            self.extra["note"] = claim.note
+
+@dataclass(frozen=True)
+class Fetched:
+    """What one object's transfer produced: its size and the check every byte of it passed."""
+
+    size: int
+    claim: Claim
+    resumed_parts: int = 0     # ranged parts a previous run had finished
 
 
 def needs_layout(job: Job, verify: bool) -> bool:
@@ -74,20 +72,18 @@ class WholeBody:
         self.digest.stream(chunk)       # what was written, in order
         self.n += len(chunk)
 
-    def finish(self, content_length: int | None) -> int:
+    def finish(self, content_length: int | None) -> Fetched:
+        """The final checks: length, listed size, then the claim over every byte written."""
         job = self.job
         expected = content_length if content_length is not None else job.size
         if expected is not None and self.n != expected:
             raise TransferError(f"truncated body: got {self.n} of {expected} bytes", retryable=True)
         if job.size is not None and content_length is not None and content_length != job.size:
             raise ObjectChanged(f"size changed since listing ({job.size} -> {content_length})")
-        if job.size is None:
-            job.size = self.n
-            if self.digest.active and self.digest.units and self.digest.units[-1].end < 0:
-                self.digest.units[-1].end = self.n
+        if job.size is None and self.digest.active and self.digest.units and self.digest.units[-1].end < 0:
+            self.digest.units[-1].end = self.n
         self.digest.check()
-        job.verified(self.claim)
-        return self.n
+        return Fetched(self.n, self.claim)
 
 
 def _trace(op: str, bucket: str, key: str, offset: int, length: int, t0: int, status: int) -> None:
@@ -101,11 +97,20 @@ def head_part_boto3(client, bucket: str, key: str, n: int) -> Mapping[str, str]:
     return resp["ResponseMetadata"]["HTTPHeaders"]
 
 
-def get_whole(client, bucket: str, job: Job, target, *, verify: bool = True, on_bytes=None) -> int:
-    """One GET of the whole object into ``target`` (sequential appends); returns bytes read."""
-    kw = {"Bucket": bucket, "Key": job.key, "ChecksumMode": "ENABLED"}
+def get_kwargs(bucket: str, job: Job, checksum_mode: bool) -> dict:
+    """GetObject arguments for boto3/aioboto3: pinned to the listed ETag, checksums asked for."""
+    kw = {"Bucket": bucket, "Key": job.key}
+    if checksum_mode:
+        kw["ChecksumMode"] = "ENABLED"
     if job.etag:
         kw["IfMatch"] = f'"{job.etag}"'
+    return kw
+
+
+def get_whole(client, bucket: str, job: Job, target, *, verify: bool = True, checksum_mode: bool = True,
+              on_bytes=None) -> Fetched:
+    """One GET of the whole object into ``target`` (sequential appends), checked."""
+    kw = get_kwargs(bucket, job, checksum_mode)
     t0 = time.monotonic_ns()
     status = 0
     body_w = None
@@ -127,13 +132,13 @@ def get_whole(client, bucket: str, job: Job, target, *, verify: bool = True, on_
                     on_bytes(len(chunk))
         finally:
             body.close()
-        body_w.finish(resp.get("ContentLength"))
+        fetched = body_w.finish(resp.get("ContentLength"))
     except Exception as exc:
         err = classify(exc)
         _trace("s3.get", bucket, job.key, 0, body_w.n if body_w else 0, t0, err.status or status or -1)
         raise err from exc
     _trace("s3.get", bucket, job.key, 0, body_w.n, t0, status)
-    return body_w.n
+    return fetched
 
 
 def check_range(status: int, content_range: str | None, start: int, end: int, size: int | None) -> None:
@@ -148,4 +153,5 @@ def check_range(status: int, content_range: str | None, start: int, end: int, si
         raise ObjectChanged(f"size changed since listing ({size} -> {total})")
 
 
-__all__ = ["CHUNK", "IntegrityError", "Job", "WholeBody", "check_range", "get_whole", "needs_layout"]
+__all__ = ["CHUNK", "Fetched", "IntegrityError", "Job", "WholeBody", "check_range", "get_kwargs", "get_whole",
+           "needs_layout"]

@@ -7,7 +7,7 @@ Two kinds of shard, both idempotent:
   :class:`Slice` and the rest of the range cut in two (:mod:`manyfiles.scale.keyranges`).  With
   ``--manifest`` the client reads the manifest and makes the slices itself.
 * :class:`Slice` -- download up to ``slice_keys`` objects with the single-machine engine room
-  (``s3.pull.execute``: the engines chosen by size, temp + rename, checksums, retries) into the
+  (``s3.pull.run``: the engines chosen by size, temp + rename, checksums, retries) into the
   shared DEST.  Its state goes to ``DEST/.s3pull/shards/<slice>.<attempt>.jsonl``, a new file per
   attempt, so workers on several machines never append to one file; a re-run of the slice (its
   worker died, or the whole command again) skips what its earlier attempts installed and
@@ -85,9 +85,9 @@ class PullJob(Job):
         return 0 if isinstance(shard, Slice) else 1      # downloads before more listing
 
     def new_report(self) -> Any:
-        from manyfiles.s3.pull import Report
+        from manyfiles.s3.pull import PullReport
 
-        return Report()
+        return PullReport()
 
     def run(self, shard: Any, publish: Publish) -> ShardResult:
         from manyfiles.s3.keys import parse_url
@@ -118,13 +118,13 @@ class PullJob(Job):
     def _download(self, url: Any, sl: Slice, publish: Publish) -> ShardResult:
         from manyfiles.s3.keys import make_filter
         from manyfiles.s3.listing import ObjectInfo
-        from manyfiles.s3.pull import execute
+        from manyfiles.s3.pull import run
 
         report = self.new_report()
         objects = [ObjectInfo(*o) for o in sl.objects]
         keep = make_filter(self.include, self.exclude)
-        for _ in execute(url, objects, self.dest, settings=self.settings, cfg=self._cfg(), keep=keep,
-                         report=report, state_slice=sl.id):
+        for _ in run(url, objects, self.dest, settings=self.settings, cfg=self._cfg(), keep=keep,
+                     report=report, state_slice=sl.id):
             publish(report.done + report.skipped + len(report.failures), report.bytes, len(report.failures))
         handled = report.done + report.skipped + len(report.failures)
         return ShardResult(report=report, items=handled, bytes=report.bytes)
@@ -137,7 +137,8 @@ class PullJob(Job):
         try:
             state.open(create=False, load=False)
             if report.result is not None:
-                report.result.failures_file = state.write_failures(report.result.failures)
+                report.result.failures_file = state.write_failures(
+                    [(f.path, f.reason) for f in report.result.failures])
         finally:
             state.release()
 

@@ -16,14 +16,13 @@ import time
 from manyfiles.s3.engines.base import Ctx, LoopThreadEngine
 from manyfiles.s3.integrity import apart_layout
 from manyfiles.s3.retry import classify
-from manyfiles.s3.transfer import CHUNK, Job, WholeBody, _trace, needs_layout
+from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, _trace, get_kwargs, needs_layout
 
 
-async def aget_whole(client, bucket: str, job: Job, target, *, verify: bool = True, on_bytes=None) -> int:
+async def aget_whole(client, bucket: str, job: Job, target, *, verify: bool = True,
+                     checksum_mode: bool = True, on_bytes=None) -> Fetched:
     """Async twin of :func:`manyfiles.s3.transfer.get_whole`."""
-    kw = {"Bucket": bucket, "Key": job.key, "ChecksumMode": "ENABLED"}
-    if job.etag:
-        kw["IfMatch"] = f'"{job.etag}"'
+    kw = get_kwargs(bucket, job, checksum_mode)
     t0 = time.monotonic_ns()
     status = 0
     body_w = None
@@ -50,13 +49,13 @@ async def aget_whole(client, bucket: str, job: Job, target, *, verify: bool = Tr
                     on_bytes(len(chunk))
         finally:
             body.close()
-        body_w.finish(resp.get("ContentLength"))
+        fetched = body_w.finish(resp.get("ContentLength"))
     except Exception as exc:
         err = classify(exc)
         _trace("s3.get", bucket, job.key, 0, body_w.n if body_w else 0, t0, err.status or status or -1)
         raise err from exc
     _trace("s3.get", bucket, job.key, 0, body_w.n, t0, status)
-    return body_w.n
+    return fetched
 
 
 class AsyncEngine(LoopThreadEngine):
@@ -69,7 +68,8 @@ class AsyncEngine(LoopThreadEngine):
 
     async def _main(self) -> None:
         try:
-            cm = self.ctx.options.settings.aio_client(pool=self.workers)
+            opts = self.ctx.options
+            cm = opts.settings.aio_client(pool=self.workers, checksums=opts.checksum_mode)
             client = await cm.__aenter__()
         except BaseException as exc:
             self._error = exc
@@ -84,4 +84,5 @@ class AsyncEngine(LoopThreadEngine):
     async def _worker(self, client) -> None:
         opts = self.ctx.options
         await self._serve(lambda job, target: aget_whole(
-            client, opts.bucket, job, target, verify=opts.verify, on_bytes=self.ctx.bytes))
+            client, opts.bucket, job, target, verify=opts.verify, checksum_mode=opts.checksum_mode,
+            on_bytes=self.ctx.bytes))

@@ -4,8 +4,9 @@ An engine receives jobs with ``submit(job)`` from the planner's thread, runs the
 on its own threads/loop/processes, and reports every outcome through the
 :class:`Ctx` (``bytes``, ``retried``, ``done``, ``failed``), which only queues
 events: the thread that called ``pull()`` consumes them (progress, state file,
-report), so engines never share mutable state with it.  ``close()`` waits for
-all submitted jobs.
+report).  Jobs are immutable; what happened travels in the event (:class:`Done`,
+:class:`Failed`), so engines never share mutable state with the consumer.
+``close()`` waits for all submitted jobs.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ import threading
 from dataclasses import dataclass
 
 from manyfiles._retry import aretrying
+from manyfiles.errors import ManyfilesError
 from manyfiles.s3.client import ClientSettings
+from manyfiles.s3.integrity import Claim
 from manyfiles.s3.keys import UnsafeKey
-from manyfiles.s3.retry import LocalError, RetryPolicy, TransferError, classify
+from manyfiles.s3.retry import LocalError, RetryPolicy, TransferError, classify, failure_code, stopping_error
+from manyfiles.s3.transfer import Fetched
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,27 @@ class Options:
     dest: str | None = None          # None: memory
     layout: str = "folder"
     fsync: bool = False
+    checksum_mode: bool = True       # ask for the server's flexible checksums (x-amz-checksum-mode)
+
+
+@dataclass(frozen=True)
+class Done:
+    """A "done" event's outcome: the object is installed (or delivered) and passed ``claim``."""
+
+    engine: str
+    size: int
+    claim: Claim
+    resumed_parts: int = 0
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A "failed" event's outcome; ``stop`` is set when no other object can succeed either
+    (full disk, no such bucket, refused credentials): the run ends with that error."""
+
+    reason: str
+    code: str
+    stop: ManyfilesError | None = None
 
 
 class Ctx:
@@ -51,11 +76,11 @@ class Ctx:
     def retried(self, job, reason: str) -> None:
         self.events.put(("retry", job, reason))
 
-    def done(self, job, engine: str) -> None:
-        self.events.put(("done", job, engine))
+    def done(self, job, outcome: Done) -> None:
+        self.events.put(("done", job, outcome))
 
-    def failed(self, job, reason: str) -> None:
-        self.events.put(("failed", job, reason))
+    def failed(self, job, outcome: Failed) -> None:
+        self.events.put(("failed", job, outcome))
 
 
 def open_target(ctx: Ctx, job, identity: str | None = None):
@@ -63,36 +88,47 @@ def open_target(ctx: Ctx, job, identity: str | None = None):
     try:
         return ctx.sink.target(job.key, job.rel, job.size, job.etag, identity)
     except UnsafeKey as exc:
-        ctx.failed(job, str(exc))
+        fail(ctx, job, exc)
     except OSError as exc:
         fail(ctx, job, classify(exc))
     return None
 
 
-def fail(ctx: Ctx, job, error: BaseException) -> None:
-    """Report ``job`` failed; a full or failing disk also stops the run (``job.extra["fatal"]``)."""
+def fail(ctx: Ctx, job, error: BaseException, code: str | None = None) -> None:
+    """Report ``job`` failed; an error every other object would meet too also stops the run."""
+    stop = None
     if isinstance(error, LocalError) and error.stops_the_run and ctx.options.dest is not None:
-        job.extra["fatal"] = f"{os.path.join(ctx.options.dest, job.rel)}: {error}"
-    ctx.failed(job, str(error))
+        stop = ManyfilesError(f"{os.path.join(ctx.options.dest, job.rel)}: {error}")
+    elif isinstance(error, TransferError):
+        stop = stopping_error(error, f"s3://{ctx.options.bucket}/{job.key}")
+    if stop is not None:
+        stop.__cause__ = error
+    ctx.failed(job, Failed(str(error), code or failure_code(error), stop))
 
 
-def finish(ctx: Ctx, job, target, engine: str, error: BaseException | None, keep: bool = False) -> None:
-    """Commit or abort ``target`` and report the outcome."""
+def finish(ctx: Ctx, job, target, engine: str, fetched: Fetched | None, error: BaseException | None,
+           keep: bool = False) -> None:
+    """Commit or abort ``target`` and report the outcome (``fetched``: what the transfer produced)."""
     if error is None:
+        assert fetched is not None
         try:
             target.commit()
         except UnsafeKey as exc:
             target.abort()
-            ctx.failed(job, str(exc))
+            fail(ctx, job, exc)
             return
         except OSError as exc:
             target.abort()
             fail(ctx, job, classify(exc))
             return
-        ctx.done(job, engine)
+        ctx.done(job, Done(engine, fetched.size, fetched.claim, fetched.resumed_parts))
     else:
         target.abort(keep=keep)
         fail(ctx, job, error)
+
+
+def cancelled(ctx: Ctx, job) -> None:
+    ctx.failed(job, Failed("cancelled", "cancelled"))
 
 
 class Engine:
@@ -124,6 +160,8 @@ class LoopThreadEngine(Engine):
 
     def __init__(self, ctx: Ctx, workers: int) -> None:
         self.ctx, self.workers = ctx, max(1, workers)
+        self._closing = threading.Lock()
+        self._closed = False
 
     def _start(self) -> None:
         self.loop = asyncio.new_event_loop()
@@ -139,8 +177,16 @@ class LoopThreadEngine(Engine):
         self.loop.call_soon_threadsafe(self.q.put_nowait, job)
 
     def close(self) -> None:
-        for _ in range(self.workers):
-            self.loop.call_soon_threadsafe(self.q.put_nowait, None)
+        # the planner closes at the end of the listing while the consumer may kill (an error
+        # that stops the run): the workers get their None once, from whoever comes first
+        with self._closing:
+            first, self._closed = not self._closed, True
+        if first:
+            try:
+                for _ in range(self.workers):
+                    self.loop.call_soon_threadsafe(self.q.put_nowait, None)
+            except RuntimeError:    # the loop already ended (its workers failed to start)
+                pass
         self.thread.join()
 
     def kill(self) -> None:
@@ -164,16 +210,17 @@ class LoopThreadEngine(Engine):
         ctx, opts = self.ctx, self.ctx.options
         while (job := await self.q.get()) is not None:
             if ctx.cancel.is_set():
-                ctx.failed(job, "cancelled")
+                cancelled(ctx, job)
                 continue
             target = open_target(ctx, job)
             if target is None:
                 continue
-            error = None
+            fetched = error = None
             try:
-                await aretrying(lambda job=job, target=target: fetch(job, target), opts.retry,
-                                classify=classify, on_retry=lambda err, job=job: ctx.retried(job, str(err)),
-                                reset=target.reset)
+                fetched = await aretrying(lambda job=job, target=target: fetch(job, target), opts.retry,
+                                          classify=classify,
+                                          on_retry=lambda err, job=job: ctx.retried(job, str(err)),
+                                          reset=target.reset)
             except TransferError as err:
                 error = err
-            finish(ctx, job, target, self.name, error)
+            finish(ctx, job, target, self.name, fetched, error)

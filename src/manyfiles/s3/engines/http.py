@@ -17,36 +17,47 @@ import time
 
 from manyfiles import iotrace
 from manyfiles.s3.engines.base import Ctx, LoopThreadEngine
-from manyfiles.s3.http1 import ClockSkewed, http_error, parse_head, request_head
+from manyfiles.s3.http1 import (
+    ClockSkewed,
+    RegionRedirect,
+    http_error,
+    parse_head,
+    request_head,
+    request_target,
+)
 from manyfiles.s3.integrity import apart_layout
-from manyfiles.s3.retry import TransferError, classify
-from manyfiles.s3.sigv4 import Endpoint, Signer, bucket_region, resolve_endpoint, ssl_context, uri_path
-from manyfiles.s3.transfer import CHUNK, Job, WholeBody, needs_layout
+from manyfiles.s3.retry import TransferError, classify, tls_refusal
+from manyfiles.s3.sigv4 import Endpoint, Route, uri_path
+from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, needs_layout
 
 
 class _Conn:
-    """One keep-alive connection; reopened after any error or `Connection: close`."""
+    """One keep-alive connection on a :class:`Route`; reopened after any error, a
+    `Connection: close`, or when the route moved."""
 
-    def __init__(self, ep: Endpoint, ssl_ctx) -> None:
-        self.ep, self.ssl_ctx = ep, ssl_ctx
+    def __init__(self, route: Route) -> None:
+        self.route = route
+        self.ep: Endpoint = route.ep
+        self.signed: list[tuple[str, str]] = []    # the last request's headers
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
     async def open(self) -> None:
-        ep = self.ep
+        self.ep = ep = self.route.ep
+        ssl_ctx = self.route.ssl_ctx if ep.scheme == "https" else None
         if ep.proxy:
             self.reader, self.writer = await asyncio.open_connection(*ep.proxy, limit=1 << 20)
-            if self.ssl_ctx is not None:
+            if ssl_ctx is not None:
                 self.writer.write(f"CONNECT {ep.connect_host}:{ep.port} HTTP/1.1\r\n"
                                   f"Host: {ep.connect_host}:{ep.port}\r\n\r\n".encode())
                 status, _ = parse_head(await self.reader.readuntil(b"\r\n\r\n"))
                 if status != 200:
                     raise TransferError(f"proxy refused CONNECT (HTTP {status})", retryable=False)
-                await self.writer.start_tls(self.ssl_ctx, server_hostname=ep.connect_host)
+                await self.writer.start_tls(ssl_ctx, server_hostname=ep.connect_host)
             return
         self.reader, self.writer = await asyncio.open_connection(
-            ep.connect_host, ep.port, ssl=self.ssl_ctx,
-            server_hostname=ep.connect_host if self.ssl_ctx else None, limit=1 << 20)
+            ep.connect_host, ep.port, ssl=ssl_ctx, server_hostname=ep.connect_host if ssl_ctx else None,
+            limit=1 << 20)
 
     def close(self) -> None:
         if self.writer is not None:
@@ -54,16 +65,30 @@ class _Conn:
         self.reader = self.writer = None
 
 
-async def _exchange(conn: _Conn, signer: Signer, method: str, path: str, extra: list, query: str,
-                    timeout: float):
-    ep = conn.ep
-    target = f"{path}?{query}" if query else path
-    if ep.proxy and conn.ssl_ctx is None:
-        target = f"http://{ep.host}{target}"
-    request = request_head(method, target, signer.headers(ep.host, path, extra, query=query, method=method))
+async def _exchange(conn: _Conn, method: str, path: str, extra: list, query: str, timeout: float):
+    """Send one request, read the response head: (status, headers).  A region redirect is
+    followed once (the route moves, the request is signed again)."""
+    for redirected in (False, True):
+        status, headers = await _send(conn, method, path, extra, query, timeout)
+        if status in (301, 307, 400) and not redirected:
+            err = await _error_for(conn, status, headers, method, timeout)
+            if isinstance(err, RegionRedirect):
+                conn.route.relocate(err.region)
+                continue
+            raise err
+        return status, headers
+    raise AssertionError("unreachable")
+
+
+async def _send(conn: _Conn, method: str, path: str, extra: list, query: str, timeout: float):
+    if conn.writer is not None and conn.ep is not conn.route.ep:
+        conn.close()
     reused = conn.writer is not None
     if not reused:
         await asyncio.wait_for(conn.open(), timeout)
+    ep = conn.ep
+    conn.signed = conn.route.signer.headers(ep.host, path, extra, query=query, method=method)
+    request = request_head(method, request_target(ep, path, query), conn.signed)
     conn.writer.write(request)
     try:
         head = await asyncio.wait_for(conn.reader.readuntil(b"\r\n\r\n"), timeout)
@@ -78,17 +103,18 @@ async def _exchange(conn: _Conn, signer: Signer, method: str, path: str, extra: 
     return parse_head(head)
 
 
-async def _raise_for(conn: _Conn, signer: Signer, status: int, headers: dict, method: str, timeout: float):
+async def _error_for(conn: _Conn, status: int, headers: dict, method: str, timeout: float) -> TransferError:
+    """The error of a non-2xx answer (its XML document read); the connection is closed."""
     length = int(headers.get("content-length", "-1"))
     body = b""
     if method != "HEAD" and length >= 0:
         with contextlib.suppress(asyncio.IncompleteReadError, asyncio.TimeoutError, OSError):
             body = await asyncio.wait_for(conn.reader.readexactly(min(length, 1 << 16)), timeout)
     conn.close()   # keep-alive after an error is not worth the risk
-    err = http_error(status, body, headers)
+    err = http_error(status, body, headers, conn.signed)
     if isinstance(err, ClockSkewed):
-        signer.correct_clock(err.server_date)
-    raise err
+        conn.route.signer.correct_clock(err.server_date)
+    return err
 
 
 def _classified(exc: BaseException) -> TransferError:
@@ -96,16 +122,16 @@ def _classified(exc: BaseException) -> TransferError:
         return exc
     if isinstance(exc, asyncio.TimeoutError):
         return TransferError("timed out", retryable=True)
-    return classify(exc)
+    return tls_refusal(exc) or classify(exc)
 
 
-async def ahead_lean(conn: _Conn, signer: Signer, job: Job, part_number: int | None, timeout: float) -> dict:
-    path = uri_path(conn.ep.path_prefix, job.key)
+async def ahead_lean(conn: _Conn, job: Job, part_number: int | None, timeout: float) -> dict:
+    path = uri_path(conn.route.ep.path_prefix, job.key)
     try:
-        status, headers = await _exchange(conn, signer, "HEAD", path, [("x-amz-checksum-mode", "ENABLED")],
+        status, headers = await _exchange(conn, "HEAD", path, [],
                                           f"partNumber={part_number}" if part_number else "", timeout)
         if status not in (200, 206):
-            await _raise_for(conn, signer, status, headers, "HEAD", timeout)
+            raise await _error_for(conn, status, headers, "HEAD", timeout)
         if headers.get("connection", "").lower() == "close":
             conn.close()
     except BaseException as exc:
@@ -116,11 +142,11 @@ async def ahead_lean(conn: _Conn, signer: Signer, job: Job, part_number: int | N
     return headers
 
 
-async def aget_lean(conn: _Conn, signer: Signer, bucket: str, job: Job, target, *, verify: bool,
-                    timeout: float, on_bytes=None) -> int:
-    """GET the whole object over ``conn`` into ``target``; raises TransferError."""
-    path = uri_path(conn.ep.path_prefix, job.key)
-    extra = [("x-amz-checksum-mode", "ENABLED")]
+async def aget_lean(conn: _Conn, bucket: str, job: Job, target, *, verify: bool, checksum_mode: bool,
+                    timeout: float, on_bytes=None) -> Fetched:
+    """GET the whole object over ``conn`` into ``target``, checked; raises TransferError."""
+    path = uri_path(conn.route.ep.path_prefix, job.key)
+    extra = [("x-amz-checksum-mode", "ENABLED")] if checksum_mode else []
     if job.etag:
         extra.append(("if-match", f'"{job.etag}"'))
     t0 = time.monotonic_ns()
@@ -130,10 +156,10 @@ async def aget_lean(conn: _Conn, signer: Signer, bucket: str, job: Job, target, 
         layout = None
         if needs_layout(job, verify) and job.size is not None:
             layout = await apart_layout(job.size, job.etag,
-                                        lambda n: ahead_lean(conn, signer, job, n, timeout))
-        status, headers = await _exchange(conn, signer, "GET", path, extra, "", timeout)
+                                        lambda n: ahead_lean(conn, job, n, timeout))
+        status, headers = await _exchange(conn, "GET", path, extra, "", timeout)
         if status != 200:
-            await _raise_for(conn, signer, status, headers, "GET", timeout)
+            raise await _error_for(conn, status, headers, "GET", timeout)
         length = int(headers.get("content-length", "-1"))
         if length < 0:
             raise TransferError("response without Content-Length", retryable=True, status=status)
@@ -151,7 +177,7 @@ async def aget_lean(conn: _Conn, signer: Signer, bucket: str, job: Job, target, 
                 on_bytes(len(chunk))
         if headers.get("connection", "").lower() == "close":
             conn.close()
-        body.finish(length)
+        fetched = body.finish(length)
     except BaseException as exc:
         conn.close()
         if isinstance(exc, asyncio.CancelledError):
@@ -165,7 +191,7 @@ async def aget_lean(conn: _Conn, signer: Signer, bucket: str, job: Job, target, 
     tr = iotrace.TRACER
     if tr is not None:
         tr.record("s3.get", f"{bucket}/{job.key}", 0, body.n, t0, time.monotonic_ns() - t0, status)
-    return body.n
+    return fetched
 
 
 class HttpEngine(LoopThreadEngine):
@@ -175,10 +201,7 @@ class HttpEngine(LoopThreadEngine):
     def __init__(self, ctx: Ctx, workers: int) -> None:
         super().__init__(ctx, workers)
         opts = ctx.options
-        region = bucket_region(opts.settings, opts.bucket)
-        self.signer = Signer(opts.settings, region)
-        self.ep = resolve_endpoint(opts.settings, opts.bucket, region)
-        self.ssl_ctx = ssl_context(opts.settings) if self.ep.scheme == "https" else None
+        self.route = Route(opts.settings, opts.bucket)
         self.timeout = opts.settings.read_timeout
         self._start()
 
@@ -188,10 +211,10 @@ class HttpEngine(LoopThreadEngine):
 
     async def _worker(self) -> None:
         opts = self.ctx.options
-        conn = _Conn(self.ep, self.ssl_ctx)
+        conn = _Conn(self.route)
         try:
             await self._serve(lambda job, target: aget_lean(
-                conn, self.signer, opts.bucket, job, target, verify=opts.verify,
-                timeout=self.timeout, on_bytes=self.ctx.bytes))
+                conn, opts.bucket, job, target, verify=opts.verify,
+                checksum_mode=opts.checksum_mode, timeout=self.timeout, on_bytes=self.ctx.bytes))
         finally:
             conn.close()

@@ -18,10 +18,17 @@ import threading
 import time
 
 from manyfiles import iotrace
-from manyfiles.s3.http1 import ClockSkewed, http_error, parse_head, request_head
-from manyfiles.s3.retry import TransferError, classify
-from manyfiles.s3.sigv4 import Endpoint, Signer, uri_path
-from manyfiles.s3.transfer import CHUNK, Job, WholeBody, check_range
+from manyfiles.s3.http1 import (
+    ClockSkewed,
+    RegionRedirect,
+    http_error,
+    parse_head,
+    request_head,
+    request_target,
+)
+from manyfiles.s3.retry import TransferError, classify, tls_refusal
+from manyfiles.s3.sigv4 import Endpoint, Route, uri_path
+from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, check_range
 
 _MAX_HEAD = 64 << 10
 
@@ -35,23 +42,32 @@ class _LocalError(Exception):
 
 
 class LeanClient:
-    def __init__(self, ep: Endpoint, signer: Signer, timeout: float, ssl_ctx=None) -> None:
-        self.ep, self.signer, self.timeout = ep, signer, timeout
-        self.ssl_ctx = ssl_ctx if ep.scheme == "https" else None
+    """Hand-signed requests for one bucket on thread-local keep-alive connections (see :class:`Route`)."""
+
+    def __init__(self, route: Route, timeout: float, *, checksum_mode: bool = True) -> None:
+        self.route, self.timeout = route, timeout
+        self.checksum_mode = checksum_mode
         self._local = threading.local()
 
+    @property
+    def ep(self) -> Endpoint:
+        return self.route.ep
+
     # -- connection ---------------------------------------------------------------------
-    def _conn(self) -> socket.socket:
+    def _conn(self, ep: Endpoint) -> socket.socket:
         sock = getattr(self._local, "sock", None)
+        if sock is not None and self._local.ep is not ep:   # the route moved (region redirect)
+            self._drop()
+            sock = None
         if sock is None:
-            ep = self.ep
+            ssl_ctx = self.route.ssl_ctx if ep.scheme == "https" else None
             target = ep.proxy or (ep.connect_host, ep.port)
             sock = socket.create_connection(target, timeout=self.timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if ep.proxy and self.ssl_ctx is not None:
+            if ep.proxy and ssl_ctx is not None:
                 _tunnel(sock, ep)
-            if self.ssl_ctx is not None:
-                sock = self.ssl_ctx.wrap_socket(sock, server_hostname=ep.connect_host)
+            if ssl_ctx is not None:
+                sock = ssl_ctx.wrap_socket(sock, server_hostname=ep.connect_host)
                 self._local.flags = 0
             else:
                 # Blocking mode with kernel timeouts, so that MSG_WAITALL fills the whole buffer in
@@ -62,6 +78,7 @@ class LeanClient:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
                 self._local.flags = socket.MSG_WAITALL
             self._local.sock = sock
+            self._local.ep = ep
             self._local.buf = bytearray(CHUNK)
         return sock
 
@@ -72,18 +89,28 @@ class LeanClient:
             with contextlib.suppress(OSError):
                 sock.close()
 
-    def _target(self, path: str, query: str) -> str:
-        t = f"{path}?{query}" if query else path
-        if self.ep.proxy and self.ssl_ctx is None:    # plain HTTP through a proxy: absolute form
-            t = f"http://{self.ep.host}{t}"
-        return t
-
     def _exchange(self, method: str, path: str, extra: list, query: str = ""):
-        """Send one request and read the response head: (sock, status, headers, rest of buffer)."""
-        request = request_head(method, self._target(path, query),
-                               self.signer.headers(self.ep.host, path, extra, query=query, method=method))
+        """Send one request and read the response head: (sock, status, headers, rest of buffer).
+
+        A region redirect is followed once: the route moves, the request is signed again."""
+        for redirected in (False, True):
+            sock, status, headers, rest = self._send(method, path, extra, query)
+            if status in (301, 307, 400) and not redirected:
+                err = self._error(sock, status, headers, rest, method)
+                if isinstance(err, RegionRedirect):
+                    self.route.relocate(err.region)
+                    continue
+                raise err
+            break
+        return sock, status, headers, rest
+
+    def _send(self, method: str, path: str, extra: list, query: str):
+        ep = self.route.ep
+        signed = self.route.signer.headers(ep.host, path, extra, query=query, method=method)
+        self._local.signed = signed
+        request = request_head(method, request_target(ep, path, query), signed)
         reused = getattr(self._local, "sock", None) is not None
-        sock = self._conn()
+        sock = self._conn(ep)
         try:
             sock.sendall(request)
             head, rest = self._read_head(sock)
@@ -92,7 +119,7 @@ class LeanClient:
                 raise
             # the server closed an idle keep-alive connection: not a failure, just reconnect
             self._drop()
-            sock = self._conn()
+            sock = self._conn(ep)
             sock.sendall(request)
             head, rest = self._read_head(sock)
         status, headers = parse_head(head)
@@ -111,9 +138,9 @@ class LeanClient:
                 break
             body += more
         self._drop()
-        err = http_error(status, bytes(body[:want] if want else b""), headers)
+        err = http_error(status, bytes(body[:want] if want else b""), headers, self._local.signed)
         if isinstance(err, ClockSkewed):
-            self.signer.correct_clock(err.server_date)
+            self.route.signer.correct_clock(err.server_date)
         return err
 
     def close(self) -> None:
@@ -163,7 +190,7 @@ class LeanClient:
         """The object's headers (``?partNumber=n``: that part's), checksum mode on."""
         path = uri_path(self.ep.path_prefix, job.key)
         query = f"partNumber={part_number}" if part_number else ""
-        extra = [("x-amz-checksum-mode", "ENABLED")]
+        extra = [("x-amz-checksum-mode", "ENABLED")] if self.checksum_mode else []
         if job.etag and not part_number:
             extra.append(("if-match", f'"{job.etag}"'))
         try:
@@ -179,14 +206,19 @@ class LeanClient:
 
     # -- one GET --------------------------------------------------------------------------
     def get(self, bucket: str, job: Job, target, start: int | None = None, end: int | None = None, *,
-            verify: bool = True, layout: tuple[int, ...] | None = None, feed=None, on_bytes=None) -> int:
+            verify: bool = True, layout: tuple[int, ...] | None = None, feed=None,
+            on_bytes=None) -> Fetched | int:
         """GET the object (or bytes ``start..end``) into ``target``; raises TransferError.
 
-        Whole objects are checked by a :class:`WholeBody`; a range is written at its offset and
-        hashed into ``feed`` (when it is next in its check unit) as it is written.
+        Whole objects are checked by a :class:`WholeBody` (returns :class:`Fetched`); a range is
+        written at its offset and hashed into ``feed`` (when it is next in its check unit) as it
+        is written (returns the bytes written).
         """
         ranged = start is not None
-        extra = [("range", f"bytes={start}-{end}")] if ranged else [("x-amz-checksum-mode", "ENABLED")]
+        if ranged:
+            extra = [("range", f"bytes={start}-{end}")]
+        else:
+            extra = [("x-amz-checksum-mode", "ENABLED")] if self.checksum_mode else []
         if job.etag:
             extra.append(("if-match", f'"{job.etag}"'))
         path = uri_path(self.ep.path_prefix, job.key)
@@ -227,15 +259,14 @@ class LeanClient:
                     on_bytes(got)
             if headers.get("connection", "").lower() == "close":
                 self._drop()
-            if not ranged:
-                write.finish(length)
+            result = n if ranged else write.finish(length)
         except BaseException as exc:
             self._drop()
             err = self._classify(exc)
             _trace(bucket, job.key, ranged, start or 0, n, t0, err.status or status or -1)
             raise err from exc
         _trace(bucket, job.key, ranged, start or 0, n, t0, status)
-        return n
+        return result
 
     @staticmethod
     def _classify(exc: BaseException) -> TransferError:
@@ -243,6 +274,9 @@ class LeanClient:
             return classify(exc.__cause__)
         if isinstance(exc, TransferError):
             return exc
+        refused = tls_refusal(exc)
+        if refused is not None:
+            return refused
         if isinstance(exc, (socket.timeout, BlockingIOError)):
             return TransferError("timed out", retryable=True)
         if isinstance(exc, OSError):   # any socket error: worth another connection

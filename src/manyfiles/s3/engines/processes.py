@@ -17,8 +17,9 @@ import os
 import queue
 import signal
 import threading
+from dataclasses import replace
 
-from manyfiles.s3.engines.base import Ctx, Engine, Options
+from manyfiles.s3.engines.base import Ctx, Done, Engine, Failed, Options
 
 BATCH = 64
 
@@ -57,12 +58,12 @@ class _WorkerCtx(Ctx):
     def retried(self, job, reason: str) -> None:
         self.out.put(("retry", job, reason))
 
-    def done(self, job, engine: str) -> None:
+    def done(self, job, outcome: Done) -> None:
         self._flush_bytes()
-        self.out.put(("done", job, "processes"))
+        self.out.put(("done", job, replace(outcome, engine="processes")))
 
-    def failed(self, job, reason: str) -> None:
-        self.out.put(("failed", job, reason))
+    def failed(self, job, outcome: Failed) -> None:
+        self.out.put(("failed", job, outcome))
 
 
 def _worker_main(options: Options, sub: str, workers: int, inq, outq) -> None:
@@ -149,7 +150,7 @@ class ProcessesEngine(Engine):
             lost = list(self._pending.values())
             self._pending.clear()
         for job in lost:
-            self.ctx.failed(job, "worker process died")
+            self.ctx.failed(job, Failed("worker process died", "worker-died"))
 
     def kill(self) -> None:
         self.ctx.cancel.set()

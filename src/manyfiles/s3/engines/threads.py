@@ -21,17 +21,19 @@ import threading
 
 from manyfiles._retry import retrying
 from manyfiles.errors import IntegrityError
-from manyfiles.s3.engines.base import Ctx, Engine, finish, open_target
+from manyfiles.s3.engines.base import Ctx, Engine, Failed, cancelled, fail, finish, open_target
 from manyfiles.s3.integrity import SIZE_ONLY, Claim, Digest, claim_for, etag_parts, part_layout
 from manyfiles.s3.retry import ObjectChanged, TransferError, classify
-from manyfiles.s3.transfer import Job, get_whole, needs_layout
+from manyfiles.s3.transfer import Fetched, Job, get_whole, needs_layout
 
 
 class _Ranged:
-    """Book-keeping of one object being fetched in ranges."""
+    """Book-keeping of one object being fetched in ranges (``attempt``: whole-object tries so far)."""
 
-    def __init__(self, job: Job, target, claim: Claim, ranges: list[tuple[int, int, int]]) -> None:
+    def __init__(self, job: Job, target, claim: Claim, ranges: list[tuple[int, int, int]], *,
+                 attempt: int = 0, resumed: int = 0) -> None:
         self.job, self.target, self.claim, self.ranges = job, target, claim, ranges
+        self.attempt, self.resumed = attempt, resumed
         self.digest = Digest(claim, job.size, target.read)
         self.remaining = 0
         self.error: TransferError | None = None
@@ -69,25 +71,25 @@ class ThreadsEngine(Engine):
         self.lean = None
         if transport == "lean":
             from manyfiles.s3.engines.lean import LeanClient
-            from manyfiles.s3.sigv4 import Signer, bucket_region, resolve_endpoint, ssl_context
+            from manyfiles.s3.sigv4 import Route
 
-            region = bucket_region(opts.settings, opts.bucket)
-            self.lean = lean = LeanClient(resolve_endpoint(opts.settings, opts.bucket, region),
-                                          Signer(opts.settings, region), opts.settings.read_timeout,
-                                          ssl_context(opts.settings))
+            self.lean = lean = LeanClient(Route(opts.settings, opts.bucket), opts.settings.read_timeout,
+                                          checksum_mode=opts.checksum_mode)
 
-            def whole(job, target):
+            def whole(job, target) -> Fetched:
                 layout = None
                 if needs_layout(job, opts.verify) and job.size is not None:
                     layout = part_layout(job.size, job.etag, lambda n: lean.head(opts.bucket, job, n))
                 return lean.get(opts.bucket, job, target, verify=opts.verify, layout=layout,
                                 on_bytes=ctx.bytes)
-
-            self._get_whole = whole
         else:
-            client = opts.settings.client(pool=self.workers)
-            self._get_whole = lambda job, target: get_whole(client, opts.bucket, job, target,
-                                                            verify=opts.verify, on_bytes=ctx.bytes)
+            client = opts.settings.client(pool=self.workers, checksums=opts.checksum_mode)
+
+            def whole(job, target) -> Fetched:
+                return get_whole(client, opts.bucket, job, target, verify=opts.verify,
+                                 checksum_mode=opts.checksum_mode, on_bytes=ctx.bytes)
+
+        self._get_whole = whole
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         # jobs submitted and not ended: a probe or a failed check queues more work, so close()
         # waits for these before it sends the workers home
@@ -142,7 +144,7 @@ class ThreadsEngine(Engine):
                     ended = self._part(obj, part)
             except BaseException as exc:
                 job = obj if kind != "part" else obj.job
-                ctx.failed(job, f"internal error: {type(exc).__name__}: {exc}")
+                ctx.failed(job, Failed(f"internal error: {type(exc).__name__}: {exc}", "internal"))
                 ended = kind != "part"
             if ended:
                 self._ended()
@@ -154,23 +156,23 @@ class ThreadsEngine(Engine):
     def _whole(self, job: Job) -> None:
         ctx = self.ctx
         if ctx.cancel.is_set():
-            ctx.failed(job, "cancelled")
+            cancelled(ctx, job)
             return
         target = open_target(ctx, job)
         if target is None:
             return
-        error = None
+        fetched = error = None
         try:
-            self._retrying(lambda: self._get_whole(job, target), job, reset=target.reset)
+            fetched = self._retrying(lambda: self._get_whole(job, target), job, reset=target.reset)
         except TransferError as err:
             error = err
-        finish(ctx, job, target, "ranged" if self.name == "ranged" else self.name, error)
+        finish(ctx, job, target, self.name, fetched, error)
 
     def _probe(self, job: Job) -> bool:
         """HEAD the object, choose its check and ranges, open (or resume) its temp file, queue ranges."""
         ctx, opts, lean = self.ctx, self.ctx.options, self.lean
         if ctx.cancel.is_set():
-            ctx.failed(job, "cancelled")
+            cancelled(ctx, job)
             return True
 
         def probe() -> Claim:
@@ -186,7 +188,7 @@ class ThreadsEngine(Engine):
         try:
             claim = self._retrying(probe, job)
         except TransferError as err:
-            ctx.failed(job, str(err))
+            fail(ctx, job, err)
             return True
         ranges = ranges_for(job.size, job.part_size, claim)
         identity = json.dumps([job.key, job.etag, job.size, [r[1] for r in ranges[:2]], len(ranges)],
@@ -203,8 +205,7 @@ class ThreadsEngine(Engine):
             target.forget_parts()
             tracker = _Ranged(job, target, claim, ranges)
         todo = [r for r in ranges if r[0] not in target.resumable_parts]
-        if len(todo) < len(ranges):
-            job.extra["resumed_parts"] = len(ranges) - len(todo)
+        tracker.resumed = len(ranges) - len(todo)
         if not todo:
             return self._verdict(tracker)
         tracker.remaining = len(todo)
@@ -250,13 +251,12 @@ class ThreadsEngine(Engine):
         if err is None:
             try:
                 tracker.digest.check()
-                job.verified(tracker.claim)
             except IntegrityError as exc:
-                job.tries += 1
-                if job.tries < ctx.options.retry.attempts and not ctx.cancel.is_set():
+                if tracker.attempt + 1 < ctx.options.retry.attempts and not ctx.cancel.is_set():
                     ctx.retried(job, str(exc))
                     tracker.target.forget_parts()
-                    again = _Ranged(job, tracker.target, tracker.claim, tracker.ranges)
+                    again = _Ranged(job, tracker.target, tracker.claim, tracker.ranges,
+                                    attempt=tracker.attempt + 1)
                     again.remaining = len(again.ranges)
                     for r in again.ranges:
                         self.q.put(("part", again, r))
@@ -264,5 +264,6 @@ class ThreadsEngine(Engine):
                 err = exc
         # keep finished parts for a re-run unless the object changed or failed its check
         keep = err is not None and not isinstance(err, (ObjectChanged, IntegrityError))
-        finish(ctx, job, tracker.target, "ranged", err, keep=keep)
+        fetched = Fetched(job.size, tracker.claim, tracker.resumed) if err is None else None
+        finish(ctx, job, tracker.target, "ranged", fetched, err, keep=keep)
         return True
