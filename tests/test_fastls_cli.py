@@ -217,3 +217,62 @@ def test_closed_pipe_during_a_tree_walk_is_not_an_error(tmp_path: Path) -> None:
         proc = subprocess.run(["bash", "-c", script], capture_output=True, timeout=60)
         assert (proc.returncode, proc.stderr) == (0, b"")
         assert len(proc.stdout.splitlines()) == 1
+
+
+@pytest.mark.parametrize("recursive", [False, True])
+def test_library_run_returns_the_shared_report(odd: Path, tmp_path: Path, recursive: bool) -> None:
+    """fastls.run: a Report like every tool's (failures as Failure with an errno code, ok,
+    raise_for_failures, str), and progress=callable receives Snapshots of the entries so far."""
+    import tempfile
+
+    from manyfiles import fastls
+    from manyfiles._progress import Snapshot
+    from manyfiles.errors import PartialFailure
+
+    missing = str(tmp_path / "missing")
+    seen: list[Snapshot] = []
+    with tempfile.TemporaryFile() as out:  # not in odd (= tmp_path)
+        report = fastls.run(ListRequest(paths=(str(odd), missing), recursive=recursive), out.fileno(),
+                            progress=seen.append)
+        out.seek(0)
+        listed = out.read().count(b"\n") - sum(n.count(b"\n") for n in ODD_NAMES)
+    total = len(ODD_NAMES) + 2 + (1 if recursive else 0)  # + sub, link (+ sub/inner)
+    assert report.entries == listed == total and report.counts == {str(odd): total}
+    assert [(f.path, f.code) for f in report.failures] == [(missing, "ENOENT")] and not report.ok
+    assert str(report).startswith(f"listed {total:,} entries in ")
+    assert f"  {missing}: No such file" in str(report)
+    with pytest.raises(PartialFailure):
+        report.raise_for_failures()
+    assert seen and seen[-1].finished and seen[-1].done == total and seen[-1].failures == 1
+    flat = fastls.run(ListRequest(paths=(str(odd),), count_only=True), 1)
+    assert flat.ok and flat.to_dict()["entries"] == len(ODD_NAMES) + 2
+
+
+def test_progress_on_a_terminal_uses_the_shared_display(tmp_path: Path) -> None:
+    """--progress: the shared rich bar (manyfiles._progress) on a terminal, nothing elsewhere."""
+    import pty
+    import select
+
+    for i in range(30):
+        (tmp_path / "t" / f"d{i}").mkdir(parents=True)
+        for j in range(20):
+            (tmp_path / "t" / f"d{i}" / f"f{j}").touch()
+    fastls = str(Path(sys.executable).parent / "fastls")
+    plain = subprocess.run([fastls, "-r", "-c", "--progress", str(tmp_path / "t")], capture_output=True)
+    assert (plain.returncode, plain.stdout, plain.stderr) == (0, b"630\n", b"")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([fastls, "-r", "--progress", str(tmp_path / "t")], stderr=slave,
+                            stdout=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "120"})
+    os.close(slave)
+    seen = b""
+    while select.select([master], [], [], 60)[0]:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    assert proc.wait(timeout=60) == 0
+    assert b"fastls" in seen and b"630 entries" in seen, seen

@@ -64,6 +64,30 @@ def test_small_and_large_buffers(odd_dir: Path, backend: str, bufsize: int) -> N
     assert mf.count(str(odd_dir), bufsize=bufsize, backend=backend) == len(os.listdir(odd_dir))
 
 
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_iter_entries_of_an_open_directory_fd(tmp_path: Path, backend: str) -> None:
+    """An fd lists exactly the directory it was opened on (fastrm's fallback engine walks its own
+    O_NOFOLLOW fds): even after the path was renamed away and replaced by a symlink, from the
+    start every time, and the fd (its offset, its ownership) stays the caller's."""
+    moved = tmp_path / "moved"
+    (moved / "subdir").mkdir(parents=True)
+    for i in range(500):  # several batches of a 4 KiB buffer
+        (moved / f"f{i:03d}-{'x' * 40}").touch()
+    os.symlink("f000", moved / "link")
+    fd = os.open(moved, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.rename(moved, tmp_path / "elsewhere")
+        os.symlink("/usr", moved)
+        want = sorted(os.listdir(tmp_path / "elsewhere"))
+        first = list(mf.iter_entries(fd, backend=backend, bufsize=4096))
+        again = [e.name for e in mf.iter_entries(fd, backend=backend)]
+        assert sorted(e.name for e in first) == sorted(again) == want
+        assert {e.name: e.type for e in first}["subdir"] == "d"
+        assert os.lseek(fd, 0, os.SEEK_CUR) == 0
+    finally:
+        os.close(fd)
+
+
 def test_bufsize_below_minimum_is_refused(odd_dir: Path) -> None:
     with pytest.raises(ValueError, match="280"):
         mf.listdir(str(odd_dir), bufsize=279)
@@ -245,27 +269,3 @@ def test_memory_does_not_grow_over_repeated_listings(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code, str(d)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout) < 10 * 1024  # KiB
-
-
-def test_unlink_files_removes_non_directories_only(tmp_path: Path) -> None:
-    """The C fast path behind fastrm: files and symlinks go (targets untouched), directories
-    come back, and a limit splits the work into resumable calls."""
-    target = tmp_path / "target"
-    target.write_text("keep me")
-    d = tmp_path / "d"
-    d.mkdir()
-    for i in range(3000):
-        (d / f"f{i}").touch()
-    (d / "sub").mkdir()
-    os.symlink(target, d / "link")
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        first = listing._dents.unlink_files(fd, 4096, 500)
-        rest = listing._dents.unlink_files(fd, 4096)
-    finally:
-        os.close(fd)
-    assert first[1] is False and first[0] >= 500
-    assert rest[1] is True
-    assert first[0] + rest[0] == 3001
-    assert first[2] + rest[2] == ["sub"] and first[3] == rest[3] == []
-    assert os.listdir(d) == ["sub"] and target.read_text() == "keep me"

@@ -1,4 +1,9 @@
-"""manyfiles.remove_tree / purge on real trees (library level)."""
+"""manyfiles.remove_tree / purge on real trees (library level).
+
+Every test runs on both engines: the C walker (where the core is built: the default) and the
+Python engine (what runs without the core), switched by the test knob
+``manyfiles._testing.remove_engine``.  Both must give the same results.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +21,26 @@ import pytest
 
 import manyfiles as mf
 import manyfiles.remove
-from manyfiles import _fsops
+from globcases import NAMES, PATTERNS, expected, make_files, selects
+from manyfiles import _fsops, _testing
 from manyfiles._progress import Snapshot
 from manyfiles.errors import UsageError
+from manyfiles.remove import _walker
+
+ENGINES = ["c", "python"] if _walker.NATIVE else ["python"]
+if os.environ.get("MANYFILES_REQUIRE_C_EXTENSION") == "1":
+    assert _walker.NATIVE, "the C core (with remove_tree) must be built"
+
+
+@pytest.fixture(autouse=True, params=ENGINES)
+def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which removal engine the test runs on (``knobs`` gives it to a subprocess)."""
+    monkeypatch.setattr(_testing, "remove_engine", None if request.param == "c" else "python")
+    return request.param
+
+
+def knobs(engine: str) -> str:
+    return "" if engine == "c" else "remove_engine=python"
 
 
 def make_tree(root: Path, n: int, levels: int = 2) -> tuple[int, int]:
@@ -230,7 +252,7 @@ def test_rmdir_gives_up_after_retries_with_a_clear_reason(tmp_path: Path) -> Non
         report.raise_for_failures()
 
 
-def test_permission_denied_deep_in_tree_rest_still_removed(tmp_path: Path) -> None:
+def test_permission_denied_deep_in_tree_rest_still_removed(tmp_path: Path, engine: str) -> None:
     root = tmp_path / "tree"
     make_tree(root, 300)
     locked = root / "deep" / "locked"
@@ -240,12 +262,13 @@ def test_permission_denied_deep_in_tree_rest_still_removed(tmp_path: Path) -> No
     (root / "deep" / "sibling").touch()
     locked.chmod(0o555)
     code = (
-        "import json, sys, manyfiles as mf; r = mf.remove_tree(sys.argv[1], workers=4); "
+        "import json, sys, manyfiles as mf; from manyfiles import _testing; _testing.configure(sys.argv[2]); "
+        "r = mf.remove_tree(sys.argv[1], workers=4); "
         "print(json.dumps({'files': r.files, 'failures': [[f.path, f.code] for f in r.failures]}))"
     )
     try:
         out = subprocess.run(
-            [*not_root_cmd(), sys.executable, "-c", code, str(root)],
+            [*not_root_cmd(), sys.executable, "-c", code, str(root), knobs(engine)],
             capture_output=True,
             check=True,
             timeout=120,
@@ -327,11 +350,12 @@ def test_progress_callback_sees_growing_counts(tmp_path: Path) -> None:
     assert all(a.done <= b.done for a, b in itertools.pairwise(seen))
 
 
-def test_progress_true_works_without_a_terminal(tmp_path: Path) -> None:
+def test_progress_true_works_without_a_terminal(tmp_path: Path, engine: str) -> None:
     make_tree(tmp_path / "tree", 50)
-    code = "import sys, manyfiles as mf; print(mf.remove_tree(sys.argv[1], progress=True).files)"
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tree")], capture_output=True,
-                         text=True, check=True, timeout=60)
+    code = ("import sys, manyfiles as mf; from manyfiles import _testing; _testing.configure(sys.argv[2]); "
+            "print(mf.remove_tree(sys.argv[1], progress=True).files)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tree"), knobs(engine)],
+                         capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "50" and not (tmp_path / "tree").exists()
     assert out.stderr.strip().endswith("[done]")  # one plain line at the end, no escape codes
     assert "\x1b" not in out.stderr
@@ -340,7 +364,8 @@ def test_progress_true_works_without_a_terminal(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "bad",
     [{"progress": "yes"}, {"workers": 0}, {"workers": "8"}, {"retries": -1}, {"include": 5},
-     {"exclude": [b"*.tmp"]}, {"on_removed": "out.txt"}],
+     {"exclude": [b"*.tmp"]}, {"on_removed": "out.txt"}, {"output": "out.txt"}, {"output": -1},
+     {"output": 1, "on_removed": print}, {"output": 1, "sep": "\n"}, {"output": 1, "sep": b"\r\n"}],
 )
 def test_bad_arguments_are_refused_before_anything_is_removed(tmp_path: Path, bad: dict) -> None:
     root = tmp_path / "tree"
@@ -443,3 +468,165 @@ def test_unlink_nondir_primitive(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert (tmp_path / "d").is_dir() and not (tmp_path / "f").exists()
+
+
+def test_output_fd_lists_every_entry_before_its_directory(tmp_path: Path) -> None:
+    """``output=``: the walker's threads write the paths themselves (NUL-ended here), and the
+    file still reads as a log of the removal: nothing appears before what was inside it."""
+    root = tmp_path / "tree"
+    make_tree(root, 400, levels=3)
+    before = all_paths(root)
+    out = tmp_path / "removed"
+    with open(out, "wb") as f:
+        f.write(b"header\0")  # a file object's buffer is flushed before the threads write
+        report = mf.remove_tree(root, workers=4, output=f, sep=b"\0")
+    order = [os.fsdecode(p) for p in out.read_bytes().split(b"\0")[:-1]]
+    assert order[0] == "header" and set(order[1:]) == before and len(order) == len(before) + 1
+    assert report.files + report.dirs == len(before)
+    position = {p: i for i, p in enumerate(order)}
+    for p, i in position.items():
+        parent = os.path.dirname(p)
+        if parent in position:
+            assert i < position[parent], (p, parent)
+
+
+@pytest.fixture(scope="module")
+def table_tree(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """The glob table's names at the root and again in sub/ (tests/globcases.py)."""
+    root = tmp_path_factory.mktemp("globtree")
+    make_files(root)
+    (root / "sub").mkdir()
+    make_files(root / "sub")
+    return os.fsencode(root)
+
+
+def table_selection(root: bytes, pattern: str | bytes, exclude: bool) -> set[bytes]:
+    """What fastrm must pick from ``table_tree`` by the oracle (fnmatch.fnmatchcase): with
+    ``--glob`` the matching entries (a matching directory whole); with ``--exclude`` all but
+    the matching ones and their ancestors."""
+    sub = os.path.join(root, b"sub")
+    top, deep, sub_hit = expected(pattern), expected(pattern, under=b"sub"), selects(pattern, b"sub")
+    if not exclude:
+        whole = {sub} | {os.path.join(sub, n) for n in NAMES}
+        below = whole if sub_hit else {os.path.join(sub, n) for n in deep}
+        return {os.path.join(root, n) for n in top} | below
+    if selects(pattern, os.path.basename(root)):
+        return set()  # the argument itself is excluded: kept whole
+    out = {os.path.join(root, n) for n in NAMES if n not in top}
+    if not sub_hit:
+        out |= {os.path.join(sub, n) for n in NAMES if n not in deep} | ({sub} if not deep else set())
+    return out | ({root} if not (top or deep or sub_hit) else set())
+
+
+def test_glob_table_selects_like_fnmatch(table_tree: bytes) -> None:
+    """One glob rule set: every pattern of the parity table (fastls and s3pull run the same one)
+    selects in fastrm's dry run exactly what fnmatch.fnmatchcase selects, as --glob and --exclude."""
+    for pattern in PATTERNS:
+        for exclude in (False, True):
+            listed: list[str] = []
+            option = {"exclude" if exclude else "include": os.fsdecode(pattern)}
+            plan = mf.remove.plan(table_tree, on_removed=listed.extend, **option)
+            got = [os.fsencode(p) for p in listed]
+            assert sorted(got) == sorted(table_selection(table_tree, pattern, exclude)), (pattern, exclude)
+            assert plan.files + plan.dirs == len(got)
+
+
+def test_slash_patterns_match_the_relative_path_and_the_others_the_name(tmp_path: Path) -> None:
+    """Mixed lists: a pattern with '/' is matched against the path below the argument, the others
+    against the name (before issue 10, one '/' pattern made every pattern match the path)."""
+    root = tmp_path / "data"
+    for rel in ["logs/a.log", "logs/keep.log", "keep.log", "x/logs/a.log", "b.tmp"]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).touch()
+    report = mf.remove_tree(root, include=["logs/*.log", "*.tmp"], exclude=["keep*"])
+    assert report.ok and report.files == 2 and report.kept == 2
+    assert sorted(os.path.relpath(p, root) for p in all_paths(root)) == [
+        ".", "keep.log", "logs", "logs/keep.log", "x", "x/logs", "x/logs/a.log"]
+
+
+def test_unknown_d_type_is_handled_like_a_known_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on sshfs / NFSv3 (every d_type DT_UNKNOWN): a plain removal learns the directories from
+    unlink's EISDIR, a dry run and a filtered one look (fstatat); the results are the same."""
+    monkeypatch.setattr(_testing, "fake_dtype", 0)
+    root = tmp_path / "tree"
+    files, dirs = make_tree(root, 200, levels=3)
+    (root / "0" / "a.tmp").mkdir(parents=True, exist_ok=True)
+    (root / "0" / "a.tmp" / "inside").touch()
+    (root / "b.tmp").symlink_to(root / "0")
+    plan = mf.remove.plan(root, include="*.tmp")
+    assert (plan.files, plan.dirs) == (2, 1)
+    assert plan.execute().ok and (root / "0").is_dir() and not (root / "b.tmp").exists()
+    dry = mf.remove.plan(root)
+    assert (dry.files, dry.dirs) == (files, dirs + 1) and root.exists()
+    report = mf.remove_tree(root, workers=3)
+    assert report.ok and (report.files, report.dirs) == (files, dirs + 1) and not root.exists()
+
+
+def test_nfs_silly_renames_are_named_in_the_reason(tmp_path: Path) -> None:
+    """An NFS client renames a deleted-but-open file to .nfsXXXX, which stays until the last
+    opener closes it: the rmdir's failure says so (after the retries)."""
+    root = tmp_path / "tree"
+    (root / "job").mkdir(parents=True)
+    (root / "job" / "ckpt").touch()
+    counter = itertools.count()
+
+    def nfs_client(batch: list[str]) -> None:  # a file that keeps being silly-renamed
+        if any(p.startswith(str(root / "job") + "/") for p in batch):
+            (root / "job" / f".nfs0000000000{next(counter):04d}").touch()
+
+    report = mf.remove_tree(root, retries=1, on_removed=nfs_client)
+    assert [f.path for f in report.failures] == [str(root / "job")]
+    assert report.failures[0].code == "ENOTEMPTY"
+    # ckpt's removal made .nfs...0000, the retry's cleaning removed it and made ...0001: that one stays
+    assert report.failures[0].reason == (
+        "Directory not empty (NFS silly-renamed files still open: .nfs00000000000001)")
+    assert report.retries == 1 and sorted(os.listdir(root / "job")) == [".nfs00000000000001"]
+
+
+def test_a_directory_swapped_for_a_symlink_after_listing_is_not_entered(tmp_path: Path) -> None:
+    """Between the listing of a directory and its opening, someone moves it away and puts a symlink
+    to precious data in its place: the symlink is removed, never followed (O_NOFOLLOW open)."""
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "data").write_text("keep")
+    root = tmp_path / "tree"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "inner").write_text("x")
+    (root / "a").touch()
+    swapped: list[str] = []
+
+    def swap(batch: list[str]) -> None:  # runs before the worker goes on to open d
+        if not swapped:
+            os.rename(root / "d", tmp_path / "d-moved")
+            (root / "d").symlink_to(precious)
+            swapped.append("yes")
+
+    report = mf.remove_tree(root, workers=1, on_removed=swap)
+    assert swapped and report.ok, report.failures
+    assert not root.exists() and (precious / "data").read_text() == "keep"
+    assert (tmp_path / "d-moved" / "inner").read_text() == "x"
+
+
+def test_each_engine_removes_in_its_own_worker_threads(tmp_path: Path, engine: str) -> None:
+    """Where the core is built, every unlink and rmdir happens in the C walker's native threads
+    (no Python call per file); the Python engine uses its pool's threads.  The I/O log (--trace)
+    attributes each call to the thread that made it (kernel tid and name)."""
+    from manyfiles import trace
+
+    root = tmp_path / "tree"
+    files, dirs = make_tree(root, 500)
+    log = tmp_path / "rm.mftrace"
+    with mf.tracing(log):
+        report = mf.remove_tree(root, workers=4)
+    assert report.ok and not root.exists()
+    ts = trace.load([log])
+    names = ts.thread_names()
+    # (the argument's parent is opened first, by the calling thread)
+    records = [r for r in ts.records() if r.path != os.fsencode(tmp_path)]
+    by_op: dict[str, set[str]] = {}
+    for r in records:
+        by_op.setdefault(r.op, set()).add(names[r.pid, r.tid].rstrip("0123456789"))
+    workers = "manyfiles-walker-" if engine == "c" else "fastrm-"
+    assert by_op == {op: {workers} for op in ("open", "getdents", "unlink", "rmdir")}
+    assert sum(1 for r in records if r.op == "unlink") == files
+    assert sum(1 for r in records if r.op == "rmdir") == dirs + 1

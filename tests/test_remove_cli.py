@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from globcases import PATTERNS, make_files
+
 try:  # tests/ is a rootdir-less pytest folder, not a package
-    from test_remove import all_paths, make_tree, not_root_cmd
+    from test_remove import all_paths, make_tree, not_root_cmd, table_selection
 except ImportError:  # pragma: no cover
-    from tests.test_remove import all_paths, make_tree, not_root_cmd
+    from tests.test_remove import all_paths, make_tree, not_root_cmd, table_selection
 
 BIN = Path(sys.executable).parent
 
@@ -223,3 +225,17 @@ def test_dt_unknown_recursion_is_driven_by_eisdir(run_cli, tmp_path: Path) -> No
     assert unlink["results"] == {"EISDIR": dirs}  # one failed unlink per directory
     assert unlink["count"] == files + dirs
     assert not any(op["op"] == "stat" for op in summary["ops"])
+
+
+def test_glob_table_through_the_command_line(run_cli, tmp_path: Path) -> None:
+    """The parity table once more, as a user types it: `fastrm -n -0 -o - --glob P DIR` prints
+    exactly what fnmatch.fnmatchcase selects (patterns with non-UTF-8 bytes arrive through argv)."""
+    root = os.fsencode(tmp_path / "t")
+    os.mkdir(root)
+    make_files(root)
+    os.mkdir(os.path.join(root, b"sub"))
+    make_files(os.path.join(root, b"sub"))
+    for pattern in PATTERNS:
+        r = run_cli("fastrm", "-n", "-0", "-o", "-", "--glob", os.fsencode(pattern), root)
+        assert r.returncode == 0, (pattern, r.stderr)
+        assert sorted(r.stdout.split(b"\0")[:-1]) == sorted(table_selection(root, pattern, False)), pattern

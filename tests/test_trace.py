@@ -18,7 +18,7 @@ import pytest
 from manyfiles import _fsops, iotrace, listing, trace
 from manyfiles._worker import instrumented_worker
 from manyfiles.errors import ManyfilesError
-from manyfiles.trace._format import read_file
+from manyfiles.trace.format import read_file
 
 
 def make_flat(folder: Path, n: int) -> Path:

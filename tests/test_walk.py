@@ -10,12 +10,13 @@ import errno
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 import manyfiles as mf
-from manyfiles import _testing, fastls, iotrace, listing
+from manyfiles import _fastls_core, _testing, fastls, iotrace, listing
 from manyfiles.errors import PartialFailure
 from manyfiles.listing import DirDone, DirListing, Filter
 
@@ -236,7 +237,7 @@ def test_write_tree_json_is_byte_identical_to_the_python_formatter(tree: Path, t
     with open(out, "wb") as f:
         listing.write_tree(root, f.fileno(), json=True, threads=4)
     c_lines = sorted(out.read_bytes().splitlines(keepends=True))
-    py_lines = sorted(fastls._json_line(d, i, os.path.join(d.path, b""))
+    py_lines = sorted(_fastls_core._json_line(d, i, os.path.join(d.path, b""))
                       for d in mf.walk(root, backend="scandir") for i in range(len(d.entries)))
     assert c_lines == py_lines
     records = [json.loads(line) for line in c_lines]
@@ -292,10 +293,17 @@ def test_tracing_records_one_getdents_per_directory_batch(tree: Path, tmp_path: 
     with iotrace.tracing(str(t)):
         n = sum(len(d.entries) for d in mf.walk(tree, threads=2))
         tally = listing.count_tree(tree, threads=2)
-    records = [r for r in trace.load([str(t)]).records() if r.op == "getdents"]
+    ts = trace.load([str(t)])
+    records = [r for r in ts.records() if r.op == "getdents"]
     # two walks of 40 directories, one non-empty batch each; entries add up
     assert len(records) == 80
     assert sum(r.offset for r in records) == n + tally.entries
+    # each record belongs to the thread that made the call: a C walker thread (before issue 10's
+    # last step, the calling thread logged them all after the walk); without the core, the caller
+    names = ts.thread_names()
+    who = {names[r.pid, r.tid].rstrip("0123456789") for r in records}
+    assert who == ({"manyfiles-walker-"} if HAVE_C else {"MainThread"}), who
+    assert all(r.tid != threading.get_native_id() for r in records) == HAVE_C
 
 
 # ---- the C core's knobs and fixes ------------------------------------------------------------

@@ -474,126 +474,6 @@ static PyObject *dents_write_names(PyObject *self, PyObject *args, PyObject *kw)
     return res;
 }
 
-/* ---- unlink_files: empty a directory of its non-directories ------------------------ */
-
-/* Names kept for Python (subdirectories, failures) while the GIL is released:
- * NUL-terminated in one arena, with the errno that sent them back (0 = directory). */
-typedef struct {
-    char *arena;
-    size_t used, cap;
-    struct kept { size_t off; int err; } *items;
-    size_t n, ncap;
-} Kept;
-
-static int kept_add(Kept *k, const char *name, int err) {
-    size_t len = strlen(name) + 1;
-    if (grow_array((void **)&k->arena, &k->cap, k->used + len, 1) < 0 ||
-        grow_array((void **)&k->items, &k->ncap, k->n + 1, sizeof(*k->items)) < 0)
-        return -1;
-    memcpy(k->arena + k->used, name, len);
-    k->items[k->n].off = k->used;
-    k->items[k->n].err = err;
-    k->n++;
-    k->used += len;
-    return 0;
-}
-
-struct slot { uint64_t ino; struct linux_dirent64 *d; };
-
-static int by_inode(const void *a, const void *b) {
-    uint64_t x = ((const struct slot *)a)->ino, y = ((const struct slot *)b)->ino;
-    return (x > y) - (x < y);
-}
-
-/* Unlinks every non-directory of the batch, in inode order (as GNU rm does for big
- * directories: the inode table is then read sequentially).  Directories, and entries
- * whose unlink failed, go to `kept`.  Returns the number unlinked, or -1 (ENOMEM). */
-static long unlink_batch(int fd, char *buf, long n, Kept *kept, int fake_dtype) {
-    size_t count = 0;
-    for (long pos = 0; pos < n; pos += ((struct linux_dirent64 *)(buf + pos))->d_reclen) count++;
-    struct slot *slots = malloc((count ? count : 1) * sizeof(*slots));
-    if (!slots) return -1;
-    size_t m = 0;
-    for (long pos = 0; pos < n;) {
-        struct linux_dirent64 *d = (struct linux_dirent64 *)(buf + pos);
-        pos += d->d_reclen;
-        if (!is_dot(d->d_name)) slots[m++] = (struct slot){d->d_ino, d};
-    }
-    qsort(slots, m, sizeof(*slots), by_inode);
-    long removed = 0;
-    for (size_t i = 0; i < m; i++) {
-        struct linux_dirent64 *d = slots[i].d;
-        unsigned char type = effective_dtype(fake_dtype, d->d_type);
-        int err = 0;
-        if (type == DT_DIR) err = EISDIR;
-        else if (unlinkat(fd, d->d_name, 0) == 0) { removed++; continue; }
-        else err = errno;
-        if (err == ENOENT) continue; /* already gone: someone else removed it */
-        if (kept_add(kept, d->d_name, err == EISDIR ? 0 : err) < 0) { free(slots); return -1; }
-    }
-    free(slots);
-    return removed;
-}
-
-static PyObject *dents_unlink_files(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"fd", "bufsize", "limit", "path", NULL};
-    int fd;
-    Py_ssize_t bufsize = DEFAULT_BUFSIZE, limit = 0;
-    PyObject *path = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|nnO:unlink_files", kwlist, &fd, &bufsize, &limit, &path))
-        return NULL;
-    Reader r;
-    if (reader_init(&r, fd, bufsize, path, Py_None) < 0) return NULL;
-    Kept kept = {0};
-    long long removed = 0;
-    int fake_dtype = read_fake_dtype(mod_state(self));
-    int at_end = 0, read_errno = 0, nomem = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (;;) {
-        long n = read_batch_nogil(&r);
-        if (n < 0) { read_errno = errno; break; }
-        if (n == 0) { at_end = 1; break; }
-        long k = unlink_batch(fd, r.buf, n, &kept, fake_dtype);
-        if (k < 0) { nomem = 1; break; }
-        removed += k;
-        if (limit > 0 && removed >= limit) break; /* the caller reports progress, then calls again */
-    }
-    Py_END_ALLOW_THREADS
-    thread_buffer_done();
-    PyObject *subdirs = NULL, *failures = NULL, *result = NULL;
-    if (nomem) { PyErr_NoMemory(); goto done; }
-    if (read_errno) {
-        errno = read_errno;
-        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, r.path);
-        goto done;
-    }
-    subdirs = PyList_New(0);
-    failures = PyList_New(0);
-    if (!subdirs || !failures) goto done;
-    for (size_t i = 0; i < kept.n; i++) {
-        const char *kname = kept.arena + kept.items[i].off;
-        PyObject *name = make_name(kname, strlen(kname), 0);
-        if (!name) goto done;
-        int rc;
-        if (kept.items[i].err == 0) {
-            rc = PyList_Append(subdirs, name);
-        } else {
-            PyObject *t = Py_BuildValue("(Oi)", name, kept.items[i].err);
-            rc = t ? PyList_Append(failures, t) : -1;
-            Py_XDECREF(t);
-        }
-        Py_DECREF(name);
-        if (rc < 0) goto done;
-    }
-    result = Py_BuildValue("(LOOO)", removed, at_end ? Py_True : Py_False, subdirs, failures);
-done:
-    Py_XDECREF(subdirs);
-    Py_XDECREF(failures);
-    free(kept.arena);
-    free(kept.items);
-    return result;
-}
-
 /* ---- module -------------------------------------------------------------------- */
 
 static int is_tuple_type(PyObject *t) {
@@ -634,11 +514,6 @@ static PyMethodDef methods[] = {
     {"write_names", (PyCFunction)(void (*)(void))dents_write_names, METH_VARARGS | METH_KEYWORDS,
      "write_names(fd, out_fd, sep=b'\\n', prefix=b'', bufsize=1<<20, include=None, exclude=None, types=0, "
      "path=None, batches=None) -> count; writes prefix+name+sep per entry straight to out_fd"},
-    {"unlink_files", (PyCFunction)(void (*)(void))dents_unlink_files, METH_VARARGS | METH_KEYWORDS,
-     "unlink_files(fd, bufsize=1<<20, limit=0, path=None) -> (unlinked, at_end, subdirs, failures): "
-     "unlinkat every non-directory of the open directory fd, GIL released, no object per entry; "
-     "subdirs are the directory names, failures (name, errno) pairs; with limit > 0 it stops after "
-     "the batch that reaches `limit` unlinks (call again to go on)"},
     {"_set_types", dents_set_types, METH_VARARGS,
      "_set_types(Entry, DirListing): the tuple subclasses built in C (once per interpreter)."},
     {NULL, NULL, 0, NULL},

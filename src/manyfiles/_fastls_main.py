@@ -54,7 +54,7 @@ def main() -> None:
 
         click_main()
         return
-    from manyfiles import fastls
+    from manyfiles import _fastls_core as fastls  # the job without the report (no dataclasses import)
 
     if os.environ.get("MANYFILES_TESTING"):  # the subprocess tests' bridge, as cli._common.run_main
         from manyfiles import _testing
@@ -63,7 +63,7 @@ def main() -> None:
 
     request = fastls.ListRequest(**fields)  # type: ignore[arg-type]
     try:
-        report = fastls.run(request, sys.stdout.fileno())
+        report = fastls.list_to(request, sys.stdout.fileno())
         if request.count_only:
             out = "".join(line + "\n" for line in fastls.count_lines(report, len(request.paths) > 1))
             sys.stdout.buffer.write(os.fsencode(out))

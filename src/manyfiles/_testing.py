@@ -40,6 +40,10 @@ kill_at: tuple[str, int] | None = None
 #: Read by the C core itself at the start of each call (from sys.modules: never imported by it).
 fake_dtype: int | None = None
 
+#: fastrm: "python" runs the Python engine (manyfiles.remove._executor) even where the C walker
+#: is built, so that the tests check both engines on the same cases; None = the C walker if built.
+remove_engine: str | None = None
+
 #: s3pull: the base of its retry backoff in seconds (production: RetryPolicy's 0.1), so that
 #: subprocess tests exercising retries do not sleep.  Read by the s3pull command when it builds
 #: its RetryPolicy.
@@ -58,6 +62,7 @@ def _parse_kill_at(value: str) -> tuple[str, int] | None:
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "kill_at": _parse_kill_at,
     "fake_dtype": lambda value: int(value) if value else None,
+    "remove_engine": lambda value: value or None,
     "retry_base": lambda value: float(value) if value else None,
 }
 

@@ -20,7 +20,7 @@ CLOCK_MONOTONIC is shared by all processes, so worker traces can be merged.
 Design (after the ~1% overhead I/O loggers of parallel filesystems): ``record()``
 only appends one tuple to an in-memory deque (no formatting, no lock, no syscall);
 a background thread drains it every ``flush_interval`` seconds into a compact
-binary file (format in :mod:`manyfiles.trace._format`), one ``write()`` per block,
+binary file (format in :mod:`manyfiles.trace.format`), one ``write()`` per block,
 so a process killed with SIGKILL leaves every block flushed before the kill.
 Memory is bounded: when the deque holds ``buffer_records`` records, new ones are
 counted as dropped and the caller carries on without waiting.
@@ -43,7 +43,7 @@ from typing import Any
 
 from manyfiles.errors import ManyfilesError
 
-__all__ = ["TRACER", "Tracer", "record", "span", "tracing"]
+__all__ = ["TRACER", "Tracer", "native_sink", "record", "span", "tracing"]
 
 TRACER: Tracer | None = None
 """The active tracer of this process, or None (tracing off)."""
@@ -54,7 +54,7 @@ DEFAULT_BUFFER_RECORDS = 1 << 18       # ~200 B each held; the writer drains 10x
 DEFAULT_FLUSH_INTERVAL = 0.1
 BLOCK_RECORDS = 4096                   # per marshal.dumps call: ~1 ms of GIL at most
 _THREADS: dict[int, threading.Thread] = threading._active  # type: ignore[attr-defined]  # ident -> Thread
-WORKER_SUFFIX = ".worker-"             # same as manyfiles.trace._format.WORKER_SUFFIX
+WORKER_SUFFIX = ".worker-"             # same as manyfiles.trace.format.WORKER_SUFFIX
 
 
 class Tracer:
@@ -68,7 +68,7 @@ class Tracer:
     def __init__(self, path: str, *, header: dict[str, Any] | None = None,
                  buffer_records: int = DEFAULT_BUFFER_RECORDS,
                  flush_interval: float = DEFAULT_FLUSH_INTERVAL) -> None:
-        from manyfiles.trace._format import FIELDS, encode_block, encode_header
+        from manyfiles.trace.format import FIELDS, encode_block, encode_header
 
         self.path = path
         self.buffer_records = buffer_records
@@ -102,7 +102,7 @@ class Tracer:
         _thread.start_new_thread(self._run, ())
 
     def _make_record(self, buf: list, cap: int) -> Any:
-        from manyfiles.trace._format import FIELDS
+        from manyfiles.trace.format import FIELDS
 
         extend = buf.extend
         drop = self._drop
@@ -126,6 +126,22 @@ class Tracer:
     def record(self, op: str, path: Any, offset: int, length: int, start_ns: int, dur_ns: int,
                result: int) -> None:  # pragma: no cover - replaced per instance in __init__
         """Append one operation to the log (see the module docstring for the fields)."""
+
+    def record_native(self, flat: list, threads: dict[int, str]) -> None:
+        """Records made by native threads (the C walker's workers), attributed to them.
+
+        ``flat`` holds the records back to back, each as :meth:`record`'s seven values followed
+        by the kernel thread id of the thread that made the call; ``threads`` names those ids.
+        Called from a Python thread that collected them, any time after the calls.
+        """
+        self._threads.update((tid, (tid, name)) for tid, name in threads.items())
+        room = self.buffer_records * self._fields - len(self._buf)
+        if len(flat) > room:
+            kept = max(0, room - room % self._fields)
+            with self._drop_lock:
+                self._dropped += (len(flat) - kept) // self._fields
+            flat = flat[:kept]
+        self._buf.extend(flat)
 
     def _drop(self) -> None:
         with self._drop_lock:
@@ -198,6 +214,20 @@ class Tracer:
         if self.error is not None:
             warnings.warn(f"{self.path}: trace incomplete: {self.error.strerror or self.error} "
                           f"({self._dropped} records dropped)", RuntimeWarning, stacklevel=2)
+
+
+def native_sink(tracer: Any) -> Any:
+    """Where native code (the C walker) hands its records: ``tracer.record_native``, or for a
+    tracer that only has ``record`` (a test's recorder), the records replayed through it."""
+    sink = getattr(tracer, "record_native", None)
+    if sink is not None:
+        return sink
+
+    def replay(flat: list, threads: dict[int, str]) -> None:
+        for i in range(0, len(flat), 8):
+            tracer.record(*flat[i:i + 7])
+
+    return replay
 
 
 def record(op: str, path: Any, offset: int, length: int, start_ns: int, dur_ns: int, result: int) -> None:

@@ -139,8 +139,10 @@ def _resolve_backend(backend: str | None) -> str:
     return name
 
 
-def _open_dir(path: str | bytes, dir_fd: int | None = None) -> int:
-    return os.open(path, _OPEN_DIR, dir_fd=dir_fd)
+def _open_dir(path: str | bytes | int) -> int:
+    if isinstance(path, int):  # an open directory: a new open file description, its offset stays the caller's
+        return os.open(".", _OPEN_DIR, dir_fd=path)
+    return os.open(path, _OPEN_DIR)
 
 
 def _check_bufsize(bufsize: int) -> int:
@@ -156,6 +158,13 @@ def _tracer() -> Any:
     starts ~3 ms sooner): tracing can only be on if something imported it already."""
     module = sys.modules.get("manyfiles.iotrace")
     return None if module is None else module.TRACER
+
+
+def _native_trace() -> Any:
+    """What the C walker hands its I/O log to (each record attributed to the worker thread that
+    made the call), or None when tracing is off."""
+    tr = _tracer()
+    return None if tr is None else sys.modules["manyfiles.iotrace"].native_sink(tr)
 
 
 def _trace_batches(path: str | bytes, batches: list | None) -> None:
@@ -207,7 +216,7 @@ def listdir(
 
 
 def iter_entries(
-    path: str | bytes = ".",
+    path: str | bytes | int = ".",
     *,
     bufsize: int = DEFAULT_BUFSIZE,
     resolve_unknown: bool = True,
@@ -218,6 +227,12 @@ def iter_entries(
 
     Entries whose type the filesystem reports as DT_UNKNOWN (sshfs, NFSv3, XFS
     ftype=0) are kept; with ``resolve_unknown`` their type comes from ``fstatat``.
+
+    ``path`` may also be an open directory file descriptor (as ``os.scandir`` accepts):
+    the directory is listed from its start through a new open file description, so the
+    fd, its offset and its ownership stay the caller's; names are ``str``.  Tools that
+    walk a tree through fds they opened themselves (``O_NOFOLLOW``, relative to the
+    parent) list exactly the directory they opened, whatever its path has become.
     """
     name = _resolve_backend(backend)
     bufsize = _check_bufsize(bufsize)
@@ -228,7 +243,7 @@ def iter_entries(
     return _dents_entries(path, bufsize, resolve_unknown, filter)
 
 
-def _dents_entries(path: str | bytes, bufsize: int, resolve: bool, filter: Filter) -> Iterator[Entry]:
+def _dents_entries(path: str | bytes | int, bufsize: int, resolve: bool, filter: Filter) -> Iterator[Entry]:
     fd = _open_dir(path)
     try:
         as_bytes = isinstance(path, bytes)
@@ -246,7 +261,7 @@ def _dents_entries(path: str | bytes, bufsize: int, resolve: bool, filter: Filte
         os.close(fd)
 
 
-def _scandir_entries(path: str | bytes, filter: Filter = NO_FILTER) -> Iterator[Entry]:
+def _scandir_entries(path: str | bytes | int, filter: Filter = NO_FILTER) -> Iterator[Entry]:
     with os.scandir(path) as it:
         for e in it:
             entry = Entry(e.name, _scandir_type(e), e.inode())
@@ -284,15 +299,19 @@ def _mode_letter(mode: int) -> str:
     return "?"
 
 
-def _getdents_entries(path: str | bytes, bufsize: int, resolve: bool, filter: Filter) -> Iterator[Entry]:
+def _getdents_entries(path: str | bytes | int, bufsize: int, resolve: bool,
+                      filter: Filter) -> Iterator[Entry]:
     # The PyPI package: filter_function=None, because its default filter drops every
     # DT_UNKNOWN entry (all of them on sshfs); it then also returns "." and "..".
     from manyfiles._extras import require
 
     getdents = require("getdents", "getdents", GETDENTS_FEATURE)
 
-    text_path = os.fsdecode(path)
-    fd = os.open(path, getdents.O_GETDENTS)
+    text_path = f"<fd {path}>" if isinstance(path, int) else os.fsdecode(path)
+    if isinstance(path, int):
+        fd = os.open(".", getdents.O_GETDENTS, dir_fd=path)
+    else:
+        fd = os.open(path, getdents.O_GETDENTS)
     try:
         raw = getdents.getdents_raw(fd, bufsize)
         while True:
@@ -437,7 +456,7 @@ class _TreeArgs(namedtuple("_TreeArgs", "threads max_depth min_depth follow_syml
             "exclude": c_filter["exclude"],
             "prune": _glob.compile(self.prune) if self.prune else None,
             "descend": tuple(_glob.compile(p) if p else None for p in self.descend) or None,
-            "trace": _tracer() is not None,
+            "trace": _native_trace(),
         }
 
 
@@ -511,11 +530,8 @@ def walk(
 def _walk_c(root: str | bytes, args: _TreeArgs, stat: bool, postorder: bool) -> Iterator[Any]:
     walker = _dents.Walk(os.fsencode(root), as_bytes=isinstance(root, bytes), postorder=postorder,
                          **args.c_kwargs())
-    tracer = _tracer()
     try:
         for item in walker:
-            if tracer is not None:
-                _record_getdents(tracer, walker.take_trace())
             if type(item) is tuple:  # ("post", path, depth)
                 yield DirDone(item[1], item[2])
             elif stat and item.error is None:
@@ -524,11 +540,6 @@ def _walk_c(root: str | bytes, args: _TreeArgs, stat: bool, postorder: bool) -> 
                 yield item
     finally:
         walker.close()
-
-
-def _record_getdents(tracer: Any, records: list) -> None:
-    for path, start, dur, nbytes, nentries in records:
-        tracer.record("getdents", path, nentries, nbytes, start, dur, 0)
 
 
 _Post = namedtuple("_Post", "path depth")  # walk(postorder=True) in Python: a marker on the stack
@@ -714,16 +725,14 @@ def write_tree(
 
 
 def _tree_count(root: str | bytes, raw: tuple) -> TreeCount:
-    per_type, entries, dirs, failures, trace = raw
-    if trace:
-        _record_getdents(_tracer(), trace)
+    per_type, entries, dirs, failures = raw
     as_bytes = isinstance(root, bytes)
     tally = TreeCount(entries, {}, dirs)
     for dt, n in enumerate(per_type):
         if n:
             letter = _LETTER_OF_DT.get(dt, "?")
             tally.by_type[letter] = tally.by_type.get(letter, 0) + n
-    for path, err, _depth in failures:
+    for path, err, _depth, _detail in failures:
         shown = path if as_bytes else os.fsdecode(path)
         tally.failures.append((shown, _walk_error(err, shown)))
     return tally

@@ -72,3 +72,23 @@ def test_descriptor_round_trip_and_rejects_foreign_json() -> None:
     assert Layout.from_json(lay.to_json()) == lay
     with pytest.raises(ValueError):
         Layout.from_json(b'{"levels": [2, 2]}')
+
+
+@pytest.mark.parametrize("levels", [(2, 2), (1,), (3, 1)])
+def test_bucket_globs_accept_exactly_what_is_bucket_accepts(levels: tuple[int, ...]) -> None:
+    """The C walker enters bucket directories by these globs (manyfiles._glob, both backends);
+    Python's is_bucket decides everything else: they must agree on every name."""
+    from itertools import product
+
+    from manyfiles import _glob
+
+    layout = Layout(levels=levels)
+    alphabet = [b"0", b"9", b"a", b"f", b"A", b"F", b"g", b"z", b"-", b".", b"\xff", b"\xc3", b"\xa9", b"?"]
+    for level, glob in enumerate(layout.bucket_globs()):
+        width = levels[level]
+        names = [b"".join(p) for n in (width - 1, width, width + 1) for p in product(alphabet, repeat=n)]
+        for backend in _glob.BACKENDS if _glob.default_backend() == "c" else ("python",):
+            m = _glob.compile(glob, backend)
+            want = [n for n in names if layout.is_bucket(n, level)]
+            assert [n for n in names if m.match(n)] == want, backend
+    assert Layout(levels=(1, 2), key="prefix").bucket_globs() is None  # widths in bytes: no glob for it

@@ -418,3 +418,26 @@ finally:
         subprocess.run(["umount", m], capture_output=True)
     os.rmdir(mnt); os.rmdir(small); os.rmdir(d)
 """
+
+
+def test_bucket_scans_list_bucket_directories_only(tmp_path: Path) -> None:
+    """verify and revert's scan run in the C walker, which enters only directories named like
+    buckets: a foreign directory (and the files below it) is seen in the root's listing and
+    reported, never listed itself.  Before issue 10 every subdirectory was walked, then skipped."""
+    from manyfiles import trace
+
+    root = tmp_path / "d"
+    make_dataset(root, 300)
+    assert apply(root).ok
+    (root / "foreign" / "ab" / "cd").mkdir(parents=True)  # bucket-like names below a foreign name
+    for i in range(50):
+        (root / "foreign" / "ab" / "cd" / f"x{i}").touch()
+    log = tmp_path / "scan.mftrace"
+    with mf.tracing(log):
+        rep = verify(root)
+        status_flat = mf.shard.status(root).flat_files
+        rev = revert(root)
+    assert rep.ok and rep.foreign == [b"foreign"] and status_flat == 0
+    assert rev.ok and (root / "foreign" / "ab" / "cd" / "x0").exists()
+    listed = {r.path for r in trace.load([log]).records() if r.op == "getdents"}
+    assert listed and not any(b"/foreign" in p for p in listed), sorted(p for p in listed if b"foreign" in p)

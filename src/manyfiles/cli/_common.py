@@ -10,8 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -128,34 +127,3 @@ class Size(click.ParamType):
             return parse_size(str(value), self.minimum)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
-
-
-@contextlib.contextmanager
-def progress_reporter(enabled: bool, description: str, unit: str = "items") -> Iterator[Any]:
-    """Yield a ``callback(done, total=None)`` drawing a rich progress bar on stderr, or None.
-
-    Progress only appears when asked for and stderr is a terminal, so pipes and
-    logs never receive control sequences.  With a total it shows the ETA.
-    """
-    if not enabled or not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    columns = [
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]}"),
-        TimeRemainingColumn(),
-    ]
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(description, total=None, rate="")
-        start = time.monotonic()
-
-        def update(done: int, total: int | None = None) -> None:
-            elapsed = max(time.monotonic() - start, 1e-9)
-            bar.update(task, completed=done, total=total or None, rate=f"{done / elapsed:,.0f} {unit}/s")
-
-        yield update

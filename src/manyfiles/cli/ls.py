@@ -7,7 +7,7 @@ import sys
 import click
 
 from manyfiles import _native, fastls, listing
-from manyfiles.cli._common import Size, cluster_option, instrumented, progress_reporter, run_main
+from manyfiles.cli._common import Size, cluster_option, instrumented, run_main
 
 EPILOG = """\b
 Examples:
@@ -93,10 +93,8 @@ def command(
         _native.warn_fallback(click.get_current_context().command_path)
     request = build_request(paths, recursive, max_depth, follow, count_only, sort, null, as_json, long_,
                             include, exclude, types, bufsize, threads, backend)
-    with progress_reporter(progress, "listing", unit="entries") as on_progress:
-        report = fastls.run(request, sys.stdout.fileno(),
-                            progress=(lambda r: on_progress(r.entries)) if on_progress else None,
-                            cluster=cluster, parts_dir=parts_dir)
+    report = fastls.run(request, sys.stdout.fileno(), progress=progress and sys.stderr.isatty(), cluster=cluster,
+                        parts_dir=parts_dir)
     if count_only:
         for line in fastls.count_lines(report, len(request.paths) > 1):
             click.echo(line)

@@ -16,7 +16,6 @@ rest is still removed), 2 usage error or refused argument, 130 interrupted.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from typing import BinaryIO
 
@@ -128,14 +127,9 @@ def command(
     from manyfiles.remove import remove_tree
 
     with contextlib.ExitStack() as stack:
-        on_removed = None
-        if output is not None:
-            sink: BinaryIO = sys.stdout.buffer if output == "-" else stack.enter_context(open(output, "wb"))
-            sep = b"\0" if null else b"\n"
-
-            def on_removed(batch: list[str]) -> None:
-                sink.write(b"".join(os.fsencode(p) + sep for p in batch))
-
+        sink: BinaryIO | None = None
+        if output is not None:  # written by the removal itself, as it goes
+            sink = sys.stdout.buffer if output == "-" else stack.enter_context(open(output, "wb"))
         report = remove_tree(
             list(paths),
             workers=workers,
@@ -146,7 +140,8 @@ def command(
             cross_mounts=cross_mounts,
             missing_ok=missing_ok,
             retries=retries,
-            on_removed=on_removed,
+            output=sink,
+            sep=b"\0" if null else b"\n",
             progress=progress and sys.stderr.isatty(),
             cluster=cluster,
         )

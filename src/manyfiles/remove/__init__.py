@@ -4,9 +4,10 @@ Work is split by directory: unlink(2) and rmdir(2) serialize on the parent direc
 lock, so one worker per directory, files first, deepest directories first (see
 :mod:`manyfiles.remove._executor` for the rules).  Nothing follows a symlink.
 
-Modules: ``_targets`` (checked arguments and glob rules), ``_executor`` (the per-directory
-tasks on the shared worker pool), ``_plan`` (a run from targets to report; the dry run as
-an executable plan), ``_report`` (RemoveReport), ``_listing_seam`` (the fastls core calls).
+Modules: ``_targets`` (checked arguments and glob rules), ``_walker`` (the removal in the C
+walker's native threads, where the core is built), ``_executor`` (the same plan as Python
+tasks on the shared worker pool, without the core), ``_plan`` (a run from targets to report;
+the dry run as an executable plan), ``_report`` (RemoveReport).
 
 Example:
     >>> import manyfiles as mf
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 from manyfiles._progress import ProgressArg
 from manyfiles.errors import UsageError
 from manyfiles.remove._executor import DEFAULT_RETRIES, DEFAULT_WORKERS, OnRemoved
-from manyfiles.remove._plan import RemovePlan, check_options, run
+from manyfiles.remove._plan import Output, RemovePlan, check_options, run
 from manyfiles.remove._report import RemoveReport
 from manyfiles.remove._targets import PathArg, Rules, Target, as_paths, check_paths, patterns, resolve
 
@@ -48,6 +49,8 @@ def remove_tree(
     progress: ProgressArg = False,
     on_removed: OnRemoved | None = None,
     cluster: object = None,
+    output: Output = None,
+    sep: bytes = b"\n",
 ) -> RemoveReport:
     """Remove ``path`` (or several) and everything below it; return a :class:`RemoveReport`.
 
@@ -71,11 +74,16 @@ def remove_tree(
         progress: True for a live display (terminal bar, Jupyter, or plain lines), or a
             callable receiving a :class:`~manyfiles._progress.Snapshot` (``done`` = files
             and directories removed, ``total`` = entries found so far).
-        on_removed: called with batches of removed paths (one call at a time).
+        on_removed: called with batches of removed paths, one call at a time, before the
+            directory holding them is removed.
+        output: a file descriptor or binary file: every removed path + ``sep`` is written
+            to it as the walk goes (every entry before its directory), with no Python call
+            per path.  Not together with ``on_removed``.
+        sep: what ends each path in ``output``: ``b"\n"`` or ``b"\0"`` (names may hold newlines).
         cluster: ``"local:N"``, ``"tcp://HOST:8786"`` or a ``distributed.Client``: subtrees
             are removed by Dask workers, then the levels above them here
             (:mod:`manyfiles.scale.remove`); the report comes with per-worker figures.
-            Not with ``include``/``exclude``/``dry_run``/``on_removed``.
+            Not with ``include``/``exclude``/``dry_run``/``on_removed``/``output``.
 
     Failures (permission denied, ...) are collected in ``report.failures``; nothing is
     raised for them (``report.raise_for_failures()`` does).  Bad or refused arguments raise
@@ -83,11 +91,11 @@ def remove_tree(
     """
     paths = as_paths(path)
     include, exclude = patterns(include, "include"), patterns(exclude, "exclude")
-    check_options(workers, retries, progress, on_removed)
+    check_options(workers, retries, progress, on_removed, output, sep)
     if cluster is not None:
         from manyfiles.scale.remove import check_cluster_call
 
-        check_cluster_call(include, exclude, dry_run, on_removed)
+        check_cluster_call(include, exclude, dry_run, on_removed, output)
     rules = Rules(include, exclude, keep_root=include is not None if keep_root is None else bool(keep_root),
                   cross_mounts=bool(cross_mounts))
     checked = check_paths(paths, force_root)
@@ -102,7 +110,7 @@ def remove_tree(
     if isinstance(report, RemovePlan):
         report.targets = targets
     return run(targets, rules, report, workers=workers, retries=retries, progress=progress,
-               on_removed=on_removed)
+               on_removed=on_removed, output=output, sep=sep)
 
 
 def plan(
@@ -117,15 +125,18 @@ def plan(
     workers: int = DEFAULT_WORKERS,
     progress: ProgressArg = False,
     on_removed: OnRemoved | None = None,
+    output: Output = None,
+    sep: bytes = b"\n",
 ) -> RemovePlan:
     """What :func:`remove_tree` would remove, as a :class:`RemovePlan`; nothing is removed.
 
-    ``on_removed`` receives the paths that would go.  ``plan(...).execute()`` then removes
-    them (arguments checked again by identity; see :class:`RemovePlan`).
+    ``on_removed`` (or ``output``) receives the paths that would go.  ``plan(...).execute()``
+    then removes them (arguments checked again by identity; see :class:`RemovePlan`).
     """
     found = remove_tree(path, workers=workers, dry_run=True, include=include, exclude=exclude,
                         keep_root=keep_root, force_root=force_root, cross_mounts=cross_mounts,
-                        missing_ok=missing_ok, progress=progress, on_removed=on_removed)
+                        missing_ok=missing_ok, progress=progress, on_removed=on_removed, output=output,
+                        sep=sep)
     assert isinstance(found, RemovePlan)
     return found
 
@@ -139,6 +150,8 @@ def purge(
     exclude: str | Sequence[str] | None = None,
     progress: ProgressArg = False,
     on_removed: OnRemoved | None = None,
+    output: Output = None,
+    sep: bytes = b"\n",
 ) -> RemoveReport:
     """Remove every entry under ``directory`` whose name matches ``pattern`` (glob, or a list).
 
@@ -152,4 +165,4 @@ def purge(
     if not patterns(pattern, "pattern"):
         raise UsageError("purge: no pattern given")
     return remove_tree(directory, workers=workers, dry_run=dry_run, include=pattern, exclude=exclude,
-                       keep_root=True, progress=progress, on_removed=on_removed)
+                       keep_root=True, progress=progress, on_removed=on_removed, output=output, sep=sep)

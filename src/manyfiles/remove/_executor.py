@@ -1,4 +1,7 @@
-"""The unlink executor: one task per directory on the shared worker pool.
+"""The Python removal engine: one task per directory on the shared worker pool.
+
+fastrm runs in the C walker (:mod:`manyfiles.remove._walker`) wherever the C core is built;
+this engine is the fallback without it (and gives the same results: the tests run both).
 
 Every unlink(2) and rmdir(2) takes the *parent directory's* lock, so threads that unlink
 in one shared directory queue behind each other (FxMark MWUM) while threads in separate
@@ -28,10 +31,8 @@ import os
 import threading
 from collections.abc import Callable
 
-from manyfiles import _fsops, iotrace
+from manyfiles import _fsops, iotrace, listing
 from manyfiles._pool import Pool
-from manyfiles._retry import Retryable, RetryPolicy, retrying
-from manyfiles.remove import _listing_seam as core
 from manyfiles.remove._report import RemoveReport
 from manyfiles.remove._targets import Rules, Target
 
@@ -46,7 +47,8 @@ INODE_SORT_THRESHOLD = 10_000
 FLUSH_EVERY = 4096  # files between counter/output updates inside one directory
 
 OnRemoved = Callable[[list[str]], None]
-_NOT_PLANNED = "not what the plan saw here (replaced since); left alone"
+NOT_PLANNED = "not what the plan saw here (replaced since); left alone"
+NOT_CROSSED = "is a mount point; not crossed (see --cross-mounts)"
 
 
 class _Dir:
@@ -64,16 +66,21 @@ class _Dir:
         self.rmdir_self = remove_all
         self.fd = -1
         self.pending = 0  # subdirectories not yet finished
-        self.children_done: list[tuple[str, str]] = []  # (name, path) of emptied subdirectories
+        self.children_done: list[tuple[str, str, str]] = []  # (name, path, rel) of emptied subdirectories
         self.blocked = False  # something inside stays: do not rmdir
         self.dev = parent.dev if parent is not None else -1  # st_dev of the argument's file system
         self.expect: tuple[int, int] | None = None  # (st_dev, st_ino) a plan saw here
-        self.size = core.DEFAULT_BUFSIZE // 2  # st_size of the directory, once opened
+        self.size = listing.DEFAULT_BUFSIZE // 2  # st_size of the directory, once opened
 
 
 def _bufsize(st_size: int) -> int:
     # getdents64 records are up to ~2x an ext4 directory's on-disk bytes; clamp to 32 KiB..1 MiB
-    return min(core.DEFAULT_BUFSIZE, max(32 << 10, 2 * st_size))
+    return min(listing.DEFAULT_BUFSIZE, max(32 << 10, 2 * st_size))
+
+
+def _entries(fd: int, *, resolve: bool, bufsize: int = listing.DEFAULT_BUFSIZE) -> list[listing.Entry]:
+    """Every entry of the open directory ``fd`` (exactly the one opened, whatever its path is now)."""
+    return list(listing.iter_entries(fd, resolve_unknown=resolve, bufsize=bufsize))
 
 
 class Remover:
@@ -83,7 +90,7 @@ class Remover:
                  on_removed: OnRemoved | None, check_identity: bool = False) -> None:
         self.rules = rules
         self.check_identity = check_identity  # executing a plan: each argument must be what it saw
-        self.include, self.exclude = rules.include_match, rules.exclude_match
+        self.include, self.exclude = rules.matchers()
         self.dry_run = report.dry_run
         self.retries = retries
         self.on_removed = on_removed
@@ -113,7 +120,7 @@ class Remover:
         """One argument: a non-directory is removed at once; a directory becomes a task."""
         p = target.path
         parent_path, base = os.path.split(p) if p != "/" else ("/", ".")
-        if self.exclude is not None and self.exclude(base):
+        if self.exclude is not None and self.exclude.match(base):
             self.count(kept=1)
             return None
         try:
@@ -125,7 +132,7 @@ class Remover:
         anchor.fd = anchor_fd
         self.anchors.append(anchor)
         if not target.is_dir:
-            if self.include is None or self.include(base):
+            if self.include is None or self.include.match(base):
                 self.count(found=1)
                 self.remove_file(anchor_fd, base, p)
             return None
@@ -184,19 +191,19 @@ class Remover:
                     self.remove_file(parent.fd, node.name, node.path)
                 return False
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                exc = OSError(errno.ESTALE, _NOT_PLANNED)
+                exc = OSError(errno.ESTALE, NOT_PLANNED)
             self.fail(node.path, exc)
             node.blocked = True
             return False
         self.open_dirs.add(node)
         st = os.fstat(node.fd)
         if node.expect is not None and (st.st_dev, st.st_ino) != node.expect:
-            self.fail(node.path, OSError(errno.ESTALE, _NOT_PLANNED))
+            self.fail(node.path, OSError(errno.ESTALE, NOT_PLANNED))
             node.blocked = True
             self.close(node)
             return False
         if not self.rules.cross_mounts and st.st_dev != node.dev:
-            self.fail(node.path, OSError(errno.EXDEV, "is a mount point; not crossed (see --cross-mounts)"))
+            self.fail(node.path, OSError(errno.EXDEV, NOT_CROSSED))
             node.blocked = True
             self.close(node)
             return False
@@ -209,26 +216,19 @@ class Remover:
             return
         prefix = node.path + "/" if not node.path.endswith("/") else node.path
         rel_prefix = node.rel + "/" if node.rel else ""
-        plain = node.remove_all and self.exclude is None and self.on_removed is None and not self.dry_run
-        # traced runs take the Python loop, which logs every unlink
-        in_c = plain and core.HAVE_CORE and iotrace.TRACER is None
         try:
-            if in_c:
-                subdirs = self.unlink_all_c(node, prefix)
-            else:
-                entries = core.entries(node.fd, node.path, resolve=self.dry_run, bufsize=_bufsize(node.size))
+            entries = _entries(node.fd, resolve=self.dry_run, bufsize=_bufsize(node.size))
         except OSError as exc:
             self.fail(node.path, exc)
             self.finish_chain(node, blocked=True)
             return
-        if not in_c:
-            if len(entries) > INODE_SORT_THRESHOLD:
-                entries.sort(key=lambda e: e.inode)
-            self.count(found=len(entries))
-            if plain:
-                subdirs = self.unlink_all(node, entries, prefix)
-            else:
-                subdirs = self.unlink_filtered(node, entries, prefix, rel_prefix)
+        if len(entries) > INODE_SORT_THRESHOLD:
+            entries.sort(key=lambda e: e.inode)
+        self.count(found=len(entries))
+        if node.remove_all and self.exclude is None and self.on_removed is None and not self.dry_run:
+            subdirs = self.unlink_all(node, entries, prefix)
+        else:
+            subdirs = self.unlink_filtered(node, entries, prefix, rel_prefix)
         if not subdirs:
             self.finish_chain(node)
             return
@@ -236,26 +236,8 @@ class Remover:
         node.pending = len(children)
         self.pool.submit(*reversed(children))
 
-    def unlink_all_c(self, node: _Dir, prefix: str) -> list[tuple[str, bool]]:
-        """The plain removal in the C core: it unlinks every non-directory with the GIL
-        released (so workers in different directories really run in parallel) and hands
-        back only the subdirectories and the failures, never a name per removed file."""
-        subdirs: list[tuple[str, bool]] = []
-        at_end = False
-        while not at_end:  # FLUSH_EVERY unlinks per call: progress keeps moving in big directories
-            removed, at_end, dirs, failures = core.unlink_files(node.fd, _bufsize(node.size), FLUSH_EVERY,
-                                                                node.path)
-            self.count(files=removed, found=removed + len(dirs) + len(failures))
-            subdirs.extend((name, True) for name in dirs)
-            for name, err in failures:
-                exc = OSError(err, os.strerror(err), prefix + name)
-                if self.unlink_failed(exc, node, name, prefix):
-                    subdirs.append((name, True))
-        return subdirs
-
-    def unlink_all(self, node: _Dir, entries: list[core.Entry], prefix: str) -> list[tuple[str, bool]]:
-        """The common case (no filter, no output, not a dry run) when the C core is absent or
-        tracing is on: the tightest loop Python allows."""
+    def unlink_all(self, node: _Dir, entries: list[listing.Entry], prefix: str) -> list[tuple[str, bool]]:
+        """The common case (no filter, no output, not a dry run): the tightest loop Python allows."""
         unlink = os.unlink if iotrace.TRACER is None else _fsops.unlink
         fd = node.fd
         subdirs: list[tuple[str, bool]] = []
@@ -286,12 +268,11 @@ class Remover:
         node.blocked = True
         return False
 
-    def unlink_filtered(self, node: _Dir, entries: list[core.Entry], prefix: str,
+    def unlink_filtered(self, node: _Dir, entries: list[listing.Entry], prefix: str,
                         rel_prefix: str) -> list[tuple[str, bool]]:
         """Globs, excludes, --output and dry runs: decide per entry, then unlink."""
         unlink = os.unlink if iotrace.TRACER is None else _fsops.unlink
         include, exclude = self.include, self.exclude
-        include_rel, exclude_rel = self.rules.include_rel, self.rules.exclude_rel
         fd = node.fd
         subdirs: list[tuple[str, bool]] = []
         removed: list[str] = []
@@ -302,12 +283,11 @@ class Remover:
                 files = kept = 0
                 removed = []
             name = e.name
-            if exclude is not None and exclude(rel_prefix + name if exclude_rel else name):
+            if exclude is not None and exclude.match(name, rel_prefix + name):
                 kept += 1
                 node.blocked = True
                 continue
-            take = node.remove_all or (
-                include is not None and include(rel_prefix + name if include_rel else name) is not None)
+            take = node.remove_all or (include is not None and include.match(name, rel_prefix + name))
             if e.type == "d":
                 subdirs.append((name, take))
                 continue
@@ -352,8 +332,8 @@ class Remover:
             node.blocked = True
         while node is not None:
             if node.fd >= 0:
-                for name, path in node.children_done:
-                    if not self.rmdir(node.fd, name, path):
+                for name, path, rel in node.children_done:
+                    if not self.rmdir(node.fd, name, path, rel):
                         node.blocked = True
                 if node.parent is not None:  # an anchor's fd is closed by run()
                     self.close(node)
@@ -364,19 +344,22 @@ class Remover:
                 if node.blocked:
                     parent.blocked = True
                 elif node.rmdir_self:
-                    parent.children_done.append((node.name, node.path))
+                    parent.children_done.append((node.name, node.path, node.rel))
                 parent.pending -= 1
                 last = parent.pending == 0
             if not last:
                 return
             node = parent
 
-    def rmdir(self, dir_fd: int, name: str, path: str) -> bool:
+    def rmdir(self, dir_fd: int, name: str, path: str, rel: str) -> bool:
         """rmdir ``name``; on ENOTEMPTY (a writer raced us, an NFS silly-rename) clean it again and
         retry with back-off, ``retries`` times (the shared retry loop).  False if it stays."""
         if self.dry_run:
             self.count(dirs=1, paths=[path] if self.on_removed else None)
             return True
+        # here, not at the top: _retry imports asyncio (~20 ms of fastrm's start-up), and the C
+        # walker, fastrm's engine wherever the core is built, never gets here
+        from manyfiles._retry import Retryable, RetryPolicy, retrying
 
         def retried(err: Exception) -> None:
             with self.lock:
@@ -385,7 +368,7 @@ class Remover:
         try:
             retrying(lambda: _fsops.rmdir(name, dir_fd=dir_fd), RetryPolicy(self.retries + 1, RETRY_BACKOFF),
                      classify=_not_empty_retryable, on_retry=retried,
-                     reset=lambda: self.clean_sync(dir_fd, name, path))
+                     reset=lambda: self.clean_sync(dir_fd, name, path, rel))
         except FileNotFoundError:
             return True
         except Retryable as exc:  # still not empty after every retry: say what keeps appearing
@@ -399,7 +382,7 @@ class Remover:
         self.count(dirs=1, paths=[path] if self.on_removed else None)
         return True
 
-    def clean_sync(self, dir_fd: int, name: str, path: str) -> None:
+    def clean_sync(self, dir_fd: int, name: str, path: str, rel: str) -> None:
         """Empty directory ``name`` again, sequentially (the retry path; errors surface at rmdir)."""
         try:
             fd = _fsops.open_dir(name, dir_fd=dir_fd)
@@ -408,8 +391,9 @@ class Remover:
         try:
             removed: list[str] = []
             files = dirs = 0
-            for e in core.entries(fd, path, resolve=False, bufsize=core.DEFAULT_BUFSIZE):
-                if self.exclude is not None and self.exclude(e.name):
+            for e in _entries(fd, resolve=False):
+                child_rel = rel + "/" + e.name if rel else e.name
+                if self.exclude is not None and self.exclude.match(e.name, child_rel):
                     continue
                 child = path + "/" + e.name
                 try:
@@ -417,7 +401,7 @@ class Remover:
                         files += 1
                         removed.append(child)
                         continue
-                    self.clean_sync(fd, e.name, child)
+                    self.clean_sync(fd, e.name, child, child_rel)
                     _fsops.rmdir(e.name, dir_fd=fd)
                     dirs += 1
                     removed.append(child)
@@ -432,6 +416,8 @@ class Remover:
 
 def _not_empty_retryable(exc: Exception) -> Exception:
     """The retry classifier: only a directory that is not empty (yet) is worth another try."""
+    from manyfiles._retry import Retryable
+
     if isinstance(exc, OSError) and exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
         return Retryable(exc)
     return exc
@@ -441,7 +427,7 @@ def _not_empty_reason(dir_fd: int, name: str) -> str:
     try:
         fd = _fsops.open_dir(name, dir_fd=dir_fd)
         try:
-            left = sorted(e.name for e in core.entries(fd, name, resolve=False, bufsize=core.DEFAULT_BUFSIZE))
+            left = sorted(e.name for e in _entries(fd, resolve=False))
         finally:
             os.close(fd)
     except OSError:
@@ -451,6 +437,17 @@ def _not_empty_reason(dir_fd: int, name: str) -> str:
     if nfs:
         return f"Directory not empty (NFS silly-renamed files still open: {', '.join(nfs[:3])})"
     return f"Directory not empty (new entries keep appearing: {shown})"
+
+
+def path_writer(fd: int, sep: bytes) -> OnRemoved:
+    """An ``on_removed`` that writes each path + ``sep`` to ``fd`` (what ``output=`` means)."""
+
+    def write(paths: list[str]) -> None:
+        data = b"".join(os.fsencode(p) + sep for p in paths)
+        while data:
+            data = data[os.write(fd, data):]
+
+    return write
 
 
 def raise_fd_limit() -> None:

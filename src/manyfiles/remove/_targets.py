@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import errno
-import fnmatch
 import os
-import re
 import stat
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+from manyfiles import _glob
+from manyfiles._glob import Matcher
 from manyfiles._report import Failure
 from manyfiles.errors import UsageError
 
@@ -24,7 +23,8 @@ class Rules:
     ``include``: glob patterns; when given, only matching entries are removed (a matching
     directory with all its content).  ``exclude``: patterns of entries to keep (a kept
     directory is not entered).  A pattern with ``/`` matches the path relative to the
-    argument, otherwise the name.  ``keep_root``: the argument directories stay.
+    argument, any other the name (manyfiles' one glob rule set, :mod:`manyfiles._glob`:
+    Python's fnmatch rules).  ``keep_root``: the argument directories stay.
     ``cross_mounts``: descend into filesystems mounted inside the tree.
     """
 
@@ -32,24 +32,11 @@ class Rules:
     exclude: tuple[str, ...] | None = None
     keep_root: bool = False
     cross_mounts: bool = False
-    include_match: Callable[[str], Any] | None = field(default=None, init=False, repr=False, compare=False)
-    exclude_match: Callable[[str], Any] | None = field(default=None, init=False, repr=False, compare=False)
-    include_rel: bool = field(default=False, init=False, repr=False, compare=False)
-    exclude_rel: bool = field(default=False, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        for which in ("include", "exclude"):
-            match, rel = _matcher(getattr(self, which))
-            object.__setattr__(self, f"{which}_match", match)
-            object.__setattr__(self, f"{which}_rel", rel)
-
-
-def _matcher(patterns: Sequence[str] | None) -> tuple[Callable[[str], Any] | None, bool]:
-    """Compile glob patterns into one regex; second value: does any pattern need the relative path."""
-    if not patterns:
-        return None, False
-    regex = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns), re.DOTALL)
-    return regex.match, any("/" in p for p in patterns)
+    def matchers(self) -> tuple[Matcher | None, Matcher | None]:
+        """The compiled ``include`` and ``exclude`` globs (None where no pattern is given)."""
+        return (_glob.compile(self.include) if self.include else None,
+                _glob.compile(self.exclude) if self.exclude else None)
 
 
 def patterns(value: str | Sequence[str] | None, what: str) -> tuple[str, ...] | None:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from manyfiles import listing
-from manyfiles._progress import ProgressArg
+from manyfiles._progress import Progress, ProgressArg, progress_for
 from manyfiles._report import Failure, Report
 from manyfiles.errors import AccessDenied, NotFound, UsageError, from_oserror
 from manyfiles.listing import NO_FILTER, Filter
@@ -386,35 +386,39 @@ def write_tree(root: str | bytes | os.PathLike, out_dir: str | os.PathLike, *, c
 
 
 def run_request(request: Any, out_fd: int, *, cluster: ClusterArg, parts_dir: str | None = None,
-                progress: Any = None) -> Any:
+                progress: ProgressArg = False) -> Any:
     """``fastls -r --cluster``: a :class:`~manyfiles.fastls.ListRequest` run on ``cluster``; returns the
     :class:`~manyfiles.fastls.ListReport` fastls prints.  Listings are written by the workers to part
     files in ``parts_dir`` (default: a temp folder here, enough for ``local:N``; on several
     machines give a folder they all see), then copied to ``out_fd`` and removed."""
     import shutil
     import tempfile
+    import time
 
     from manyfiles.fastls import ListReport
 
     _check_request(request)
     report = ListReport()
+    t0 = time.perf_counter()
     own = parts_dir is None
-    with connect(cluster) as executor:
+    with connect(cluster) as executor, progress_for(progress, "fastls", unit="entries") as shown:
         folder = tempfile.mkdtemp(prefix="fastls-parts-") if own else os.fspath(parts_dir)
         try:
             for path in request.paths:
-                run = _run_path(executor, request, path, folder, report, progress)
+                run = _run_path(executor, request, path, folder, report, shown)
                 if run is None:
                     continue
                 report.directories += run.directories
                 report.counts[path] = report.counts.get(path, 0) + run.entries
                 report.entries += run.entries
-                report.failures += [(f.path, f.reason) for f in run.failures]
+                report.failures += run.failures
                 if not request.count_only:
                     copy_parts(run.parts, out_fd)
         finally:
             if own:
                 shutil.rmtree(folder, ignore_errors=True)
+        shown.set(done=report.entries, failures=len(report.failures))
+    report.seconds = time.perf_counter() - t0
     return report
 
 
@@ -428,21 +432,19 @@ def _check_request(request: Any) -> None:
         raise UsageError(f"{', '.join(unsupported)}: not with --cluster")
 
 
-def _run_path(executor: Any, request: Any, path: str, folder: str, report: Any, progress: Any) -> Any:
+def _run_path(executor: Any, request: Any, path: str, folder: str, report: Any, shown: Progress) -> Any:
     job = _job(path, out_dir=None if request.count_only else folder, sep=request.sep,
                json=request.format == "json", max_depth=request.max_depth, filter=request.filter,
                threads=request.threads)
     base = report.entries
 
     def tick(snap: Any) -> None:
-        report.entries = base + snap.done
-        progress(report)
-        report.entries = base
+        shown.set(done=base + snap.done)
 
     try:
-        return executor.run(job, progress=tick if progress is not None else False).result
+        return executor.run(job, progress=tick if shown else False).result
     except (NotFound, AccessDenied) as exc:        # fastls goes on with the next path
-        report.failures.append((path, str(exc).split(": ", 1)[-1]))
+        report.failures.append(Failure(path, str(exc).split(": ", 1)[-1], type(exc).__name__))
         return None
 
 

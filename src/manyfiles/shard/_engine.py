@@ -26,7 +26,7 @@ from manyfiles.errors import ManyfilesError, describe_oserror
 from manyfiles.shard.journal import Journal, Lock, name_to_json
 from manyfiles.shard.layout import Layout
 from manyfiles.shard.scan import RootArg, abs_root, default_workers, group_by_top, open_root
-from manyfiles.shard.sharded_dir import DESCRIPTOR, TMP_PREFIX
+from manyfiles.shard.sharded_dir import DESCRIPTOR, TMP_PREFIX, bucket_walk
 
 ASIDE = b".manyfiles-shard.aside"
 
@@ -314,16 +314,19 @@ class Migration:
     # -- revert: tree -> flat ------------------------------------------------------------------
 
     def scan_tree(self, layout: Layout) -> tuple[dict[bytes, list[tuple[bytes, list[bytes]]]], int]:
-        """top -> [(directory, non-directory names)] for every bucket directory, and the file count."""
+        """top -> [(directory, non-directory names)] for every bucket directory, and the file count.
+
+        The C walker enters bucket directories only and does not report the root's own entries
+        (min_depth 1): a half-reverted root of a million flat files costs no Python object here.
+        """
         depth = len(layout.levels)
+        exact = layout.bucket_globs() is not None  # else is_bucket() decides below
         tops: dict[bytes, list[tuple[bytes, list[bytes]]]] = {}
         total = 0
-        for d in listing.walk(self.rootb, max_depth=depth):
-            if d.depth == 0:
-                continue
+        for d in listing.walk(self.rootb, **bucket_walk(layout, min_depth=1)):
             rel = d.path[len(self.rootb):].lstrip(b"/")
             parts = rel.split(b"/")
-            if not all(layout.is_bucket(p, i) for i, p in enumerate(parts)):
+            if not exact and not all(layout.is_bucket(p, i) for i, p in enumerate(parts)):
                 continue
             if d.error is not None:
                 raise ManyfilesError(f"{self.where(rel)}: {describe_oserror(d.error)}")
@@ -388,17 +391,22 @@ class Migration:
         self.note({"type": "done", "top": name_to_json(top), "files": n})
 
     def tree_left(self, layout: Layout) -> bool:
+        """Is any top bucket left?  (After a revert the root may hold millions of flat files: the
+        C core filters them, creating no object per entry, for hashed layouts.)"""
+        globs = layout.bucket_globs()
+        if globs is not None:
+            return listing.count(self.rootb, filter=listing.Filter(include=(globs[0],), types="d")) > 0
         return any(e.type == "d" and layout.is_bucket(e.name, 0) for e in listing.iter_entries(self.rootb))
 
     def aside_left(self) -> bool:
         return _lexists(ASIDE, self.rootfd)
 
     def clean_descriptor_temps(self) -> None:
-        """Temp files of a descriptor write that a kill interrupted."""
-        for e in listing.iter_entries(self.rootb):
-            if e.name.startswith(DESCRIPTOR + b".") and e.name.endswith(b".tmp"):
-                with contextlib.suppress(FileNotFoundError):
-                    _fsops.unlink(e.name, dir_fd=self.rootfd)
+        """Temp files of a descriptor write that a kill interrupted (picked by the C core's glob)."""
+        temps = listing.Filter(include=(os.fsdecode(DESCRIPTOR) + ".*.tmp",))
+        for name in listing.listdir(self.rootb, filter=temps):
+            with contextlib.suppress(FileNotFoundError):
+                _fsops.unlink(name, dir_fd=self.rootfd)
 
 
 def _lexists(name: bytes, dir_fd: int) -> bool:

@@ -114,6 +114,14 @@ class Layout:
         rel = self.bucket_rel(raw) + b"/" + raw
         return rel if isinstance(name, bytes) else os.fsdecode(rel)
 
+    def bucket_globs(self) -> tuple[str, ...] | None:
+        """Per level, a glob (manyfiles._glob) matching exactly the names :meth:`is_bucket`
+        accepts there, so that the C walker enters only bucket directories; None for
+        ``key="prefix"``, whose widths count bytes where a glob's ``?`` counts characters."""
+        if self.key != "hash":
+            return None
+        return tuple("[0-9a-f]" * width for width in self.levels)
+
     def is_bucket(self, part: bytes, level: int) -> bool:
         """Could ``part`` be a bucket directory name at depth ``level`` (0 = top)?"""
         if len(part) != self.levels[level]:

@@ -109,6 +109,26 @@ def open_dir(path: bytes) -> int:
     return _fsops.open_dir(path, follow_symlinks=True)
 
 
+# -- scanning a tree with the C walker -----------------------------------------------------------
+
+#: The entries of a bucket that are stored files: no directories, no temp files of ours.
+STORED_FILES = listing.Filter(exclude=(os.fsdecode(RESERVED_PREFIX) + "*",), types="flbcps?")
+
+
+def bucket_walk(layout: Layout, **options: Any) -> dict[str, Any]:
+    """:func:`manyfiles.listing.walk` options that enter bucket directories only, down to the leaves.
+
+    For hashed layouts the C walker checks each level's names itself (``descend`` globs), so
+    a foreign directory -- or our own aside directory -- is never listed; for ``key="prefix"``
+    the caller checks ``layout.is_bucket`` on each listing.
+    """
+    globs = layout.bucket_globs()
+    out: dict[str, Any] = {"max_depth": len(layout.levels), **options}
+    if globs is not None:
+        out["descend"] = [(g,) for g in globs]
+    return out
+
+
 # -- statistics ------------------------------------------------------------------------------------
 
 
@@ -140,11 +160,6 @@ ESTIMATE_MAX_SAMPLES = 2000
 ESTIMATE_MAX_LISTINGS = 4096
 
 
-def _hex_glob(layout: Layout, level: int) -> str:
-    """The names of hashed buckets at ``level`` as a glob (what Layout.is_bucket accepts)."""
-    return "[0-9a-f]" * layout.levels[level]
-
-
 def estimate_files(root: bytes, layout: Layout, samples: int = 128, *, rng: random.Random | None = None,
                    rel_error: float = ESTIMATE_REL_ERROR, max_samples: int = ESTIMATE_MAX_SAMPLES) -> int:
     """Estimate the files under ``root`` from a sample of buckets.
@@ -163,14 +178,12 @@ def estimate_files(root: bytes, layout: Layout, samples: int = 128, *, rng: rand
     """
     rng = rng or random.Random()
     levels = len(layout.levels)
-
-    hashed = layout.key == "hash"
+    globs = layout.bucket_globs()
 
     def buckets(path: bytes, level: int) -> list[bytes]:
         try:
-            if hashed:  # the C core filters: no Python object for the other entries
-                names = listing.listdir(path, filter=listing.Filter(include=(_hex_glob(layout, level),),
-                                                                   types="d"))
+            if globs is not None:  # the C core filters: no Python object for the other entries
+                names = listing.listdir(path, filter=listing.Filter(include=(globs[level],), types="d"))
             else:
                 names = [e.name for e in listing.iter_entries(path)
                          if e.type == "d" and layout.is_bucket(e.name, level)]
@@ -181,8 +194,7 @@ def estimate_files(root: bytes, layout: Layout, samples: int = 128, *, rng: rand
 
     def files(path: bytes) -> int:
         try:
-            return sum(1 for e in listing.iter_entries(path)
-                       if e.type != "d" and not e.name.startswith(RESERVED_PREFIX))
+            return listing.count(path, filter=STORED_FILES)  # no object per entry
         except (FileNotFoundError, NotADirectoryError):
             return 0
 
@@ -370,23 +382,16 @@ class ShardedDir:
 
     # -- reading -----------------------------------------------------------------------------------
 
-    # The bucket scan: the tree walker enters only bucket directories (for hashed layouts the
-    # C walker checks the names itself: descend patterns per level) and reports the files of
+    # The bucket scan: the tree walker enters only bucket directories and reports the files of
     # leaf buckets only (min_depth); manyfiles' own temp files are excluded.
-    _FILES = listing.Filter(exclude=(os.fsdecode(RESERVED_PREFIX) + "*",), types="flbcps?")
-
     def _scan_options(self) -> dict[str, Any]:
-        depth = len(self.layout.levels)
-        options: dict[str, Any] = {"max_depth": depth, "min_depth": depth, "filter": self._FILES}
-        if self.layout.key == "hash":
-            options["descend"] = [(_hex_glob(self.layout, level),) for level in range(depth)]
-        return options
+        return bucket_walk(self.layout, min_depth=len(self.layout.levels), filter=STORED_FILES)
 
     def _leaves(self) -> Iterator[tuple[bytes, list[listing.Entry]]]:
         """(leaf path, its files) for every leaf bucket, via the parallel walk."""
         if not os.path.isdir(self._rootb):
             return
-        exact = self.layout.key == "hash"  # else is_bucket() decides below
+        exact = self.layout.bucket_globs() is not None  # else is_bucket() decides below
         for d in listing.walk(self._rootb, **self._scan_options()):
             if d.error is not None:
                 if d.error.errno == errno.ENOENT:
@@ -409,7 +414,7 @@ class ShardedDir:
     def count(self) -> int:
         """Exact number of stored files: every bucket is listed by the C walker's threads,
         without creating a Python object per file (or per bucket, for hashed layouts)."""
-        if self.layout.key != "hash" or listing.default_backend() != "dents":
+        if self.layout.bucket_globs() is None or listing.default_backend() != "dents":
             return sum(self._counts())
         if not os.path.isdir(self._rootb):
             return 0

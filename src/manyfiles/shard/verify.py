@@ -14,7 +14,14 @@ from manyfiles.errors import ManyfilesError, UsageError, describe_oserror
 from manyfiles.shard.journal import lock_holder, read_records
 from manyfiles.shard.layout import RESERVED_PREFIX, Layout
 from manyfiles.shard.scan import RootArg, abs_root, open_root
-from manyfiles.shard.sharded_dir import DESCRIPTOR, TMP_PREFIX, estimate_files, read_descriptor
+from manyfiles.shard.sharded_dir import (
+    DESCRIPTOR,
+    STORED_FILES,
+    TMP_PREFIX,
+    bucket_walk,
+    estimate_files,
+    read_descriptor,
+)
 
 
 @dataclass(kw_only=True)
@@ -84,7 +91,10 @@ def verify(root: RootArg, *, expected: int | None = None, progress: ProgressArg 
 
 
 def _walk(rootb: bytes, layout: Layout, rep: VerifyReport, seen_files: Any) -> None:
+    """One walk of the root and its buckets (the C walker enters bucket directories only: a
+    foreign directory is seen in its parent's listing, never listed itself)."""
     depth = len(layout.levels)
+    exact = layout.bucket_globs() is not None  # else is_bucket() decides below
     seen: set[bytes] = set()
     dup: set[bytes] = set()
 
@@ -93,10 +103,10 @@ def _walk(rootb: bytes, layout: Layout, rep: VerifyReport, seen_files: Any) -> N
             dup.add(name)
         seen.add(name)
 
-    for d in listing.walk(rootb, max_depth=depth):
+    for d in listing.walk(rootb, **bucket_walk(layout)):
         rel = d.path[len(rootb):].lstrip(b"/")
         parts = rel.split(b"/") if rel else []
-        if parts and not all(layout.is_bucket(p, i) for i, p in enumerate(parts)):
+        if parts and not exact and not all(layout.is_bucket(p, i) for i, p in enumerate(parts)):
             continue
         if d.error is not None:
             raise ManyfilesError(f"{os.fsdecode(d.path)}: {describe_oserror(d.error)}")
@@ -155,8 +165,7 @@ def status(root: RootArg) -> Status:
     if found is not None and found[0] and found[0][0].get("type") == "header":
         header = found[0][0]
         done = sum(r.get("files", 0) for r in found[0] if r.get("type") == "done")
-    flat = sum(1 for e in listing.iter_entries(rootb)
-               if e.type != "d" and not e.name.startswith(RESERVED_PREFIX))
+    flat = listing.count(rootb, filter=STORED_FILES)  # in C: no object per flat file
     estimate = 0 if layout is None else estimate_files(rootb, layout)
     return Status(os.fsdecode(rootb), layout, flat, estimate, header, done, pid)
 

@@ -8,7 +8,7 @@ Example:
     [('rename', 200000, 41000), ...]
     >>> trace.export_chrome(ts, "run.json")        # doctest: +SKIP
 
-The writer lives in :mod:`manyfiles.iotrace`, the file format in :mod:`manyfiles.trace._format`.
+The writer lives in :mod:`manyfiles.iotrace`, the file format in :mod:`manyfiles.trace.format`.
 Names are loaded lazily so that starting a trace imports only the format module.
 """
 

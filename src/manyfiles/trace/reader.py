@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from manyfiles.errors import ManyfilesError
-from manyfiles.trace._format import WORKER_SUFFIX, RawTrace, read_file
+from manyfiles.trace.format import WORKER_SUFFIX, RawTrace, read_file
 
 
 class Record(NamedTuple):
