@@ -93,8 +93,8 @@ def command(
         _native.warn_fallback(click.get_current_context().command_path)
     request = build_request(paths, recursive, max_depth, follow, count_only, sort, null, as_json, long_,
                             include, exclude, types, bufsize, threads, backend)
-    report = fastls.run(request, sys.stdout.fileno(), progress=progress and sys.stderr.isatty(), cluster=cluster,
-                        parts_dir=parts_dir)
+    report = fastls.run(request, sys.stdout.fileno(), progress=progress and sys.stderr.isatty(),
+                        cluster=cluster, parts_dir=parts_dir)
     if count_only:
         for line in fastls.count_lines(report, len(request.paths) > 1):
             click.echo(line)

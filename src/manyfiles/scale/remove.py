@@ -41,7 +41,8 @@ PLAN_DEPTH = 3              # levels listed by the client at most
 SUBTREES_PER_THREAD = 4     # subtrees wanted per worker thread (balance against their sizes)
 
 
-def check_cluster_call(include: Any, exclude: Any, dry_run: bool, on_removed: Any, output: Any = None) -> None:
+def check_cluster_call(include: Any, exclude: Any, dry_run: bool, on_removed: Any,
+                       output: Any = None) -> None:
     """UsageError for what ``remove_tree(cluster=...)`` does not do, before anything is touched."""
     given = [name for name, value in (("include (--glob)", include), ("exclude", exclude),
                                       ("dry_run", dry_run), ("on_removed", on_removed),
