@@ -64,3 +64,34 @@ def world_readable_tmp(tmp_path_factory: pytest.TempPathFactory):
         for d in dirnames:
             os.chmod(os.path.join(dirpath, d), 0o755)
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def dask_client():
+    """One real Dask cluster for the scale-out tests: a LocalCluster of 2 worker processes, started
+    on first use (~1-3 s) the way ``--cluster local:2`` starts one."""
+    import logging
+
+    import distributed
+
+    from manyfiles.scale._dask import LOCAL_QUIET, SPAWN_ENV, dask, worker_environ
+
+    with dask.config.set({SPAWN_ENV: worker_environ()}):
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                           silence_logs=logging.CRITICAL, **LOCAL_QUIET)
+    client = distributed.Client(cluster)
+    yield client
+    client.close()
+    cluster.close()
+
+
+@pytest.fixture
+def wait_for_two(dask_client):
+    """Call after killing a worker: returns once the cluster has 2 workers again (the nanny
+    starts a new one), and checks it again after the test."""
+
+    def wait() -> None:
+        dask_client.wait_for_workers(2, timeout=60)
+
+    yield wait
+    wait()

@@ -39,12 +39,21 @@ class ListReport(Report):
         return f"listed {self.entries:,} entries in {self.directories:,} directories in {self.seconds:.2f} s"
 
 
-def run(request: ListRequest, out_fd: int, progress: ProgressArg = False) -> ListReport:
+def run(request: ListRequest, out_fd: int, progress: ProgressArg = False, *, cluster: object = None,
+        parts_dir: str | None = None) -> ListReport:
     """List ``request.paths`` to ``out_fd`` (counts only, with ``count_only``); see ListRequest.
 
     ``progress``: True (a rich line on a terminal, a bar in Jupyter, plain lines otherwise) or
     a callable taking a :class:`~manyfiles._progress.Snapshot` (``done`` = entries so far).
+    ``cluster`` (``"local:N"``, ``"tcp://HOST:8786"``, a ``distributed.Client``): a recursive
+    request runs on Dask workers (:func:`manyfiles.scale.tree.run_request`; paths printed
+    absolute, part files in ``parts_dir``).
     """
+    check_progress(progress)
+    if cluster is not None:
+        from manyfiles.scale.tree import run_request
+
+        return run_request(request, out_fd, cluster=cluster, parts_dir=parts_dir, progress=progress)
     check_progress(progress)
     with progress_for(progress, "fastls", unit="entries") as p:
         tally = list_to(request, out_fd, (lambda n: p.set(done=n)) if p else None)

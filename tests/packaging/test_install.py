@@ -6,6 +6,7 @@ Everything here installs a real wheel into a real venv and runs its console scri
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import uuid
@@ -102,6 +103,16 @@ def test_core_install_other_extras_one_line(bare_venv: Path, run_in, argv, extra
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()
     assert line.startswith("fastls: ") and line.endswith(f'pip install "manyfiles[{extra}]"'), line
+
+
+def test_core_install_cluster_names_the_dask_extra_before_touching_anything(bare_venv: Path, run_in,
+                                                                           tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"x")
+    proc = run_in(bare_venv, "shard", "apply", "--cluster", "local:2", str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr == ('shard: running on a Dask cluster (--cluster) needs the [dask] extra '
+                                    '(distributed is not installed): pip install "manyfiles[dask]"\n')
+    assert os.listdir(tmp_path) == ["f"]                  # no lock, no journal, nothing moved
 
 
 def test_without_c_core_every_tool_says_so(bare_venv: Path, run_in, tmp_path: Path) -> None:

@@ -170,6 +170,10 @@ class Cache:
                  fill_queue: int | None = None) -> None:
         self._store = BlockStore(dir, block_size=block_size, max_size=max_size, min_free=min_free,
                                  low_water=low_water, verify=verify, fill_queue_bytes=fill_queue)
+        #: the keyword arguments this cache was opened with (a cluster worker opens its own with them)
+        self.options = {"max_size": max_size, "min_free": min_free, "block_size": self._store.block_size,
+                        "verify": verify, "ttl": ttl, "settings": settings, "prefetch": prefetch,
+                        "low_water": low_water, "fill_queue": fill_queue}
         self.dir = self._store.root
         self.block_size = self._store.block_size
         self.ttl = float(ttl)
@@ -370,16 +374,22 @@ class Cache:
     # -- bulk --------------------------------------------------------------------------------------
 
     def warm(self, srcs: Iterable[Source] | Source, *, jobs: int = 8,
-             progress: ProgressArg = False) -> WarmReport:
+             progress: ProgressArg = False, cluster: object = None) -> WarmReport:
         """Fetch ``srcs`` into the cache: files, folders (recursively), ``s3://`` objects and
         prefixes (``s3://bucket/prefix/``, wildcards allowed).  Complete entries are only
         validated (a listing's ETags, or one HEAD / stat each).  Failures are collected in the
-        report, not raised."""
+        report, not raised.  ``cluster`` (``"local:N"``, ``"tcp://HOST:8786"``, a
+        ``distributed.Client``): the objects are partitioned across the Dask workers, each
+        warming its own cache at this path (:mod:`manyfiles.scale.cache`)."""
         check_progress(progress)
         if jobs < 1:
             raise UsageError(f"jobs {jobs}: must be at least 1")
         if isinstance(srcs, (str, bytes, os.PathLike)):
             srcs = [srcs]
+        if cluster is not None:
+            from manyfiles.scale.cache import warm_on_cluster
+
+            return warm_on_cluster(self, srcs, cluster=cluster, jobs=jobs, progress=progress)
         report = WarmReport()
         lock = threading.Lock()
         t0 = time.monotonic()

@@ -58,6 +58,27 @@ def instrumented(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+CLUSTER_HELP = ("Run on a Dask cluster: tcp://HOST:8786 (a running scheduler) or local:N (N worker "
+                "processes here); needs manyfiles[dask]. See docs/scale-out.md.")
+
+
+def cluster_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator: ``--cluster ADDRESS`` (also ``$MANYFILES_CLUSTER``), passed on as ``cluster=``.
+
+    The value is checked by the library (``manyfiles.scale.executor.parse_cluster``) before any
+    work: a malformed one, or the [dask] extra missing, is a one-line usage error (exit 2).
+    """
+    return click.option("--cluster", metavar="ADDRESS", default=None, envvar="MANYFILES_CLUSTER",
+                        help=CLUSTER_HELP)(fn)
+
+
+def echo_cluster(prog: str, report: object) -> None:
+    """After a job ran on a cluster: one stderr line per worker (shards, items, rate)."""
+    lines = report.worker_lines() if hasattr(type(report), "worker_lines") else []
+    for line in lines:
+        click.echo(f"{prog}: {line}", err=True)
+
+
 def fail(prog: str, message: str, code: int = 1) -> None:
     """Print ``prog: message`` on stderr and exit with ``code``."""
     click.echo(f"{prog}: {message}", err=True)

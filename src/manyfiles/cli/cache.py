@@ -3,6 +3,7 @@
 Examples:
     manyfiles cache warm s3://bucket/train/ -j 32          fetch a prefix into the cache
     manyfiles cache warm --files-from list.txt /nfs/data   paths/URLs from a file, plus a folder
+    manyfiles cache warm --cluster tcp://sched:8786 s3://bucket/train/   each node warms its own cache
     manyfiles cache stats --json                           entries, bytes, hits, misses, evictions
     manyfiles cache evict --to 100G                        LRU down to 100 GB
     manyfiles cache verify                                 check every block's CRC, repair the index
@@ -22,7 +23,7 @@ from typing import Any
 
 import click
 
-from manyfiles.cli._common import Size, instrumented
+from manyfiles.cli._common import Size, cluster_option, echo_cluster, instrumented
 
 MAX_ERROR_LINES = 20
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -110,10 +111,11 @@ def _read_list(path: str) -> Iterator[str]:
               help="Objects fetched at once.")
 @click.option("--progress", is_flag=True, help="Show progress (a bar on a terminal, else a line every 5 s).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@cluster_option
 @instrumented
 @cache_options
 def warm(sources: tuple[str, ...], files_from: str | None, jobs: int, progress: bool, as_json: bool,
-         cache: Any) -> int:
+         cluster: str | None, cache: Any) -> int:
     """Fetch SOURCES (files, folders, s3://bucket/key, s3://bucket/prefix/) into the cache.
 
     Entries already complete are only validated (one listing page per 1000 S3 objects, or a
@@ -128,9 +130,11 @@ def warm(sources: tuple[str, ...], files_from: str | None, jobs: int, progress: 
         import itertools
 
         srcs = itertools.chain(sources, _read_list(files_from))
-    report = cache.warm(srcs, jobs=jobs, progress=progress)
+    report = cache.warm(srcs, jobs=jobs, progress=progress, cluster=cluster)
     _print_failures(report.failures)
     _print_report(report, as_json)
+    if not as_json:
+        echo_cluster("manyfiles cache", report)
     return 0 if report.ok else 1
 
 

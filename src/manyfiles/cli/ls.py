@@ -7,7 +7,7 @@ import sys
 import click
 
 from manyfiles import _native, fastls, listing
-from manyfiles.cli._common import Size, instrumented, run_main
+from manyfiles.cli._common import Size, cluster_option, instrumented, run_main
 
 EPILOG = """\b
 Examples:
@@ -16,6 +16,7 @@ Examples:
   fastls -r --type f -0 /data | xargs -0 ...
   fastls -r --json --long /data       one JSON object per entry, with size and mtime
   fastls --glob '*.jpg' --exclude 'tmp*' /data/flat
+  fastls -r -c --cluster tcp://sched:8786 /nfs/data   count on a Dask cluster
 
 Exit status: 0 if every path was listed, 1 if some failed (each reported as
 `fastls: PATH: reason`), 2 on a usage error.
@@ -62,6 +63,10 @@ Exit status: 0 if every path was listed, 1 if some failed (each reported as
     help=f"Listing backend (default: {_native.default_backend_note()}).",
 )
 @click.option("--progress", is_flag=True, help="Show a progress line on stderr (only on a terminal).")
+@cluster_option
+@click.option("--parts-dir", type=click.Path(file_okay=False), default=None,
+              help="With --cluster: where workers write the listing's parts (a folder every worker and this "
+                   "machine see; default: a temp folder here, enough for local:N).")
 @instrumented
 def command(
     paths: tuple[str, ...],
@@ -80,13 +85,16 @@ def command(
     threads: int,
     backend: str | None,
     progress: bool,
+    cluster: str | None,
+    parts_dir: str | None,
 ) -> int:
     """List the entries of each directory in PATHS (default: the current directory)."""
     if backend is None:
         _native.warn_fallback(click.get_current_context().command_path)
     request = build_request(paths, recursive, max_depth, follow, count_only, sort, null, as_json, long_,
                             include, exclude, types, bufsize, threads, backend)
-    report = fastls.run(request, sys.stdout.fileno(), progress=progress and sys.stderr.isatty())
+    report = fastls.run(request, sys.stdout.fileno(), progress=progress and sys.stderr.isatty(),
+                        cluster=cluster, parts_dir=parts_dir)
     if count_only:
         for line in fastls.count_lines(report, len(request.paths) > 1):
             click.echo(line)

@@ -21,7 +21,7 @@ from typing import BinaryIO
 
 import click
 
-from manyfiles.cli._common import instrumented, run_main
+from manyfiles.cli._common import cluster_option, echo_cluster, instrumented, run_main
 
 
 def _show(path: str) -> str:
@@ -47,6 +47,7 @@ Examples:
   fastrm -n -o - /scratch/run-42              print what would be removed
   fastrm --glob '*.tmp' --exclude keep /data  remove matching entries only; /data stays
   fastrm --force-root /mnt/scratch            empty a mount root (the mount point stays)
+  fastrm --cluster tcp://sched:8786 /nfs/old  subtrees removed by Dask workers, then the top
 
 \b
 Symlinks are never followed ('link' and 'link/' remove the link). '/' is always refused.
@@ -104,6 +105,7 @@ each; the rest is still removed), 2 usage error or refused argument, 130 interru
 )
 @click.option("-f", "--force", "missing_ok", is_flag=True, help="Ignore PATHs that do not exist (rm -f).")
 @click.option("-v", "--verbose", is_flag=True, help="Print a summary line on stderr.")
+@cluster_option
 @instrumented
 def command(
     paths: tuple[str, ...],
@@ -119,6 +121,7 @@ def command(
     retries: int,
     missing_ok: bool,
     verbose: bool,
+    cluster: str | None,
 ) -> int:
     """Remove PATH(s) and everything below them, in parallel across directories."""
     from manyfiles.remove import remove_tree
@@ -140,12 +143,14 @@ def command(
             output=sink,
             sep=b"\0" if null else b"\n",
             progress=progress and sys.stderr.isatty(),
+            cluster=cluster,
         )
     prog = click.get_current_context().find_root().info_name or "fastrm"
     for f in report.failures:
         click.echo(f"{prog}: {_show(f.path)}: {f.reason}", err=True)
     if verbose or dry_run:
         click.echo(f"{prog}: {report.summary()}", err=True)
+        echo_cluster(prog, report)
     return 0 if report.ok else 1
 
 

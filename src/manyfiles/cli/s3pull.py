@@ -15,7 +15,7 @@ import sys
 import click
 
 from manyfiles import _testing
-from manyfiles.cli._common import Size, instrumented, run_main
+from manyfiles.cli._common import Size, cluster_option, echo_cluster, instrumented, run_main
 from manyfiles.s3.routing import STRATEGIES
 
 EPILOG = """\b
@@ -92,13 +92,14 @@ class _PullOrVerify(click.Command):
 @click.option("--path-style/--virtual-style", "path_style", default=None,
               help="Force the addressing style (default: path-style iff a custom endpoint is set).")
 @click.option("--no-sign-request", is_flag=True, help="Anonymous requests (public buckets).")
+@cluster_option
 @instrumented
 def command(source: str, dest: str, strategy: str, concurrency: int, processes: int,
             include: tuple[str, ...], exclude: tuple[str, ...], manifest: str | None, layout: str,
             part_size: int, retries: int, no_verify: bool, etag_only: bool, verify_existing: bool,
             fsync: bool, cache_dir: str | None, dry_run: bool,
             as_json: bool, quiet: bool, aws_profile: str | None, region: str | None, endpoint_url: str | None,
-            path_style: bool | None, no_sign_request: bool) -> int:
+            path_style: bool | None, no_sign_request: bool, cluster: str | None) -> int:
     """Download every object under SOURCE (s3://bucket/prefix, wildcards allowed) into DEST.
 
     By default objects under 24 MiB are fetched whole by the "lean" thread pool
@@ -121,12 +122,15 @@ def command(source: str, dest: str, strategy: str, concurrency: int, processes: 
             from manyfiles.cache import Cache
 
             cache = stack.enter_context(Cache(cache_dir, settings=settings.resolved()))
+        on_cluster = {"cluster": cluster} if cluster else {}
         report = pull(source, dest, strategy=strategy, concurrency=concurrency, processes=processes,
                       include=include, exclude=exclude, manifest=manifest, layout=layout, dry_run=dry_run,
-                      settings=settings, on_event=view.on_event, progress=view.progress, retry=retry,
-                      part_size=part_size, verify=not no_verify, checksum_mode=not etag_only,
-                      verify_existing=verify_existing, fsync=fsync, cache=cache)
+                      settings=settings, on_event=None if cluster else view.on_event, progress=view.progress,
+                      retry=retry, part_size=part_size, verify=not no_verify, checksum_mode=not etag_only,
+                      verify_existing=verify_existing, fsync=fsync, cache=cache, **on_cluster)
     view.summary(report)
+    if not (as_json or quiet):
+        echo_cluster("s3pull", report)
     return 0 if report.ok else 1
 
 

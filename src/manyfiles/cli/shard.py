@@ -9,6 +9,7 @@ Examples:
     shard status /data/images                         # layout, interrupted migration, estimated count
     shard reshard /data/images --levels 1             # change the layout (revert + apply, resumable)
     shard revert /data/images                         # tree -> flat
+    shard apply /nfs/images --cluster tcp://sched:8786 # top buckets moved by Dask workers
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import click
 
 from manyfiles import shard as mig
 from manyfiles._report import Failure
-from manyfiles.cli._common import instrumented, run_main
+from manyfiles.cli._common import cluster_option, echo_cluster, instrumented, run_main
 from manyfiles.shard import HASHES, KEYS, Layout, parse_levels
 
 PROG = "shard"
@@ -73,6 +74,7 @@ def _report(rep: mig.MigrationReport, quiet: bool) -> int:
                    f"run `shard apply {rep.root}` again to move them", err=True)
     if not quiet:
         click.echo(rep.summary())
+        echo_cluster(PROG, rep)
     return 0 if rep.ok else 1
 
 
@@ -108,16 +110,19 @@ def command() -> None:
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
               help="With --plan: write the moves (source,destination) to this CSV file.")
 @_quiet_opt
+@cluster_option
 @instrumented
 def apply(directory: str, levels: str | None, hash_: str | None, key: str | None, workers: int | None,
-          dry_run: bool, csv_path: str | None, quiet: bool) -> int:
+          dry_run: bool, csv_path: str | None, quiet: bool, cluster: str | None) -> int:
     """Move the files of flat DIRECTORY into its hashed tree, in place (resumable)."""
     layout = _layout(levels, hash_, key)
     if dry_run:
+        if cluster:
+            raise click.UsageError("--plan lists on this machine; drop --cluster")
         return _plan(directory, layout, csv_path)
     if csv_path:
         raise click.UsageError("--csv needs --plan")
-    rep = mig.apply(directory, layout, workers=workers, progress=_progress(quiet))
+    rep = mig.apply(directory, layout, workers=workers, progress=_progress(quiet), cluster=cluster)
     return _report(rep, quiet)
 
 
@@ -150,10 +155,11 @@ def _plan(directory: str, layout: Layout | None, csv_path: str | None) -> int:
 @_dir_arg
 @_workers_opt
 @_quiet_opt
+@cluster_option
 @instrumented
-def revert(directory: str, workers: int | None, quiet: bool) -> int:
+def revert(directory: str, workers: int | None, quiet: bool, cluster: str | None) -> int:
     """Move every file of the tree back into DIRECTORY and remove the buckets (resumable)."""
-    rep = mig.revert(directory, workers=workers, progress=_progress(quiet))
+    rep = mig.revert(directory, workers=workers, progress=_progress(quiet), cluster=cluster)
     return _report(rep, quiet)
 
 
@@ -164,11 +170,13 @@ def revert(directory: str, workers: int | None, quiet: bool) -> int:
 @_key_opt
 @_workers_opt
 @_quiet_opt
+@cluster_option
 @instrumented
 def reshard(directory: str, levels: str | None, hash_: str | None, key: str | None, workers: int | None,
-            quiet: bool) -> int:
+            quiet: bool, cluster: str | None) -> int:
     """Change the layout of sharded DIRECTORY (revert + apply as one resumable operation)."""
-    rep = mig.reshard(directory, _layout(levels, hash_, key), workers=workers, progress=_progress(quiet))
+    rep = mig.reshard(directory, _layout(levels, hash_, key), workers=workers, progress=_progress(quiet),
+                      cluster=cluster)
     return _report(rep, quiet)
 
 

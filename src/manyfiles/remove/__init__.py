@@ -48,6 +48,7 @@ def remove_tree(
     retries: int = DEFAULT_RETRIES,
     progress: ProgressArg = False,
     on_removed: OnRemoved | None = None,
+    cluster: object = None,
     output: Output = None,
     sep: bytes = b"\n",
 ) -> RemoveReport:
@@ -79,6 +80,10 @@ def remove_tree(
             to it as the walk goes (every entry before its directory), with no Python call
             per path.  Not together with ``on_removed``.
         sep: what ends each path in ``output``: ``b"\n"`` or ``b"\0"`` (names may hold newlines).
+        cluster: ``"local:N"``, ``"tcp://HOST:8786"`` or a ``distributed.Client``: subtrees
+            are removed by Dask workers, then the levels above them here
+            (:mod:`manyfiles.scale.remove`); the report comes with per-worker figures.
+            Not with ``include``/``exclude``/``dry_run``/``on_removed``/``output``.
 
     Failures (permission denied, ...) are collected in ``report.failures``; nothing is
     raised for them (``report.raise_for_failures()`` does).  Bad or refused arguments raise
@@ -87,12 +92,21 @@ def remove_tree(
     paths = as_paths(path)
     include, exclude = patterns(include, "include"), patterns(exclude, "exclude")
     check_options(workers, retries, progress, on_removed, output, sep)
+    if cluster is not None:
+        from manyfiles.scale.remove import check_cluster_call
+
+        check_cluster_call(include, exclude, dry_run, on_removed, output)
     rules = Rules(include, exclude, keep_root=include is not None if keep_root is None else bool(keep_root),
                   cross_mounts=bool(cross_mounts))
     checked = check_paths(paths, force_root)
     report: RemoveReport = (RemovePlan(rules=rules, missing_ok=missing_ok, force_root=force_root)
                             if dry_run else RemoveReport())
     targets = resolve(checked, missing_ok, report.failures)
+    if cluster is not None:
+        from manyfiles.scale.remove import remove_on_cluster
+
+        return remove_on_cluster(targets, rules, report, cluster=cluster, workers=workers, retries=retries,
+                                 progress=progress)
     if isinstance(report, RemovePlan):
         report.targets = targets
     return run(targets, rules, report, workers=workers, retries=retries, progress=progress,

@@ -178,11 +178,13 @@ def plan_objects(url: S3Url, objects: Iterable[ObjectInfo], cfg: PullConfig, *,
 def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings: ClientSettings,
         cfg: PullConfig, keep: Callable[[str], bool] | None = None, dry_run: bool = False,
         report: PullReport | None = None,
-        progress: Progress | None = None) -> Iterator[Event | tuple[str, bytes]]:
+        progress: Progress | None = None,
+        state_slice: str | None = None) -> Iterator[Event | tuple[str, bytes]]:
     """The engine room: yields Events, and (key, bytes) pairs when ``dest`` is None (memory).
 
     Fills ``report`` (a :class:`PullPlan` also collects the planned jobs) and ``progress``
     (objects: done + skipped + failed; bytes; totals once the listing ended).
+    ``state_slice``: a cluster slice (``manyfiles.scale.s3pull``) keeps its own state files.
     """
     from manyfiles.s3.sink import FolderSink, MemorySink
 
@@ -216,7 +218,7 @@ def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings
     else:
         if os.path.exists(dest) and not os.path.isdir(dest):
             raise ManyfilesError(f"{dest}: not a directory")
-        sink = FolderSink(dest, layout=cfg.layout, fsync=cfg.fsync).open()
+        sink = FolderSink(dest, layout=cfg.layout, fsync=cfg.fsync, state_slice=state_slice).open()
         state = sink.state
     ctx = Ctx(options, sink)
     get_engine = _engine_factory(ctx, cfg, bud)
@@ -416,7 +418,8 @@ def pull(source: str | None = None, dest: str | os.PathLike | None = None, *, st
          concurrency: int = 64, processes: int = 0, include: Iterable[str] = (), exclude: Iterable[str] = (),
          manifest: str | None = None, layout: str = "folder", dry_run: bool = False,
          settings: ClientSettings | None = None, plan: PullPlan | None = None, progress: ProgressArg = False,
-         on_event: Callable[[Event], None] | None = None, page_size: int = 1000, **config: Any) -> PullReport:
+         on_event: Callable[[Event], None] | None = None, page_size: int = 1000, cluster: object = None,
+         **config: Any) -> PullReport:
     """Download every object under ``source`` (``s3://bucket/prefix``, wildcards allowed) into ``dest``.
 
     Returns a :class:`PullReport`; per-object failures are collected there (and in
@@ -427,6 +430,9 @@ def pull(source: str | None = None, dest: str | os.PathLike | None = None, *, st
     a :class:`~manyfiles._progress.Snapshot` (objects done/total, bytes).  ``on_event``
     receives every :class:`Event` in the calling thread.  Extra keyword arguments go to
     :class:`PullConfig` (``verify``, ``verify_existing``, ``fsync``, ``part_size``, ``retry``...).
+    ``cluster`` (``"local:N"``, ``"tcp://HOST:8786"``, a ``distributed.Client``): listing and
+    downloads run on Dask workers into the shared ``dest`` (:mod:`manyfiles.scale.s3pull`); the
+    result is then a ``ClusterReport`` whose ``result`` is this report merged over every slice.
     Every argument is checked before anything is listed or created.
 
     Example:
@@ -435,6 +441,15 @@ def pull(source: str | None = None, dest: str | os.PathLike | None = None, *, st
         (120000, [])
     """
     _check_call(progress, on_event)
+    if cluster is not None:     # key ranges and slices on Dask workers: manyfiles.scale.s3pull
+        if plan is not None:
+            raise UsageError("plan=: not with a cluster (a cluster lists on its workers)")
+        from manyfiles.scale.s3pull import pull_on_cluster
+
+        return pull_on_cluster(source, dest, cluster=cluster, settings=settings, include=include,
+                               exclude=exclude, manifest=manifest, dry_run=dry_run, on_event=on_event,
+                               progress=progress, strategy=strategy, concurrency=concurrency,
+                               processes=processes, layout=layout, **config)
     if plan is not None:
         if not isinstance(plan, PullPlan):
             raise UsageError(f"plan must come from manyfiles.s3.plan() or pull(dry_run=True), not {plan!r}")

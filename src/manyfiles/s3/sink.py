@@ -218,11 +218,12 @@ def shard_name(rel: str) -> str:
 class FolderSink:
     """Writes objects under ``dest``; ``layout`` is "folder" (key -> path) or "sharded"."""
 
-    def __init__(self, dest: str, *, layout: str = "folder", fsync: bool = False) -> None:
+    def __init__(self, dest: str, *, layout: str = "folder", fsync: bool = False,
+                 state_slice: str | None = None) -> None:
         self.dest = os.path.abspath(dest)
         self.layout = layout
         self.fsync = fsync
-        self.state = State(self.dest)
+        self.state = State(self.dest, slice=state_slice)
         self._dirs: set[str] = {""}
         self._sharded = None
         self.memory = False
@@ -237,7 +238,9 @@ class FolderSink:
             raise from_oserror(exc, self.dest) from exc
         self.state.open(load=load_state)
         if load_state:
-            self._tidy_temps()
+            # a cluster slice shares tmp/ with the other workers' slices: it only looks for the
+            # resumable parts of its own objects; the run's client tidies before the slices start
+            self._tidy_temps(remove=self.state.slice is None)
         if self.layout == "sharded":
             from manyfiles.shard import ShardedDir
 
@@ -246,7 +249,7 @@ class FolderSink:
                 self._sharded.ensure_described()
         return self
 
-    def _tidy_temps(self) -> None:
+    def _tidy_temps(self, remove: bool = True) -> None:
         """Index resumable parts by identity; remove temps of interrupted runs.
 
         Only names s3pull makes are touched, in a temp folder already checked to be a real
@@ -266,8 +269,10 @@ class FolderSink:
                     identity = ""
                 if identity and base + ".part" in names:
                     self.resume_index[identity] = base
-                else:
+                elif remove:
                     _unlink_quiet(fd, name)
+        if not remove:
+            return
         keep = set(self.resume_index.values())
         for name in names:
             stale = name.endswith((".tmp", ".new")) or (name.endswith(".part") and name[:-5] not in keep)

@@ -6,6 +6,9 @@
 ``tmp/``         temp files (random names, ``O_EXCL``); a large object also keeps
                  ``<random>.parts``: its identity on the first line, then finished part numbers
 ``failures.tsv`` key<TAB>reason for every object that failed in the last run
+``shards/``      a cluster run's state (``s3pull --cluster``): one ``<slice>.<attempt>.jsonl`` per
+                 download slice and attempt, so that workers on several machines never append to
+                 one file over NFS; a slice reads its own files, a local run reads them all
 
 Safety: everything here is opened relative to directory descriptors with ``O_NOFOLLOW``.
 s3pull refuses to start (one line, exit 1) if ``.s3pull``, ``tmp`` or anything in them is a
@@ -28,6 +31,7 @@ from manyfiles.s3.integrity import SIZE_ONLY, Claim, claim_for, rehash_file
 from manyfiles.s3.keys import STATE_DIR
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+SHARDS = "shards"
 
 
 class UnsafeStateDir(ManyfilesError):
@@ -92,13 +96,15 @@ def unique_name(suffix: str) -> str:
 class State:
     """Finished objects of previous runs (key -> record) plus an append log, in DEST/.s3pull."""
 
-    def __init__(self, dest: str) -> None:
+    def __init__(self, dest: str, *, slice: str | None = None) -> None:
         self.dest = dest
+        self.slice = slice        # a cluster slice: its own record files under shards/ (see above)
         self.dir = os.path.join(dest, STATE_DIR)
         self.tmp = os.path.join(self.dir, "tmp")
         self.path = os.path.join(self.dir, "state.jsonl")
         self.fd: int | None = None
         self.tmp_fd: int | None = None
+        self.shards_fd: int | None = None
         self.done: dict[str, dict] = {}
         self.tmp_names: list[str] = []
         self._lock = threading.Lock()
@@ -125,21 +131,40 @@ class State:
             self.tmp_names = check_entries(self.tmp_fd, self.tmp)
         if not load:
             return self
-        if "state.jsonl" in names:
-            self._load()
+        if "state.jsonl" in names and self.slice is None:
+            self._load(self.fd, "state.jsonl")
+        if SHARDS in names or (create and self.slice is not None):
+            self._load_shards(create)
         if not create:
             return self
-        if self._lines > 2 * len(self.done) + 1000:
-            self._compact()
+        if self.slice is not None:
+            # this attempt's own file: a slice re-run elsewhere never appends to a file another
+            # (maybe not quite dead) worker still holds
+            name, flags = f"{self.slice}.{secrets.token_hex(6)}.jsonl", os.O_CREAT | os.O_EXCL
+            dir_fd, self.path = self.shards_fd, os.path.join(self.dir, SHARDS, name)
+        else:
+            if self._lines > 2 * len(self.done) + 1000:
+                self._compact()
+            name, flags, dir_fd = "state.jsonl", os.O_CREAT, self.fd
         try:
-            fd = open_file(self.fd, "state.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            fd = open_file(dir_fd, name, os.O_WRONLY | os.O_APPEND | flags)
         except OSError as exc:
             raise from_oserror(exc, self.path) from exc
         self._f = os.fdopen(fd, "a", encoding="utf-8")
         return self
 
-    def _load(self) -> None:
-        fd = open_file(self.fd, "state.jsonl", os.O_RDONLY)
+    def _load_shards(self, create: bool) -> None:
+        """A slice: its own records of earlier attempts; a whole run: every slice's records."""
+        where = os.path.join(self.dir, SHARDS)
+        self.shards_fd = open_dir(self.fd, SHARDS, where, create)
+        if self.shards_fd is None:
+            return
+        for name in sorted(check_entries(self.shards_fd, where)):
+            if name.endswith(".jsonl") and (self.slice is None or name.startswith(self.slice + ".")):
+                self._load(self.shards_fd, name)
+
+    def _load(self, dir_fd: int, name: str) -> None:
+        fd = open_file(dir_fd, name, os.O_RDONLY)
         with os.fdopen(fd, encoding="utf-8") as f:
             for line in f:
                 self._lines += 1
@@ -228,11 +253,11 @@ class State:
                     self._f = None
 
     def release(self) -> None:
-        for fd in (self.tmp_fd, self.fd):
+        for fd in (self.shards_fd, self.tmp_fd, self.fd):
             if fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        self.fd = self.tmp_fd = None
+        self.fd = self.tmp_fd = self.shards_fd = None
 
     def _replace(self, name: str, text: str) -> None:
         """Write ``name`` in the state folder atomically (random temp, O_EXCL, rename)."""
@@ -263,7 +288,7 @@ class State:
         Raises ManyfilesError (``PATH: reason``) if the disk refuses (full, read-only...).
         """
         path = os.path.join(self.dir, "failures.tsv")
-        if self.fd is None:
+        if self.fd is None or self.slice is not None:    # a cluster run's client writes the merged one
             return None
         try:
             if not failures:

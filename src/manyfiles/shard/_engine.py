@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -87,6 +88,10 @@ class Migration:
         with progress_for(progress, f"shard {self.op}", unit="files") as p:
             self.progress = p
             yield
+
+    def result(self) -> Any:
+        """What the operation returns: the report (a cluster run wraps it with its own figures)."""
+        return self.report
 
     def where(self, name: bytes) -> str:
         return os.fsdecode(os.path.join(self.rootb, name))
@@ -343,7 +348,7 @@ class Migration:
         if any(layout.is_bucket(n, 0) for dirs in tops.values() for _, names in dirs for n in names):
             _fsops.makedirs(os.path.join(self.rootb, ASIDE))
         self.report.buckets += sum(len(d) for d in tops.values())
-        self.run_parallel(lambda item: self._revert_top(layout, item), list(tops.items()))
+        self.run_parallel(functools.partial(self._revert_top, layout), list(tops.items()))
         self.place_aside(lambda name: None)
         return total
 

@@ -9,6 +9,7 @@ design is explained in docs/shard.md.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import html
 import json
@@ -194,6 +195,16 @@ def _resume_check(journal: Journal, op: str, root: bytes) -> dict[str, Any]:
     return header
 
 
+def _engine(root: RootArg, op: str, workers: int | None, journal_sync: bool,
+            cluster: object) -> contextlib.AbstractContextManager[Migration]:
+    """This machine's engine, or the one whose top-bucket rounds run on ``cluster``."""
+    if cluster is None:
+        return Migration(root, op, workers, journal_sync)
+    from manyfiles.scale.shard import cluster_migration
+
+    return cluster_migration(root, op, workers, journal_sync, cluster)
+
+
 def _layout_doc(layout: Layout | None) -> dict[str, Any] | None:
     return None if layout is None else json.loads(layout.to_json())
 
@@ -204,7 +215,7 @@ def _layout_from(doc: dict[str, Any] | None) -> Layout | None:
 
 def apply(root: RootArg | None = None, layout: Layout | None = None, *, plan: Plan | None = None,
           workers: int | None = None, progress: ProgressArg = False,
-          journal_sync: bool = True) -> MigrationReport:
+          journal_sync: bool = True, cluster: object = None) -> MigrationReport:
     """Move every file of the flat folder ``root`` into its bucket (in place, resumable).
 
     ``layout`` defaults to the recorded one (resume, already sharded) or ``Layout()``.
@@ -212,7 +223,9 @@ def apply(root: RootArg | None = None, layout: Layout | None = None, *, plan: Pl
     the migration refuse before anything moves.  With ``plan`` (from :func:`plan`), ``root``
     and ``layout`` come from it and only its names move, after checking that the folder is
     still the one planned.  ``progress``: True or a callable taking a Snapshot.  Every
-    argument is checked before anything on disk changes.
+    argument is checked before anything on disk changes.  ``cluster`` (``"local:N"``,
+    ``"tcp://HOST:8786"``, a ``distributed.Client``): the top buckets are moved by Dask workers
+    (:mod:`manyfiles.scale.shard`); the report then comes with per-worker figures.
     """
     _check_common(workers, progress, journal_sync)
     _check_layout(layout)
@@ -227,7 +240,7 @@ def apply(root: RootArg | None = None, layout: Layout | None = None, *, plan: Pl
     _check_root(root)
     assert root is not None
     t0 = time.monotonic()
-    with Migration(root, "apply", workers, journal_sync) as m:
+    with _engine(root, "apply", workers, journal_sync, cluster) as m:
         journal = Journal.open(m.rootfd, sync=journal_sync)
         recorded = read_descriptor(m.rootfd, m.rootb)
         if plan is not None:
@@ -254,7 +267,7 @@ def apply(root: RootArg | None = None, layout: Layout | None = None, *, plan: Pl
             _run_apply(m, target, fresh=journal is None, recorded=recorded,
                        only=plan.names if plan is not None else None)
         m.report.seconds = time.monotonic() - t0
-        return m.report
+        return m.result()
 
 
 def _run_apply(m: Migration, target: Layout, *, fresh: bool, recorded: Layout | None,
@@ -309,16 +322,16 @@ def _run_apply(m: Migration, target: Layout, *, fresh: bool, recorded: Layout | 
 
 
 def revert(root: RootArg, *, workers: int | None = None, progress: ProgressArg = False,
-           journal_sync: bool = True) -> MigrationReport:
+           journal_sync: bool = True, cluster: object = None) -> MigrationReport:
     """Move every file of the sharded tree back to the root and remove the buckets (resumable).
 
     A folder that is not sharded (no descriptor, no interrupted migration) is nothing to do,
-    like ``apply`` on a sharded one.
+    like ``apply`` on a sharded one.  ``cluster``: as for :func:`apply`.
     """
     _check_root(root)
     _check_common(workers, progress, journal_sync)
     t0 = time.monotonic()
-    with Migration(root, "revert", workers, journal_sync) as m:
+    with _engine(root, "revert", workers, journal_sync, cluster) as m:
         journal = Journal.open(m.rootfd, sync=journal_sync)
         if journal is not None:
             m.journal = journal
@@ -337,7 +350,7 @@ def revert(root: RootArg, *, workers: int | None = None, progress: ProgressArg =
             with m.showing(progress):
                 _run_revert(m, source, fresh=journal is None)
         m.report.seconds = time.monotonic() - t0
-        return m.report
+        return m.result()
 
 
 def _run_revert(m: Migration, source: Layout, *, fresh: bool, op: str = "revert",
@@ -371,7 +384,8 @@ def _run_revert(m: Migration, source: Layout, *, fresh: bool, op: str = "revert"
 
 
 def reshard(root: RootArg, layout: Layout | None = None, *, workers: int | None = None,
-            progress: ProgressArg = False, journal_sync: bool = True) -> MigrationReport:
+            progress: ProgressArg = False, journal_sync: bool = True,
+            cluster: object = None) -> MigrationReport:
     """Change the layout of a sharded tree: revert then apply, as one resumable operation.
 
     The descriptor is the phase marker: old layout = still flattening, new or none = building.
@@ -380,7 +394,7 @@ def reshard(root: RootArg, layout: Layout | None = None, *, workers: int | None 
     _check_layout(layout)
     _check_common(workers, progress, journal_sync)
     t0 = time.monotonic()
-    with Migration(root, "reshard", workers, journal_sync) as m:
+    with _engine(root, "reshard", workers, journal_sync, cluster) as m:
         journal = Journal.open(m.rootfd, sync=journal_sync)
         if journal is not None:
             header = _resume_check(journal, "reshard", m.rootb)
@@ -410,7 +424,7 @@ def reshard(root: RootArg, layout: Layout | None = None, *, workers: int | None 
                 # the apply phase continues the same journal (its header says reshard)
                 _run_apply(m, target, fresh=False, recorded=None, op="reshard")
         m.report.seconds = time.monotonic() - t0
-        return m.report
+        return m.result()
 
 
 # -- plan ------------------------------------------------------------------------------------------

@@ -1,0 +1,52 @@
+"""Beyond one machine: the tools' jobs split into idempotent shards and run on a Dask cluster.
+
+Every tool that takes ``cluster=`` (CLI: ``--cluster``) accepts ``"local:N"`` (N worker
+processes on this machine), ``"tcp://HOST:8786"`` (a running Dask scheduler), or a
+``distributed.Client``.  Without it the tool runs its normal single-machine call and Dask is
+never imported; with it and without the [dask] extra, one line says what to install.
+
+* :mod:`manyfiles.scale.executor` -- the seam: :class:`Job`, :class:`ShardResult`,
+  :class:`ClusterReport` (the tool's merged report + per-worker throughput), :func:`connect`;
+* :mod:`manyfiles.scale.tree` -- count and list a tree (fastls -r).
+
+Example:
+    >>> from manyfiles import scale
+    >>> r = scale.count_tree("/nfs/data", cluster="local:4", progress=True)   # doctest: +SKIP
+    >>> r.entries, r.workers
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ClusterReport": "executor",
+    "Executor": "executor",
+    "InProcessExecutor": "executor",
+    "Job": "executor",
+    "ShardResult": "executor",
+    "WorkerStats": "executor",
+    "connect": "executor",
+    "parse_cluster": "executor",
+    "run_job": "executor",
+    "TreeReport": "tree",
+    "count_tree": "tree",
+    "write_tree": "tree",
+    "copy_parts": "tree",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'manyfiles.scale' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"manyfiles.scale.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

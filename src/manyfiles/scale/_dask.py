@@ -1,0 +1,297 @@
+"""The Dask backend of the executor seam: the only module that imports ``distributed``.
+
+* shards are tasks (``Client.submit``, ``pure=False``), at most ``IN_FLIGHT_PER_THREAD`` per
+  worker thread at a time, so a job of 10^4 shards never floods the scheduler;
+* a worker lost mid-shard (killed, OOM, machine gone) is Dask's business: the scheduler re-runs
+  the task elsewhere (``distributed.scheduler.allowed-failures`` times), and the shard being
+  idempotent makes the re-run safe;
+* workers publish their shard's counters with ``Worker.log_event(topic, ...)`` (throttled);
+  the client sums them (``Client.subscribe_topic``) into the progress display;
+* with ``--trace`` on the client, a worker plugin traces every worker process to a local
+  file; at the end the client fetches them (``Client.run``) as ``FILE.worker-<pid>``, so
+  ``manyfiles trace summary FILE`` merges the whole cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from manyfiles import iotrace
+from manyfiles._extras import require
+from manyfiles.errors import ManyfilesError, UsageError
+from manyfiles.scale.executor import (
+    CLUSTER_FEATURE,
+    IN_FLIGHT_EXTRA,
+    IN_FLIGHT_PER_THREAD,
+    ClusterReport,
+    Executor,
+    Job,
+    LiveCounts,
+    ShardQueue,
+    ShardResult,
+    Throttle,
+    execute_shard,
+    parse_cluster,
+    raise_shard_error,
+    worker_name,
+)
+
+distributed = require("dask", "distributed", CLUSTER_FEATURE)
+dask = require("dask", "dask", CLUSTER_FEATURE)
+
+CONNECT_TIMEOUT = "10s"        # a wrong address fails within this (Dask retries refused connections)
+TICK = 0.2                 # seconds between two progress renderings while waiting
+WORKERS_REFRESH = 2.0      # seconds between two looks at the cluster's size
+TRACE_CHUNK = 16 << 20     # bytes of a worker's trace file fetched per Client.run
+# No dashboard; the scheduler's HTTP routes on a free port (the default, 8787, may be taken).
+LOCAL_QUIET = {"dashboard_address": None, "scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"}}
+SPAWN_ENV = "distributed.nanny.pre-spawn-environ"
+
+
+def worker_environ() -> dict:
+    """The nanny's environment for new worker processes, without ``MALLOC_TRIM_THRESHOLD_``.
+
+    Dask sets it (64 KiB) to hand memory back to the OS; it also turns off glibc's adaptive
+    mmap threshold, so every 1 MiB getdents buffer becomes an mmap + munmap + page faults:
+    listing a 65,536-directory tree made 131,000 such calls and ran ~1.7x slower here.
+    """
+    return {k: v for k, v in dask.config.get(SPAWN_ENV, {}).items() if k != "MALLOC_TRIM_THRESHOLD_"}
+
+
+class DaskExecutor(Executor):
+    """Shards as Dask tasks on ``client``'s cluster."""
+
+    def __init__(self, client: Any, *, owns_client: bool = False, local_cluster: Any = None) -> None:
+        self.client = client
+        self.owns_client = owns_client
+        self.local_cluster = local_cluster
+        self.address = client.scheduler.address
+        self._workers = 0
+        self._seen = float("-inf")
+
+    @classmethod
+    def open(cls, cluster: Any) -> DaskExecutor:
+        """Connect to (or start) the cluster that ``cluster`` names; see ``executor.connect``."""
+        if isinstance(cluster, str):
+            kind, value = parse_cluster(cluster)
+            if kind == "local":
+                return cls._local(value)
+            try:
+                client = distributed.Client(value, timeout=CONNECT_TIMEOUT)
+            except (OSError, TimeoutError) as exc:
+                raise ManyfilesError(f"{value}: cannot reach the Dask scheduler ({exc})") from exc
+            return cls(client, owns_client=True)
+        if isinstance(cluster, distributed.Client):
+            return cls(cluster)
+        if hasattr(cluster, "scheduler_address"):     # LocalCluster, SLURMCluster, KubeCluster...
+            return cls(distributed.Client(cluster), owns_client=True)
+        raise UsageError(f"cluster must be 'local:N', 'tcp://HOST:PORT' or a distributed.Client, "
+                         f"not {cluster!r}")
+
+    @classmethod
+    def _local(cls, n: int) -> DaskExecutor:
+        # One thread per worker process: our shards bring their own threads (s3 engines, the
+        # tree walker), and one shard at a time per process keeps their budgets as tuned.
+        with dask.config.set({SPAWN_ENV: worker_environ()}):
+            lc = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                          silence_logs=logging.ERROR, **LOCAL_QUIET)
+        try:
+            return cls(distributed.Client(lc), owns_client=True, local_cluster=lc)
+        except BaseException:
+            lc.close()
+            raise
+
+    @property
+    def workers(self) -> int:
+        now = time.monotonic()
+        if now - self._seen > WORKERS_REFRESH:
+            self._workers = sum(self.client.nthreads().values())
+            self._seen = now
+        return self._workers
+
+    def close(self) -> None:
+        try:
+            if self.owns_client:
+                self.client.close()
+        finally:
+            if self.local_cluster is not None:
+                self.local_cluster.close()
+
+    def _run(self, job: Job, shards: ShardQueue, report: ClusterReport, live: LiveCounts) -> None:
+        client = self.client
+        if not self.workers:
+            client.wait_for_workers(1)
+        token = secrets.token_hex(4)
+        topic = f"manyfiles-{job.name}-{token}"
+        client.subscribe_topic(topic, lambda event: live.update(*event[1]))
+        finished: queue.SimpleQueue = queue.SimpleQueue()
+        in_flight: dict[Any, int] = {}
+        try:
+            with worker_traces(client):
+                while True:
+                    limit = IN_FLIGHT_PER_THREAD * max(1, self.workers) + IN_FLIGHT_EXTRA
+                    while len(in_flight) < limit and (item := shards.next()) is not None:
+                        sid, shard = item
+                        fut = client.submit(run_on_worker, job, sid, shard, topic,
+                                            key=f"{job.name}-{token}-{sid}", pure=False)
+                        in_flight[fut] = sid
+                        fut.add_done_callback(finished.put)
+                    if not in_flight:
+                        break
+                    try:
+                        done = [finished.get(timeout=TICK)]
+                    except queue.Empty:
+                        live.progress.tick()
+                        continue
+                    while not finished.empty():          # whatever else finished: one gather for all
+                        done.append(finished.get())
+                    for fut, result in zip(done, _results(client, done, in_flight), strict=True):
+                        sid = in_flight.pop(fut)
+                        raise_shard_error(result)
+                        live.finish(sid, result)
+                        report.add(result)
+                        shards.add(result.more)
+                    live.progress.tick()
+        except BaseException:
+            if in_flight:
+                with contextlib.suppress(Exception):
+                    client.cancel(list(in_flight))
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                client.unsubscribe_topic(topic)
+
+
+def _results(client: Any, futures: list[Any], sids: dict[Any, int]) -> list[ShardResult]:
+    """The results of finished futures, fetched in one round trip (one by one to name a failure)."""
+    try:
+        results = client.gather(futures)
+    except Exception:
+        results = [_result(fut, sids[fut]) for fut in futures]
+    for fut in futures:
+        fut.release()
+    return results
+
+
+def _result(fut: Any, sid: int) -> ShardResult:
+    try:
+        return fut.result()
+    except distributed.KilledWorker as exc:
+        raise ManyfilesError(f"shard {sid}: every worker that ran it died ({exc})") from exc
+
+
+def run_on_worker(job: Job, sid: int, shard: Any, topic: str) -> ShardResult:
+    """The task: one shard, its counters published to ``topic`` as it goes."""
+    worker = distributed.get_worker()
+    attempt = f"{worker_name()}:{secrets.token_hex(4)}"
+
+    def send(done: int, nbytes: int, failures: int) -> None:
+        worker.log_event(topic, [sid, attempt, done, nbytes, failures])
+
+    publish = Throttle(send)
+    publish(0, 0, 0)      # "started": the client learns which attempt runs the shard
+    return execute_shard(job, shard, publish)
+
+
+# -- traces of the workers -------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def worker_traces(client: Any) -> Iterator[None]:
+    """While the client traces (``--trace FILE``), trace every worker; then gather their files."""
+    tracer = iotrace.TRACER
+    if tracer is None:
+        yield
+        return
+    run_id = str(tracer.header.get("run_id", ""))
+    name = f"manyfiles-trace-{run_id}"
+    client.register_plugin(TracePlugin(run_id), name=name)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            client.unregister_worker_plugin(name)     # teardown closes every worker's file
+        gather_traces(client, run_id, tracer.path)
+
+
+def _trace_dir(run_id: str) -> str:
+    return os.path.join(tempfile.gettempdir(), f"manyfiles-trace-{run_id}")
+
+
+class TracePlugin(distributed.WorkerPlugin):
+    """Traces a worker process to ``$TMP/manyfiles-trace-<run>/<pid>`` while registered."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.tracer: iotrace.Tracer | None = None
+
+    def setup(self, worker: Any) -> None:
+        if iotrace.TRACER is not None:
+            return
+        folder = _trace_dir(self.run_id)
+        os.makedirs(folder, exist_ok=True)
+        self.tracer = iotrace.Tracer(os.path.join(folder, str(os.getpid())),
+                                     header={"role": "worker", "run_id": self.run_id})
+        iotrace.TRACER = self.tracer
+
+    def teardown(self, worker: Any) -> None:
+        if self.tracer is not None:
+            if iotrace.TRACER is self.tracer:
+                iotrace.TRACER = None
+            self.tracer.close()
+            self.tracer = None
+
+
+def _trace_files(run_id: str) -> list[tuple[str, str, int]]:
+    folder = _trace_dir(run_id)
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    host = os.uname().nodename
+    return [(host, os.path.join(folder, n), os.stat(os.path.join(folder, n)).st_size)
+            for n in names if n.isdigit()]
+
+
+def _read_chunk(path: str, offset: int, size: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(size)
+
+
+def _remove_trace_dir(run_id: str) -> None:
+    shutil.rmtree(_trace_dir(run_id), ignore_errors=True)
+
+
+def gather_traces(client: Any, run_id: str, main_path: str) -> None:
+    """Copy every worker's trace file next to ``main_path`` as ``main_path.worker-<pid>``.
+
+    Files are found on each host (a worker killed mid-job leaves its file there; a live worker
+    on the same host fetches it) and copied in chunks, never as one message.
+    """
+    found: dict[tuple[str, str], tuple[str, int]] = {}
+    for address, files in client.run(_trace_files, run_id).items():
+        for host, path, size in files:
+            found.setdefault((host, path), (address, size))
+    taken: set[str] = set()
+    for (_host, path), (address, size) in sorted(found.items()):
+        pid = os.path.basename(path)
+        target = f"{main_path}{iotrace.WORKER_SUFFIX}{pid}"
+        n = 0
+        while target in taken or os.path.exists(target):     # same pid on two hosts
+            n += 1
+            target = f"{main_path}{iotrace.WORKER_SUFFIX}{pid}{n:03d}"
+        taken.add(target)
+        with open(target, "wb") as out:
+            for offset in range(0, size, TRACE_CHUNK):
+                out.write(client.run(_read_chunk, path, offset, TRACE_CHUNK, workers=[address])[address])
+    with contextlib.suppress(Exception):
+        client.run(_remove_trace_dir, run_id)

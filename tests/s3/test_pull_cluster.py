@@ -1,0 +1,141 @@
+"""s3pull on a real 2-process Dask cluster against moto over HTTP: key ranges listed in parallel,
+slices downloaded by the workers, every object byte-exact, one merged report, worker loss."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+
+import pytest
+from s3util import CREDS, blob
+
+from manyfiles.s3 import pull
+from manyfiles.s3.keys import STATE_DIR
+from manyfiles.scale.executor import ClusterReport
+
+KiB = 1024
+
+
+def files_under(root) -> dict[str, bytes]:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != STATE_DIR]
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, root)] = fh.read()
+    return out
+
+
+@pytest.fixture
+def s3_cluster(dask_client, moto_server):
+    """The shared cluster, its workers given moto's credentials (a real cluster has its own)."""
+    dask_client.run(os.environ.update, CREDS)
+    return dask_client
+
+
+def seed(put, n: int, prefix: str = "data/") -> dict[str, bytes]:
+    """n objects over hex-named "folders" (cuts fall among hex digits), a few of them larger."""
+    want = {}
+    for i in range(n):
+        key = f"{prefix}{i * 7919 % 4096:03x}/obj-{i:05d}.bin"
+        size = 200 * KiB if i % 97 == 0 else 300 + i % 1000
+        want[key[len(prefix):]] = put(key, blob(size, key))
+    return want
+
+
+def test_pull_on_the_cluster_installs_every_object_exactly(bucket, settings, s3_cluster, tmp_path) -> None:
+    name, put = bucket
+    want = seed(put, 400)
+    put("other/not-this.txt", b"outside the prefix")
+    dest = tmp_path / "dest"
+    report = pull(f"s3://{name}/data/", str(dest), settings=settings, cluster=s3_cluster, slice_keys=40,
+                  part_size=64 * KiB, ranged_min=128 * KiB)
+    assert isinstance(report, ClusterReport) and report.ok, report.failures
+    assert files_under(dest) == want
+    assert (report.done, report.skipped, report.bytes) == (400, 0, sum(map(len, want.values())))
+    assert report.items == 400 and len(report.workers) == 2, report.worker_lines()
+    assert report.shards >= 400 // 40 * 2                              # list ranges and slices
+    slices = glob.glob(str(dest / STATE_DIR / "shards" / "*.jsonl"))
+    assert len(slices) >= 400 // 40                                   # the slices' own state files
+    assert (dest / STATE_DIR / "state.jsonl").stat().st_size == 0      # nobody appended to one file
+    assert os.listdir(dest / STATE_DIR / "tmp") == []
+
+    again = pull(f"s3://{name}/data/", str(dest), settings=settings, cluster=s3_cluster, slice_keys=40)
+    assert (again.done, again.skipped) == (0, 400)                     # each slice read its own records
+    local = pull(f"s3://{name}/data/", str(dest), settings=settings)
+    assert (local.done, local.skipped) == (0, 400)                     # a local run reads them all
+
+
+def test_wildcards_filters_and_a_manifest_on_the_cluster(bucket, settings, s3_cluster, tmp_path) -> None:
+    name, put = bucket
+    want = seed(put, 120)
+    picked = {k: v for k, v in want.items() if k.endswith(("1.bin", "3.bin"))}
+    dest = tmp_path / "wild"
+    report = pull(f"s3://{name}/data/*[13].bin", str(dest), settings=settings, cluster=s3_cluster,
+                  slice_keys=25, exclude=["*/obj-0000*"])
+    picked = {k: v for k, v in picked.items() if not k.split("/")[1].startswith("obj-0000")}
+    assert report.ok and files_under(dest) == picked and report.done == len(picked)
+
+    manifest = tmp_path / "keys.txt"
+    keys = sorted(want)[::3]
+    manifest.write_text("".join(f"data/{k}\n" for k in keys))
+    dest = tmp_path / "listed"
+    report = pull(f"s3://{name}/data/", str(dest), settings=settings, cluster=s3_cluster, slice_keys=10,
+                  manifest=str(manifest))
+    assert report.ok and files_under(dest) == {k: want[k] for k in keys}
+    assert report.shards == -(-len(keys) // 10)                         # the client cut the manifest
+
+
+def test_missing_bucket_on_the_cluster_creates_nothing(settings, s3_cluster, tmp_path) -> None:
+    from manyfiles.errors import NotFound
+
+    with pytest.raises(NotFound, match="no such bucket"):
+        pull("s3://no-such-bucket-here/x/", str(tmp_path / "d"), settings=settings, cluster=s3_cluster)
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_worker_killed_mid_slice_loses_nothing(bucket, settings, s3_cluster, wait_for_two,
+                                                 tmp_path) -> None:
+    name, put = bucket
+    want = seed(put, 600)
+    dest = tmp_path / "dest"
+    killed: list[int] = []
+
+    def kill_when_downloading(snap) -> None:
+        # the cluster total says downloads are under way: SIGKILL a worker that is running a shard
+        if killed or snap.done < 60 or snap.finished:
+            return
+        busy = [addr for addr, keys in s3_cluster.processing().items() if keys]
+        if busy:
+            pid = s3_cluster.run(os.getpid, workers=busy[:1])[busy[0]]
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    report = pull(f"s3://{name}/data/", str(dest), settings=settings, cluster=s3_cluster, slice_keys=100,
+                  progress=kill_when_downloading)
+    wait_for_two()
+    assert killed, "the job ended before a worker could be killed"
+    assert killed[0] not in s3_cluster.run(os.getpid).values()
+    assert report.ok, report.failures
+    assert report.reruns >= 1
+    assert files_under(dest) == want                                    # every object, byte for byte
+    assert report.done + report.skipped == 600                          # each counted once
+    # and a rerun finds everything installed (the killed attempt's records or the re-run's)
+    again = pull(f"s3://{name}/data/", str(dest), settings=settings, cluster=s3_cluster, slice_keys=100)
+    assert (again.done, again.skipped) == (0, 600)
+
+
+def test_s3pull_cli_cluster(bucket, cli_env, run_cli, tmp_path) -> None:
+    name, put = bucket
+    want = seed(put, 30)
+    dest = tmp_path / "cli"
+    proc = run_cli("s3pull", f"s3://{name}/data/", str(dest), "--cluster", "local:1", env=cli_env)
+    assert proc.returncode == 0, proc.stderr
+    assert files_under(dest) == want
+    err = proc.stderr.decode()
+    assert "s3pull: 30 downloaded" in err and "s3pull: " in err.splitlines()[-1] and " shards, " in err
+    proc = run_cli("s3pull", f"s3://{name}/data/", str(dest), "--cluster", "local:1", "--dry-run",
+                   env=cli_env)
+    assert proc.returncode == 2 and "not with a cluster" in proc.stderr.decode()

@@ -1,0 +1,218 @@
+"""The executor seam on a real 2-process LocalCluster: merged reports, errors, progress, worker loss."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+from manyfiles import iotrace, scale, trace
+from manyfiles._report import Failure, Report
+from manyfiles.errors import ManyfilesError, MissingExtra, UsageError
+from manyfiles.scale.executor import (
+    ClusterReport,
+    InProcessExecutor,
+    Job,
+    ShardResult,
+    connect,
+    merge_report,
+    parse_cluster,
+    run_job,
+)
+
+# The jobs below are defined in this test module, which the workers cannot import: ship it by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@dataclass(kw_only=True)
+class CountReport(Report):
+    done: int = 0
+    bytes: int = 0
+    per_kind: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class MarkerJob(Job):
+    """Shard i writes ``folder/i.<pid>`` when it starts, sleeps, and reports i items; shards
+    below ``fan`` find two more shards each (work found while running)."""
+
+    folder: str
+    n: int = 6
+    fan: int = 0
+    sleep: float = 0.0
+    fail: int = -1
+    name = "markers"
+    unit = "things"
+
+    def shards(self):
+        return range(self.n)
+
+    def new_report(self) -> CountReport:
+        return CountReport()
+
+    def run(self, shard: int, publish) -> ShardResult:
+        Path(self.folder, f"{shard}.{os.getpid()}").touch()
+        if shard == self.fail:
+            raise UsageError(f"shard {shard} refused")
+        deadline = time.monotonic() + self.sleep
+        while time.monotonic() < deadline:
+            publish(shard // 2, 10, 0)
+            time.sleep(0.05)
+        report = CountReport(done=shard, bytes=10 * shard, per_kind={"even" if shard % 2 == 0 else "odd": 1},
+                             notes=["same note"], label="L")
+        if shard == 3:
+            report.failures.append(Failure(f"item-{shard}", "broken", "EIO"))
+        more = [100 + 2 * shard, 101 + 2 * shard] if shard < self.fan else []
+        return ShardResult(report=report, items=shard, bytes=10 * shard, more=more)
+
+
+def test_merge_report_adds_numbers_concatenates_lists_merges_dicts() -> None:
+    # done 1 + 1: small ints are shared objects, the merge must still add them
+    a = CountReport(done=1, bytes=5, per_kind={"x": 1}, notes=["n1"], label="")
+    a.add_failure("p1", "r1")
+    b = CountReport(done=1, bytes=7, per_kind={"x": 2, "y": 1}, notes=["n1", "n2"], label="B", seconds=9)
+    b.add_failure("p2", "r2")
+    failures = a.failures
+    merge_report(a, b)
+    assert (a.done, a.bytes, a.per_kind, a.label, a.seconds) == (2, 12, {"x": 3, "y": 1}, "B", 0.0)
+    assert a.notes == ["n1", "n2"]
+    assert [f.path for f in a.failures] == ["p1", "p2"] and a.failures is failures
+
+
+def test_dask_job_merges_every_shard_and_the_shards_they_found(tmp_path: Path, dask_client) -> None:
+    job = MarkerJob(folder=str(tmp_path), n=4, fan=2)
+    report = scale.run_job(job, dask_client)
+    shards = [0, 1, 2, 3, 100, 101, 102, 103]
+    assert isinstance(report, ClusterReport) and report.shards == len(shards)
+    assert report.done == report.items == sum(shards)                     # read through to the result
+    assert report.result.per_kind == {"even": 4, "odd": 4}
+    assert report.notes == ["same note"] and report.label == "L"
+    assert [f.path for f in report.failures] == ["item-3"] and not report.ok
+    assert sum(w.shards for w in report.workers.values()) == len(shards)
+    assert sorted(int(n.split(".")[0]) for n in os.listdir(tmp_path)) == shards  # each ran once
+    assert report.reruns == 0
+    assert "8 shards on" in str(report)
+
+
+def test_the_same_job_in_process_gives_the_same_report(tmp_path: Path) -> None:
+    report = run_job(MarkerJob(folder=str(tmp_path), n=4, fan=2), InProcessExecutor())
+    assert (report.shards, report.done, report.result.per_kind) == (8, 412, {"even": 4, "odd": 4})
+
+
+def test_a_shard_error_stops_the_job_and_keeps_its_class(tmp_path: Path, dask_client) -> None:
+    with pytest.raises(UsageError, match=r"shard 2 refused \(on worker .+:\d+\)") as info:
+        scale.run_job(MarkerJob(folder=str(tmp_path), n=5, fail=2), dask_client)
+    assert info.value.exit_code == 2
+
+
+def test_progress_shows_the_cluster_total_while_shards_run(tmp_path: Path, dask_client) -> None:
+    seen = []
+    report = scale.run_job(MarkerJob(folder=str(tmp_path), n=4, sleep=1.0), dask_client, progress=seen.append)
+    assert seen[-1].finished and seen[-1].done == report.items == 6 and seen[-1].bytes == 60
+    assert seen[-1].failures == 1 and seen[-1].unit == "things"
+    # while running, the workers' published counters (shard // 2 per running shard) were summed
+    assert any(0 < s.done < 6 and not s.finished for s in seen), seen
+
+
+def test_a_worker_killed_mid_shard_is_rerun_elsewhere_and_counted_once(tmp_path: Path, dask_client,
+                                                                       wait_for_two) -> None:
+    job = MarkerJob(folder=str(tmp_path), n=3, sleep=3.0)
+    killed = []
+
+    def kill_a_busy_worker() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            started = [n for n in os.listdir(tmp_path)]
+            if started:
+                pid = int(started[0].split(".")[1])
+                time.sleep(0.3)                       # mid-shard: it sleeps 3 s
+                os.kill(pid, signal.SIGKILL)
+                killed.append(int(started[0].split(".")[0]))
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_a_busy_worker)
+    killer.start()
+    report = scale.run_job(job, dask_client)
+    killer.join()
+    assert killed, "no shard started"
+    assert report.shards == 3 and report.items == 0 + 1 + 2          # each shard counted once
+    assert report.reruns >= 1
+    starts = [n.split(".")[0] for n in os.listdir(tmp_path)]
+    assert starts.count(str(killed[0])) == 2                           # the killed shard ran again
+
+
+def test_cluster_argument_forms() -> None:
+    assert parse_cluster("local:3") == ("local", 3)
+    assert parse_cluster("tcp://10.0.0.5:8786") == ("address", "tcp://10.0.0.5:8786")
+    for bad in ("local:0", "local:x", "10.0.0.5:8786", "", "local"):
+        with pytest.raises(UsageError, match="--cluster"):
+            parse_cluster(bad)
+    with pytest.raises(UsageError, match="cluster must be"), connect(42):
+        pass
+
+
+def test_unreachable_scheduler_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    from manyfiles.scale import _dask
+
+    monkeypatch.setattr(_dask, "CONNECT_TIMEOUT", "1s")
+    with pytest.raises(ManyfilesError, match=r"tcp://127\.0\.0\.1:9: cannot reach the Dask scheduler"):
+        scale.count_tree(tmp_path, cluster="tcp://127.0.0.1:9")
+
+
+def test_without_dask_cluster_is_a_one_line_missing_extra(tmp_path: Path) -> None:
+    code = ("import sys; sys.modules['distributed'] = None\n"
+            "from manyfiles import scale\n"
+            "try:\n"
+            f"    scale.count_tree({str(tmp_path)!r}, cluster='local:2')\n"
+            "except Exception as e:\n"
+            "    print(type(e).__name__, e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == ('MissingExtra running on a Dask cluster (--cluster) needs the [dask] extra '
+                                  '(distributed is not installed): pip install "manyfiles[dask]"'), out.stderr
+    assert issubclass(MissingExtra, UsageError)
+
+
+def test_local_n_starts_a_cluster_traces_its_workers_and_stops_it(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    for i in range(20):
+        (tree / f"d{i}").mkdir(parents=True)
+        for k in range(30):
+            (tree / f"d{i}" / f"f{k}").write_bytes(b"")
+    before = _children()
+    out = tmp_path / "run.mftrace"
+    with iotrace.tracing(out), connect("local:2") as executor:
+        # Dask's default MALLOC_TRIM_THRESHOLD_ makes every getdents buffer an mmap: not in ours
+        assert set(executor.client.run(os.environ.get, "MALLOC_TRIM_THRESHOLD_").values()) == {None}
+        report = scale.count_tree(tree, cluster=executor, subtree_budget=50, threads=1)
+    assert report.entries == 20 * 31
+    assert _children() == before                       # the LocalCluster is gone
+    ts = trace.load([out])
+    worker_pids = {int(f.header["pid"]) for f in ts.files if f.header.get("role") == "worker"}
+    assert len(worker_pids) == 2, ts.notes
+    listed = [r for r in ts.records() if r.op == "getdents"]
+    assert listed and {r.pid for r in listed} <= worker_pids      # the workers listed, not the client
+    assert {r.path for r in listed} >= {os.fsencode(tree / f"d{i}") for i in range(20)}
+
+
+def _children() -> set[int]:
+    me = os.getpid()
+    out = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                        out.add(int(pid))
+            except OSError:
+                continue
+    return out
