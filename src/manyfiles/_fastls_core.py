@@ -290,8 +290,14 @@ class _Output:
             view = view[os.write(self.fd, view) :]
 
 
-def count_lines(report: Tally, several: bool) -> list[str]:
-    """What ``--count`` prints: the number, or ``N<TAB>PATH`` per path and a total."""
+def count_lines(report: Tally, several: bool, as_json: bool = False) -> list[str]:
+    """What ``--count`` prints: the number, or ``N<TAB>PATH`` per path and a total; with
+    ``--json`` one line ``{"event": "summary", "entries": N, "counts": {PATH: N}, "failures": F}``."""
+    if as_json:
+        import json
+
+        return [json.dumps({"event": "summary", "entries": report.entries, "counts": report.counts,
+                            "failures": len(report.failures)}, ensure_ascii=False)]
     if several:
         return [f"{n}\t{path}" for path, n in report.counts.items()] + [f"{report.entries}\ttotal"]
     return [str(report.entries)] if report.counts else []
