@@ -147,8 +147,11 @@ def test_glob_and_exclude(run_cli, tmp_path: Path) -> None:
 
 def test_progress_only_on_a_terminal(run_cli, tmp_path: Path) -> None:
     make_tree(tmp_path / "a", 200)
+    r = run_cli("fastrm", str(tmp_path / "a"))
+    assert (r.returncode, r.stderr) == (0, b"")  # not a TTY: no progress by default
+    make_tree(tmp_path / "a", 200)
     r = run_cli("fastrm", "--progress", str(tmp_path / "a"))
-    assert (r.returncode, r.stderr) == (0, b"")  # not a TTY: no bar, no noise
+    assert r.returncode == 0 and r.stderr.endswith(b"[done]\n")  # asked for in a log: plain lines
     files, dirs = make_tree(tmp_path / "b", 200)
     total = files + dirs + 1
     master, slave = pty.openpty()
