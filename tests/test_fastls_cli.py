@@ -254,7 +254,8 @@ def _stderr_on_a_terminal(argv: list[str]) -> bytes:
     import select
 
     master, slave = pty.openpty()
-    proc = subprocess.Popen(argv, stderr=slave, stdout=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "120"})
+    proc = subprocess.Popen(argv, stderr=slave, stdout=subprocess.DEVNULL,
+                            env={**os.environ, "COLUMNS": "120"})
     os.close(slave)
     seen = b""
     while select.select([master], [], [], 60)[0]:

@@ -200,7 +200,7 @@ def _stderr_isatty() -> bool:
 def files_from_option(help: str, *, old: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Any]:
     """``--files-from FILE|-``: names one a line (or NUL-terminated, detected), ``-`` = stdin;
     passed as ``files_from`` (read with :func:`manyfiles._files_from.read_names`)."""
-    kind = click.Path(dir_okay=False, allow_dash=True)
+    kind = click.Path(exists=True, dir_okay=False, allow_dash=True)  # a missing list: usage error, exit 2
     decorators = [click.option("--files-from", "files_from", type=kind, default=None, metavar="FILE|-",
                                help=help)]
     if old:
