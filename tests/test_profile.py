@@ -39,7 +39,8 @@ def test_profile_and_trace_together_put_io_events_on_the_profile_timeline(tmp_pa
     for i in range(50):
         (tmp_path / "d" / f"f{i}").touch()
     out, t = tmp_path / "ls.json", tmp_path / "ls.mft"
-    proc = run_cli("fastls", "--profile-out", str(out), "--trace", str(t), "--bufsize", "1K", str(tmp_path / "d"))
+    proc = run_cli("fastls", "--profile-out", str(out), "--trace", str(t), "--bufsize", "1K",
+                   str(tmp_path / "d"))
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
     io = [e for e in doc["traceEvents"] if e.get("cat") == "io" and e["ph"] == "b"]

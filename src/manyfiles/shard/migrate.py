@@ -459,19 +459,13 @@ def preview(root: RootArg, op: str, layout: Layout | None = None) -> MigrationRe
     same op shows as ``resumed`` (its files are not counted: they are half here, half there).
     The same refusals as the real run are raised (not sharded for reshard, another op
     interrupted, no layout for a fresh reshard)."""
-    from manyfiles.shard.journal import read_records
     from manyfiles.shard.sharded_dir import ShardedDir
+    from manyfiles.shard.verify import read_state
 
     if op not in ("revert", "reshard"):
         raise UsageError(f"preview: op must be 'revert' or 'reshard', not {op!r}")
     t0 = time.monotonic()
-    rootb = abs_root(root)
-    fd = open_root(rootb)
-    try:
-        source = read_descriptor(fd, rootb)
-        found = read_records(fd)
-    finally:
-        os.close(fd)
+    rootb, source, found = read_state(root)
     header = found[0][0] if found and found[0] and found[0][0].get("type") == "header" else None
     rep = MigrationReport(op=op, root=os.fsdecode(rootb), layout=source if op == "revert" else layout,
                           dry_run=True, resumed=header is not None)
