@@ -267,3 +267,12 @@ def test_read_names_detects_nul_lists_past_the_sniffed_bytes() -> None:
     assert list(_files_from.read_names(io.BytesIO(b""))) == []
     with pytest.raises(NotFound, match="nope"):
         _files_from.read_names("/nonexistent/nope")
+
+
+def test_fastls_auto_progress_rule_keeps_the_terminal_listing_clean() -> None:
+    from manyfiles._fastls_main import progress_fits
+
+    assert progress_fits(False, stderr_tty=True, stdout_tty=False)       # fastls -r /d > list.txt
+    assert progress_fits(True, stderr_tty=True, stdout_tty=True)         # fastls -r -c /d
+    assert not progress_fits(False, stderr_tty=True, stdout_tty=True)    # names on the same terminal
+    assert not progress_fits(True, stderr_tty=False, stdout_tty=False)   # a log: never by default

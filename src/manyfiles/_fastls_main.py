@@ -4,7 +4,7 @@
 typing, inspect, ...) takes ~20 ms of that budget.  So ``fastls [-r] [-c] [-0] [--json]
 PATH...`` (the flags as separate words, paths that do not start with ``-``) is parsed here
 and run directly; any other argument list (``--help``, other options, usage errors), and a
-run whose default progress display is on (stderr a terminal, stdout not), goes to the click
+run whose default progress display is on (stderr a terminal; stdout not, or a count), goes to the click
 command in :mod:`manyfiles.cli.ls`, which stays the reference: a test checks that
 both parse every fast form to the same request.
 """
@@ -42,11 +42,19 @@ def parse_fast(argv: list[str]) -> dict[str, object] | None:
     return fields
 
 
+def progress_fits(count_only: bool, stderr_tty: bool, stdout_tty: bool) -> bool:
+    """fastls' auto-progress rule (with no --json / -q): stderr is a terminal, and stdout is not or
+    only gets a count at the end.  Names printed on the same terminal would tear the bar:
+    ``fastls -r /data > list.txt`` and ``fastls -r -c /data`` show it, ``fastls /data`` does not."""
+    return stderr_tty and (count_only or not stdout_tty)
+
+
 def main() -> None:
     """Entry point of the ``fastls`` script."""
     fields = parse_fast(sys.argv[1:])
-    if fields is not None and fields.get("format") != "json" and os.isatty(2) and not os.isatty(1):
-        fields = None  # the default progress display is on (cli.ls._progress_fits): click renders it
+    if fields is not None and fields.get("format") != "json" and progress_fits(
+            bool(fields.get("count_only")), os.isatty(2), os.isatty(1)):
+        fields = None  # the default progress display is on: the click command renders it
     if fields is not None:
         from manyfiles import listing
 

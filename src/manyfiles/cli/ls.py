@@ -8,6 +8,7 @@ import sys
 import click
 
 from manyfiles import _native, fastls, listing
+from manyfiles._fastls_main import progress_fits
 from manyfiles.cli._common import (
     Size,
     cluster_option,
@@ -111,7 +112,10 @@ def command(
             return 0  # an empty list names nothing to list (not the current directory)
     request = build_request(paths, recursive, max_depth, follow, count_only, sort, null, as_json, long_,
                             include, exclude, types, bufsize, jobs, backend)
-    show = resolve_progress(progress, quiet=quiet, as_json=as_json, isatty=_progress_fits)
+    def fits() -> bool:
+        return progress_fits(count_only, sys.stderr.isatty(), sys.stdout.isatty())
+
+    show = resolve_progress(progress, quiet=quiet, as_json=as_json, isatty=fits)
     report = fastls.run(request, sys.stdout.fileno(), progress=show, cluster=cluster, parts_dir=parts_dir)
     if count_only:
         for line in fastls.count_lines(report, len(request.paths) > 1, request.format == "json"):
@@ -155,13 +159,6 @@ def build_request(
         threads=jobs,
         backend=backend,
     )
-
-
-def _progress_fits() -> bool:
-    """fastls' auto-progress rule: stderr is a terminal and stdout is not (names printed to the
-    same terminal would tear the bar: ``fastls -r /data > list.txt`` shows it, ``fastls /data``
-    does not).  The click-free fast path hands such runs to this command."""
-    return sys.stderr.isatty() and not sys.stdout.isatty()
 
 
 def main() -> None:
