@@ -231,7 +231,7 @@ def test_dt_unknown_recursion_is_driven_by_eisdir(run_cli, tmp_path: Path) -> No
 
 
 def test_glob_table_through_the_command_line(run_cli, tmp_path: Path) -> None:
-    """The parity table once more, as a user types it: `fastrm -n -0 -o - --glob P DIR` prints
+    """The parity table once more, as a user types it: `fastrm -n -0 -o - --include P DIR` prints
     exactly what fnmatch.fnmatchcase selects (patterns with non-UTF-8 bytes arrive through argv)."""
     root = os.fsencode(tmp_path / "t")
     os.mkdir(root)
@@ -239,6 +239,6 @@ def test_glob_table_through_the_command_line(run_cli, tmp_path: Path) -> None:
     os.mkdir(os.path.join(root, b"sub"))
     make_files(os.path.join(root, b"sub"))
     for pattern in PATTERNS:
-        r = run_cli("fastrm", "-n", "-0", "-o", "-", "--glob", os.fsencode(pattern), root)
+        r = run_cli("fastrm", "-n", "-0", "-o", "-", "--include", os.fsencode(pattern), root)
         assert r.returncode == 0, (pattern, r.stderr)
         assert sorted(r.stdout.split(b"\0")[:-1]) == sorted(table_selection(root, pattern, False)), pattern
