@@ -121,7 +121,7 @@ def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
 
     By default objects under 24 MiB are fetched whole by the "lean" thread pool
     (raw sockets, hand-signed GETs) and larger ones in parallel 8 MiB ranged
-    parts (see --dry-run).  Every byte written is checked against the object's
+    parts (see -n).  Every byte written is checked against the object's
     MD5/ETag or checksum before it is installed.  A re-run skips what is already
     there and resumes large objects part by part; failed objects are listed in
     DEST/.s3pull/failures.tsv and make the exit code 1.
