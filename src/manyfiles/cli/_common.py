@@ -88,8 +88,8 @@ def deprecation_line(prog: str, old: str, new: str) -> str:
 def deprecated_alias(name: str, new: str, *decls: str, **attrs: Any) -> Callable[[Callable[..., Any]], Any]:
     """Decorator: a hidden old spelling (``decls``, e.g. ``"-w", "--workers"``) of the option whose
     parameter is ``name`` (spelled ``new`` today).  Its value goes to ``name``; using it prints
-    :func:`deprecation_line` once on stderr.  Giving both spellings is a usage error (a
-    ``multiple=True`` option collects both instead).  ``attrs``: the click attributes of the
+    :func:`deprecation_line` once on stderr.  Both spellings with different values are a usage
+    error (a ``multiple=True`` option collects both instead).  ``attrs``: the click attributes of the
     old option (its type, ``is_flag``, ``multiple``...), usually the new one's."""
     key = f"{name}__{decls[-1].lstrip('-').replace('-', '_')}"
     old = "/".join(decls)
@@ -107,7 +107,7 @@ def deprecated_alias(name: str, new: str, *decls: str, **attrs: Any) -> Callable
             if ctx.get_parameter_source(key) in _GIVEN:
                 if attrs.get("multiple"):
                     kwargs[name] = (*kwargs[name], *value)
-                elif ctx.get_parameter_source(name) in _GIVEN:
+                elif ctx.get_parameter_source(name) in _GIVEN and kwargs[name] != value:
                     raise click.UsageError(f"{old} and {new} mean the same: give {new} only")
                 else:
                     kwargs[name] = value
