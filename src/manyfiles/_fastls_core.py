@@ -306,3 +306,10 @@ def count_lines(report: Tally, several: bool, as_json: bool = False) -> list[str
 def failure_lines(report: Tally) -> list[str]:
     """``fastls: PATH: reason`` for every path or directory that could not be listed."""
     return [f"fastls: {f.path}: {f.reason}" for f in report.failures]
+
+
+def progress_fits(count_only: bool, stderr_tty: bool, stdout_tty: bool) -> bool:
+    """fastls' auto-progress rule (with no --json / -q): stderr is a terminal, and stdout is not or
+    only gets a count at the end.  Names printed on the same terminal would tear the bar:
+    ``fastls -r /data > list.txt`` and ``fastls -r -c /data`` show it, ``fastls /data`` does not."""
+    return stderr_tty and (count_only or not stdout_tty)

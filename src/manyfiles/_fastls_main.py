@@ -42,16 +42,11 @@ def parse_fast(argv: list[str]) -> dict[str, object] | None:
     return fields
 
 
-def progress_fits(count_only: bool, stderr_tty: bool, stdout_tty: bool) -> bool:
-    """fastls' auto-progress rule (with no --json / -q): stderr is a terminal, and stdout is not or
-    only gets a count at the end.  Names printed on the same terminal would tear the bar:
-    ``fastls -r /data > list.txt`` and ``fastls -r -c /data`` show it, ``fastls /data`` does not."""
-    return stderr_tty and (count_only or not stdout_tty)
-
-
 def main() -> None:
     """Entry point of the ``fastls`` script."""
     fields = parse_fast(sys.argv[1:])
+    from manyfiles._fastls_core import progress_fits
+
     if fields is not None and fields.get("format") != "json" and progress_fits(
             bool(fields.get("count_only")), os.isatty(2), os.isatty(1)):
         fields = None  # the default progress display is on: the click command renders it

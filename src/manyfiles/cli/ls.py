@@ -8,7 +8,7 @@ import sys
 import click
 
 from manyfiles import _native, fastls, listing
-from manyfiles._fastls_main import progress_fits
+from manyfiles._fastls_core import progress_fits
 from manyfiles.cli._common import (
     Size,
     cluster_option,
