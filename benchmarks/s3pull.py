@@ -66,7 +66,7 @@ SHAPES = {
 # how a shape is uploaded: s5cmd, or boto3 as one PutObject / multipart / PutObject with a CRC32C
 UPLOAD = {"1g-md5": "put", "1g-multi": "multipart", "1g-crc32c": "crc32c"}
 ENGINES = ["auto", "lean", "http", "async", "threads", "processes", "ranged", "sync"]
-VARIANTS = {"auto --no-verify": ["--no-verify"], "auto --etag-only": ["--etag-only"]}
+VARIANTS = {"auto --no-checksum": ["--no-checksum"], "auto --etag-only": ["--etag-only"]}
 
 
 def free_port() -> int:

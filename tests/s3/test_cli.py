@@ -75,7 +75,7 @@ def test_clear_one_line_errors(run_cli, bucket, cli_env, tmp_path):
     assert r.returncode != 0 and str(afile).encode() in r.stderr
     r = run_cli("s3pull", f"s3://{name}/", str(tmp_path / "o2"), "--manifest", str(tmp_path / "nope"),
                 env=cli_env)
-    assert r.returncode == 1 and b"No such file" in r.stderr
+    assert r.returncode == 2 and b"does not exist" in r.stderr   # a missing --files-from list: usage error
 
 
 def test_missing_credentials_is_one_line(run_cli, bucket, cli_env, tmp_path):

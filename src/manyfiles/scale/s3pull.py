@@ -168,8 +168,8 @@ def pull_on_cluster(source: str, dest: str | os.PathLike, *, cluster: ClusterArg
     if manifest is None:
         # the first listing request before DEST exists: no bucket, no credentials -> nothing created
         next(iter(list_objects_lean(settings, url, page_size=1, retry=cfg.retry)), None)
-    elif not os.path.isfile(manifest):
-        raise UsageError(f"--manifest {manifest}: no such file")
+    elif manifest != "-" and not os.path.isfile(manifest):   # "-": stdin, read here by shards()
+        raise UsageError(f"--files-from {manifest}: no such file")
     dest = os.path.abspath(os.fspath(dest))
     if os.path.exists(dest) and not os.path.isdir(dest):
         raise UsageError(f"{dest}: not a directory")
@@ -178,7 +178,8 @@ def pull_on_cluster(source: str, dest: str | os.PathLike, *, cluster: ClusterArg
     sink.state.release()
     job = PullJob(source=source, dest=dest, settings=settings, config=tuple(sorted(config.items())),
                   include=tuple(include), exclude=tuple(exclude),
-                  manifest=None if manifest is None else os.path.abspath(manifest), slice_keys=slice_keys)
+                  manifest=manifest if manifest in (None, "-") else os.path.abspath(manifest),
+                  slice_keys=slice_keys)
     return run_job(job, cluster, progress=progress)
 
 

@@ -61,6 +61,8 @@ class MigrationReport(Report):
     buckets: int = 0
     resumed: bool = False
     nothing_to_do: bool = False
+    dry_run: bool = False  # revert/reshard(dry_run=True): nothing moved; ``planned`` would be
+    planned: int = 0
     skipped: list[tuple[bytes, str]] = field(default_factory=list)   # left alone on purpose
     conflicts: list[bytes] = field(default_factory=list)
 
@@ -79,6 +81,11 @@ class MigrationReport(Report):
             state = {"revert": "not sharded"}.get(self.op, f"already sharded ({self.layout.describe()})"
                                                   if self.layout else "not sharded")
             return f"{self.root}: {state}; nothing to do"
+        if self.dry_run:
+            how = {"revert": "back to the top level",
+                   "reshard": f"into {self.layout.describe() if self.layout else '?'}"}.get(self.op, "")
+            again = "; an interrupted run would be resumed" if self.resumed else ""
+            return f"{self.op} (dry run): {self.planned:,} files would move {how}; nothing moved{again}"
         extra = [f"{self.already:,} already done" if self.already else "",
                  f"{self.appeared:,} appeared during the run" if self.appeared else "",
                  f"{self.vanished:,} vanished" if self.vanished else "",
@@ -133,6 +140,15 @@ class Plan:
         s = self.stats
         return (f"<div><b>Plan</b>: {html.escape(self.summary())}<br>files per bucket: min {s.min:,}, "
                 f"max {s.max:,}, mean {s.mean:.1f}, stddev {s.stddev:.1f}</div>")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Counts as plain JSON values (what ``shard apply -n --json`` prints; no per-file list)."""
+        s = self.stats
+        return {"ok": not self.blocking, "summary": self.summary(), "dry_run": True, "root": self.root,
+                "layout": self.layout.describe(), "moves": len(self.moves), "buckets": s.buckets,
+                "per_bucket": {"min": s.min, "max": s.max, "mean": s.mean, "stddev": s.stddev},
+                "collisions": len(self.collisions), "skipped": len(self.skipped),
+                "blocking": [os.fsdecode(b) for b in self.blocking], "already_sharded": self.already_sharded}
 
     def write_csv(self, path: str) -> None:
         """``source,destination`` per move, relative to the root (names byte-exact)."""
@@ -322,14 +338,17 @@ def _run_apply(m: Migration, target: Layout, *, fresh: bool, recorded: Layout | 
 
 
 def revert(root: RootArg, *, workers: int | None = None, progress: ProgressArg = False,
-           journal_sync: bool = True, cluster: object = None) -> MigrationReport:
+           journal_sync: bool = True, cluster: object = None, dry_run: bool = False) -> MigrationReport:
     """Move every file of the sharded tree back to the root and remove the buckets (resumable).
 
     A folder that is not sharded (no descriptor, no interrupted migration) is nothing to do,
-    like ``apply`` on a sharded one.  ``cluster``: as for :func:`apply`.
+    like ``apply`` on a sharded one.  ``cluster``: as for :func:`apply`.  ``dry_run``: count
+    what would move (``report.planned``) and move nothing (see :func:`preview`).
     """
     _check_root(root)
     _check_common(workers, progress, journal_sync)
+    if dry_run:
+        return preview(root, "revert")
     t0 = time.monotonic()
     with _engine(root, "revert", workers, journal_sync, cluster) as m:
         journal = Journal.open(m.rootfd, sync=journal_sync)
@@ -385,14 +404,17 @@ def _run_revert(m: Migration, source: Layout, *, fresh: bool, op: str = "revert"
 
 def reshard(root: RootArg, layout: Layout | None = None, *, workers: int | None = None,
             progress: ProgressArg = False, journal_sync: bool = True,
-            cluster: object = None) -> MigrationReport:
+            cluster: object = None, dry_run: bool = False) -> MigrationReport:
     """Change the layout of a sharded tree: revert then apply, as one resumable operation.
 
     The descriptor is the phase marker: old layout = still flattening, new or none = building.
+    ``dry_run``: count what would move and move nothing (see :func:`preview`).
     """
     _check_root(root)
     _check_layout(layout)
     _check_common(workers, progress, journal_sync)
+    if dry_run:
+        return preview(root, "reshard", layout)
     t0 = time.monotonic()
     with _engine(root, "reshard", workers, journal_sync, cluster) as m:
         journal = Journal.open(m.rootfd, sync=journal_sync)
@@ -425,6 +447,46 @@ def reshard(root: RootArg, layout: Layout | None = None, *, workers: int | None 
                 _run_apply(m, target, fresh=False, recorded=None, op="reshard")
         m.report.seconds = time.monotonic() - t0
         return m.result()
+
+
+# -- dry runs ----------------------------------------------------------------------------------------
+
+
+def preview(root: RootArg, op: str, layout: Layout | None = None) -> MigrationReport:
+    """What ``revert`` or ``reshard`` (``op``) would do, from the descriptor, the journal and one
+    count of the tree (C walker); nothing is written, no lock is taken.  The report has
+    ``dry_run=True`` and ``planned`` (files that would move); an interrupted migration of the
+    same op shows as ``resumed`` (its files are not counted: they are half here, half there).
+    The same refusals as the real run are raised (not sharded for reshard, another op
+    interrupted, no layout for a fresh reshard)."""
+    from manyfiles.shard.sharded_dir import ShardedDir
+    from manyfiles.shard.verify import read_state
+
+    if op not in ("revert", "reshard"):
+        raise UsageError(f"preview: op must be 'revert' or 'reshard', not {op!r}")
+    t0 = time.monotonic()
+    rootb, source, found = read_state(root)
+    header = found[0][0] if found and found[0] and found[0][0].get("type") == "header" else None
+    rep = MigrationReport(op=op, root=os.fsdecode(rootb), layout=source if op == "revert" else layout,
+                          dry_run=True, resumed=header is not None)
+    if header is not None:
+        if header.get("op") != op:
+            raise ManyfilesError(f"{rep.root}: an interrupted `shard {header.get('op')}` must finish first: "
+                                 f"run `shard {header.get('op')} {rep.root}`")
+        if op == "reshard" and rep.layout is None:
+            rep.layout = _layout_from(header.get("to"))
+    elif source is None:
+        if op == "reshard":
+            raise ManyfilesError(f"{rep.root}: not sharded; use `shard apply`")
+        rep.nothing_to_do = True
+    elif op == "reshard" and layout is None:
+        raise UsageError("reshard needs the new layout (--levels, --hash or --key)")
+    elif source == layout:
+        rep.nothing_to_do = True
+    else:
+        rep.planned = ShardedDir(rootb).count()
+    rep.seconds = time.monotonic() - t0
+    return rep
 
 
 # -- plan ------------------------------------------------------------------------------------------
