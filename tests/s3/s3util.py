@@ -138,6 +138,7 @@ class FaultProxy:
         self.rng = random.Random(seed)
         self.decoy_path: str | None = None
         self.sse_kms = False
+        self.head_as_s3 = False   # HEAD names a composite checksum as S3 does ("<b64>-N" + its type)
         self.delay = 0.0          # seconds added to every object GET
         self.clock_offset: float | None = None
         self.bucket_region: str | None = None
@@ -218,6 +219,8 @@ class FaultProxy:
                         v = v.replace(headers["Range"].split("=")[1], rng_hdr.split("=")[1])
                     if lk == "etag" and proxy.sse_kms:
                         v = proxy._fake_etag(v)
+                    if lk.startswith("x-amz-checksum-") and proxy.head_as_s3 and self.command == "HEAD":
+                        v = proxy._as_s3(v, resp_headers)
                     self.send_header(k, v)
                 if proxy.sse_kms and self.command in ("GET", "HEAD") and "list-type" not in self.path:
                     self.send_header("x-amz-server-side-encryption", "aws:kms")
@@ -290,6 +293,13 @@ class FaultProxy:
         if etag.startswith("&quot;"):
             return f"&quot;{fake}&quot;"
         return f'"{fake}"' if quoted else fake
+
+    @staticmethod
+    def _as_s3(value: str, resp_headers) -> str:
+        """moto's HEAD gives a multipart object's composite checksum without the ``-N`` S3 adds."""
+        etag = next((v for k, v in resp_headers if k.lower() == "etag"), "").strip('"')
+        n = etag.rpartition("-")[2] if "-" in etag else ""
+        return f"{value}-{n}" if n and "-" not in value else value
 
     def _real_etag(self, etag: str) -> str:
         raw = etag.strip('"')
