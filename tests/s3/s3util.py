@@ -115,7 +115,8 @@ class FaultProxy:
 
     ``sse_kms = True`` makes every object look KMS-encrypted, as S3 shows it: the
     ``x-amz-server-side-encryption: aws:kms`` header and an ETag that is not the MD5 of the body,
-    consistently in listings, HEAD and GET (If-Match is translated back for moto).
+    consistently in listings, HEAD and GET (If-Match is translated back for moto);
+    ``sse_kms = "sse-c"`` the same with SSE-C's customer-key headers.
 
     Behaving like a real S3 edge: ``tls`` (an ``ssl.SSLContext``) serves HTTPS;
     ``clock_offset`` (seconds) gives the server a clock that far from ours and answers any
@@ -222,7 +223,11 @@ class FaultProxy:
                     if lk.startswith("x-amz-checksum-") and proxy.head_as_s3 and self.command == "HEAD":
                         v = proxy._as_s3(v, resp_headers)
                     self.send_header(k, v)
-                if proxy.sse_kms and self.command in ("GET", "HEAD") and "list-type" not in self.path:
+                an_object = self.command in ("GET", "HEAD") and "list-type" not in self.path
+                if proxy.sse_kms == "sse-c" and an_object:
+                    self.send_header("x-amz-server-side-encryption-customer-algorithm", "AES256")
+                    self.send_header("x-amz-server-side-encryption-customer-key-MD5", "a2V5IE1ENSBhcyBzZW50==")
+                elif proxy.sse_kms and an_object:
                     self.send_header("x-amz-server-side-encryption", "aws:kms")
                     self.send_header("x-amz-server-side-encryption-aws-kms-key-id", "arn:aws:kms:test")
                 if proxy.sse_kms and b"<ETag>" in data:

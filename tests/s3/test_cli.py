@@ -24,9 +24,16 @@ def test_pull_summary_and_rerun(run_cli, bucket, cli_env, tmp_path):
     r = run_cli("s3pull", f"s3://{name}/k/", str(dest), env=cli_env)
     assert r.returncode == 0, r.stderr
     assert b"8 downloaded" in r.stderr and b"engines: lean 8" in r.stderr
+    assert b"verified: crc32 8" in r.stderr      # botocore's uploads carry a CRC32
     assert files_under(dest) == {k[2:]: v for k, v in data.items()}
     r = run_cli("s3pull", f"s3://{name}/k/", str(dest), env=cli_env)
     assert r.returncode == 0 and b"0 downloaded" in r.stderr and b"8 skipped" in r.stderr
+    # without content checks, the summary and --json say how many objects only had their size checked
+    r = run_cli("s3pull", f"s3://{name}/k/", str(tmp_path / "nv"), "--no-verify", env=cli_env)
+    assert r.returncode == 0 and b"verified: size-only 8" in r.stderr, r.stderr
+    r = run_cli("s3pull", f"s3://{name}/k/", str(tmp_path / "nvj"), "--no-verify", "--json", env=cli_env)
+    summary = json.loads(r.stdout.decode().splitlines()[-1])
+    assert r.returncode == 0 and summary["verified"] == {"size-only": 8}
 
 
 def test_json_events_and_failures_exit_1(run_cli, bucket, cli_env, tmp_path):

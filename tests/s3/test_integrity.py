@@ -114,8 +114,10 @@ def test_other_objects_body_of_the_same_size_is_refused(s3plain, bucket, proxy, 
     assert (tmp_path / "o" / "a.bin").read_bytes() == a
 
 
+@pytest.mark.parametrize("sse", [True, "sse-c"], ids=["sse-kms", "sse-c"])
 @pytest.mark.parametrize("strategy", ["auto", "lean", "sync", "http"])
-def test_sse_kms_objects_are_checksum_or_size_verified(strategy, s3admin, s3plain, bucket, proxy, tmp_path):
+def test_sse_kms_objects_are_checksum_or_size_verified(strategy, sse, s3admin, s3plain, bucket, proxy,
+                                                       tmp_path):
     name, _ = bucket
     with_crc = blob(3000, "k1")
     plain = blob(5000, "k2")
@@ -123,7 +125,7 @@ def test_sse_kms_objects_are_checksum_or_size_verified(strategy, s3admin, s3plai
     s3admin.put_object(Bucket=name, Key="k/crc.bin", Body=with_crc)       # botocore adds a CRC32
     s3plain.put_object(Bucket=name, Key="k/plain.bin", Body=plain)
     s3plain.put_object(Bucket=name, Key="k/big.bin", Body=big)
-    proxy.sse_kms = True
+    proxy.sse_kms = sse
     via = ClientSettings(endpoint_url=proxy.url, region="us-east-1")
     report = pull(f"s3://{name}/k/", str(tmp_path / "o"), strategy=strategy, settings=via, **cfg())
     assert report.failures == [] and report.retries == 0
