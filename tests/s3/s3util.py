@@ -226,7 +226,7 @@ class FaultProxy:
                 an_object = self.command in ("GET", "HEAD") and "list-type" not in self.path
                 if proxy.sse_kms == "sse-c" and an_object:
                     self.send_header("x-amz-server-side-encryption-customer-algorithm", "AES256")
-                    self.send_header("x-amz-server-side-encryption-customer-key-MD5", "a2V5IE1ENSBhcyBzZW50==")
+                    self.send_header("x-amz-server-side-encryption-customer-key-MD5", "a2V5IG1kNQ==")
                 elif proxy.sse_kms and an_object:
                     self.send_header("x-amz-server-side-encryption", "aws:kms")
                     self.send_header("x-amz-server-side-encryption-aws-kms-key-id", "arn:aws:kms:test")
