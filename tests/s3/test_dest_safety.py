@@ -75,6 +75,18 @@ def test_symlink_plants_are_refused_and_nothing_outside_changes(plant, run_cli, 
     assert files_under(dest) == {}
 
 
+def test_start_up_cleanup_deletes_only_names_s3pull_makes(bucket, settings, tmp_path):
+    name, put = bucket
+    put("c/x", b"x")
+    tmp = tmp_path / "dest" / STATE_DIR / "tmp"
+    tmp.mkdir(parents=True)
+    (tmp / "notes.txt").write_bytes(b"not ours")
+    (tmp / "0123abcd.tmp").write_bytes(b"a temp file of a killed run")
+    report = pull(f"s3://{name}/c/", str(tmp_path / "dest"), settings=settings, retry=FAST_RETRY)
+    assert report.ok and sorted(os.listdir(tmp)) == ["notes.txt"]
+    assert (tmp / "notes.txt").read_bytes() == b"not ours"
+
+
 def test_state_dir_owned_by_someone_else_is_refused(run_cli, bucket, cli_env, tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root to give a folder to another user")
