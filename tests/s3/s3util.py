@@ -139,7 +139,7 @@ class FaultProxy:
         self.rng = random.Random(seed)
         self.decoy_path: str | None = None
         self.sse_kms = False
-        self.head_as_s3 = False   # HEAD names a composite checksum as S3 does ("<b64>-N" + its type)
+        self.head_as_s3 = False   # HEAD names a composite checksum with the "-N" S3 gives it
         self.delay = 0.0          # seconds added to every object GET
         self.clock_offset: float | None = None
         self.bucket_region: str | None = None
