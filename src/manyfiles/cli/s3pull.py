@@ -74,8 +74,9 @@ class _PullOrVerify(click.Command):
 @jobs_option("Connections in flight, shared by all engines.", default=64, old=("--concurrency",))
 @click.option("--processes", type=click.IntRange(0, 256), default=0,
               help="Worker processes for --strategy processes (default: CPU count).")
-@filter_options("Only paths (relative to the prefix) matching GLOB (repeatable).",
-                "Skip paths matching GLOB (repeatable; wins over --include).")
+@filter_options("Only files whose name matches GLOB (a path relative to the prefix if it has '/'; "
+                "repeatable).",
+                "Skip files matching GLOB, by the same rule (repeatable; wins over --include).")
 @files_from_option("Download the keys listed in FILE ('-': stdin), one a line (or NUL-terminated), "
                    "optionally key<TAB>size<TAB>etag.", old=("--manifest",))
 @click.option("--layout", type=click.Choice(["folder", "sharded"]), default="folder", show_default=True,
