@@ -182,6 +182,11 @@ def test_without_dask_cluster_is_a_one_line_missing_extra(tmp_path: Path) -> Non
     assert issubclass(MissingExtra, UsageError)
 
 
+
+def _environ_get(name: str) -> str | None:
+    """The worker's own variable (``client.run(os.environ.get, ...)`` would read a pickled copy of ours)."""
+    return os.environ.get(name)
+
 def test_local_n_starts_a_cluster_traces_its_workers_and_stops_it(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     for i in range(20):
@@ -192,7 +197,7 @@ def test_local_n_starts_a_cluster_traces_its_workers_and_stops_it(tmp_path: Path
     out = tmp_path / "run.mftrace"
     with iotrace.tracing(out), connect("local:2") as executor:
         # Dask's default MALLOC_TRIM_THRESHOLD_ makes every getdents buffer an mmap: not in ours
-        assert set(executor.client.run(os.environ.get, "MALLOC_TRIM_THRESHOLD_").values()) == {None}
+        assert set(executor.client.run(_environ_get, "MALLOC_TRIM_THRESHOLD_").values()) == {None}
         report = listing_cluster.count_tree(tree, cluster=executor, subtree_budget=50, threads=1)
     assert report.entries == 20 * 31
     assert _children() == before                       # the LocalCluster is gone
