@@ -38,27 +38,9 @@ PACKAGE = "manyfiles"
 
 # (importer, "what it uses") -> owner of the importer.  Keep sorted; say who fixes it.
 ALLOWED_PRIVATE: dict[tuple[str, str], str] = {
-    # s3.engines is a subpackage: transfer's _trace helper is not its own (make it public, or move it)
-    ("manyfiles.s3.engines.aio", "manyfiles.s3.transfer._trace"): "s3-integrity",
-    # scale/ holds each tool's cluster job and reaches into the tool's internals; the jobs move
-    # into their tools' packages (s3/, shard/, remove/, cache/), over a tool-agnostic executor
-    ("manyfiles.scale.cache", "manyfiles.cache._cache"): "scale",
-    ("manyfiles.scale.remove", "manyfiles.remove._plan"): "scale",
-    ("manyfiles.scale.shard", "manyfiles.shard._engine"): "scale",
 }
 # a cycle, as test_no_import_circles prints it (rotated to its smallest module) -> owner
 ALLOWED_CYCLES: dict[tuple[str, ...], str] = {
-    # client imports sigv4 inside two functions (configured_endpoint, aws_config), sigv4 imports
-    # client's S3_FEATURE/ClientSettings at the top: one of the two must move
-    ("manyfiles.s3.client", "manyfiles.s3.sigv4"): "s3-integrity",
-    # the cluster seam both ways: a tool's `cluster=` imports scale.<tool> (lazily), which imports
-    # the tool back; fix: each tool owns its cluster job, scale keeps only the generic executor
-    ("manyfiles.cache", "manyfiles.cache._cache", "manyfiles.scale.cache"): "scale",
-    ("manyfiles.fastls", "manyfiles.scale.tree"): "scale",
-    ("manyfiles.remove", "manyfiles.scale.remove"): "scale",
-    ("manyfiles.s3", "manyfiles.s3.pull", "manyfiles.scale.s3pull"): "scale",
-    ("manyfiles.scale._dask", "manyfiles.scale.executor"): "scale",
-    ("manyfiles.scale.shard", "manyfiles.shard.migrate"): "scale",
 }
 
 
@@ -276,6 +258,26 @@ def test_no_private_name_is_used_outside_its_package() -> None:
     gone = set(ALLOWED_PRIVATE) - set(found)
     assert not gone, f"fixed, drop from ALLOWED_PRIVATE: {sorted(gone)}"
 
+
+
+# what manyfiles.scale may use besides itself and manyfiles' shared private modules (manyfiles._x)
+SCALE_MAY_USE = ("manyfiles.errors", "manyfiles.iotrace")
+
+
+def test_scale_imports_no_tool() -> None:
+    """manyfiles.scale is the tool-agnostic executor layer (issue 13): each tool keeps its cluster
+    job beside its own code and imports scale, never the other way."""
+    found = []
+    for module in MODULES:
+        if module != "manyfiles.scale" and not module.startswith("manyfiles.scale."):
+            continue
+        for use in uses(module):
+            parts = use.target.split(".")
+            if (parts[:2] == ["manyfiles", "scale"] or use.target in SCALE_MAY_USE
+                    or (len(parts) == 2 and is_private(parts[1]))):
+                continue
+            found.append(f"{module} line {use.line}: {use.target}")
+    assert not found, "manyfiles.scale uses a tool:\n" + "\n".join(found)
 
 def test_the_rules_on_a_small_package(tmp_path: Path, monkeypatch) -> None:
     """A made-up manyfiles: the offences issue 10 names are found, the allowed uses are not."""

@@ -384,16 +384,17 @@ class Cache:
         validated (a listing's ETags, or one HEAD / stat each).  Failures are collected in the
         report, not raised.  ``cluster`` (``"local:N"``, ``"tcp://HOST:8786"``, a
         ``distributed.Client``): the objects are partitioned across the Dask workers, each
-        warming its own cache at this path (:mod:`manyfiles.scale.cache`)."""
+        warming its own cache at this path (``cache/_cluster.py``)."""
         check_progress(progress)
         if jobs < 1:
             raise UsageError(f"jobs {jobs}: must be at least 1")
         if isinstance(srcs, (str, bytes, os.PathLike)):
             srcs = [srcs]
         if cluster is not None:
-            from manyfiles.scale.cache import warm_on_cluster
+            from manyfiles.cache._cluster import warm_on_cluster
 
-            return warm_on_cluster(self, srcs, cluster=cluster, jobs=jobs, progress=progress)
+            return warm_on_cluster(self, srcs, report_type=WarmReport, cluster=cluster, jobs=jobs,
+                                   progress=progress)
         report = WarmReport()
         lock = threading.Lock()
         t0 = time.monotonic()

@@ -15,16 +15,16 @@ import html
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from manyfiles._progress import ProgressArg, check_progress
-from manyfiles._report import Report
 from manyfiles._testing import killpoint
 from manyfiles.errors import ManyfilesError, UsageError, describe_oserror
 from manyfiles.shard._engine import Migration
 from manyfiles.shard.journal import Journal
 from manyfiles.shard.layout import Layout
+from manyfiles.shard.report import MigrationReport
 from manyfiles.shard.scan import RootArg, abs_root, open_root, scan_root
 from manyfiles.shard.sharded_dir import (
     DESCRIPTOR,
@@ -37,63 +37,7 @@ from manyfiles.shard.sharded_dir import (
 _RESCANS = 3  # extra passes for files created while we run
 
 
-# -- results -------------------------------------------------------------------------------------
-
-
-@dataclass(kw_only=True)
-class MigrationReport(Report):
-    """What a migration did.  ``ok`` is False when something failed or was left in the way.
-
-    ``conflicts`` (names at source AND destination, both kept) are also in ``failures``.
-    ``left_flat``: files still flat at the end -- created after the last rescan, or (with a
-    plan) not in the plan; they are not failures: run ``apply`` again to move them.
-    """
-
-    op: str
-    root: str
-    layout: Layout | None
-    moved: int = 0
-    already: int = 0       # found done: a previous (killed) run or an NFS rename retry did it
-    vanished: int = 0      # deleted by someone else before we got to it
-    appeared: int = 0      # created during the migration and moved by a rescan
-    set_aside: int = 0     # files named like a top bucket, parked in the aside directory first
-    left_flat: int = 0
-    buckets: int = 0
-    resumed: bool = False
-    nothing_to_do: bool = False
-    dry_run: bool = False  # revert/reshard(dry_run=True): nothing moved; ``planned`` would be
-    planned: int = 0
-    skipped: list[tuple[bytes, str]] = field(default_factory=list)   # left alone on purpose
-    conflicts: list[bytes] = field(default_factory=list)
-
-    @property
-    def rate(self) -> float:
-        return self.moved / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def errors(self) -> list[tuple[str, str]]:
-        """``(path, reason)`` of the failures that are not conflicts (the list ``errors`` was before
-        issue 10, which held names relative to the root)."""
-        return [(f.path, f.reason) for f in self.failures if f.code != "EEXIST"]
-
-    def summary(self) -> str:
-        if self.nothing_to_do:
-            state = {"revert": "not sharded"}.get(self.op, f"already sharded ({self.layout.describe()})"
-                                                  if self.layout else "not sharded")
-            return f"{self.root}: {state}; nothing to do"
-        if self.dry_run:
-            how = {"revert": "back to the top level",
-                   "reshard": f"into {self.layout.describe() if self.layout else '?'}"}.get(self.op, "")
-            again = "; an interrupted run would be resumed" if self.resumed else ""
-            return f"{self.op} (dry run): {self.planned:,} files would move {how}; nothing moved{again}"
-        extra = [f"{self.already:,} already done" if self.already else "",
-                 f"{self.appeared:,} appeared during the run" if self.appeared else "",
-                 f"{self.vanished:,} vanished" if self.vanished else "",
-                 f"{self.left_flat:,} left flat (rerun apply to move them)" if self.left_flat else "",
-                 "resumed an interrupted run" if self.resumed else ""]
-        tail = "; ".join(x for x in extra if x)
-        return (f"{self.op}: {self.moved:,} files moved, {self.buckets:,} buckets, {self.seconds:.1f} s "
-                f"({self.rate:,.0f} files/s){'; ' + tail if tail else ''}")
+# -- the plan --------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -216,7 +160,7 @@ def _engine(root: RootArg, op: str, workers: int | None, journal_sync: bool,
     """This machine's engine, or the one whose top-bucket rounds run on ``cluster``."""
     if cluster is None:
         return Migration(root, op, workers, journal_sync)
-    from manyfiles.scale.shard import cluster_migration
+    from manyfiles.shard._cluster import cluster_migration
 
     return cluster_migration(root, op, workers, journal_sync, cluster)
 
@@ -241,7 +185,7 @@ def apply(root: RootArg | None = None, layout: Layout | None = None, *, plan: Pl
     still the one planned.  ``progress``: True or a callable taking a Snapshot.  Every
     argument is checked before anything on disk changes.  ``cluster`` (``"local:N"``,
     ``"tcp://HOST:8786"``, a ``distributed.Client``): the top buckets are moved by Dask workers
-    (:mod:`manyfiles.scale.shard`); the report then comes with per-worker figures.
+    (:mod:`manyfiles.shard._cluster`); the report then comes with per-worker figures.
     """
     _check_common(workers, progress, journal_sync)
     _check_layout(layout)
