@@ -608,8 +608,9 @@ def walk(
     return _walk_shown(listings, progress) if progress else listings
 
 
-def _walk_shown(listings: Iterator[Any], progress: ProgressArg) -> Iterator[Any]:
-    with _progress_for(progress, "walk") as shown:
+def _walk_shown(listings: Iterator[Any], progress: ProgressArg, task: str = "walk") -> Iterator[Any]:
+    """``listings`` passed through, counted on the way (entries, and unreadable directories)."""
+    with _progress_for(progress, task) as shown:
         try:
             for d in listings:
                 if type(d) is DirListing:

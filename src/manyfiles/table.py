@@ -258,7 +258,9 @@ def scan(
         tree_options["max_depth"] = 0
     t0 = time.monotonic()
     table = ListingTable(root, stat=stat)
-    listings = listing.walk(root, stat=stat, filter=filter, progress=progress, **tree_options)
+    listings = listing.walk(root, stat=stat, filter=filter, **tree_options)
+    if progress:
+        listings = listing._walk_shown(listings, progress, "scan")
     with _gc_paused():
         for d in listings:
             if d.error is not None:
