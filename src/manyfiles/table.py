@@ -145,7 +145,7 @@ class ListingTable:
         """A ``pandas.DataFrame`` (needs pandas, not pyarrow).  Names keep their surrogate escapes:
         with one that is not UTF-8, ``path``/``name`` are ``object`` columns."""
         pd = require("notebooks", "pandas", PANDAS_FEATURE)
-        types = pd.Categorical(self.column("type"), categories=list(listing.TYPE_LETTERS))
+        types = _pandas_types(pd, "".join(self.types))
         data: dict[str, Any] = {"path": _pandas_text(pd, self.paths()), "name": _pandas_text(pd, self.names),
                                 "type": types, "inode": _numpy(self.inodes)}
         if self.stat:
@@ -203,10 +203,26 @@ class ListingTable:
 def _pandas_text(pd: Any, texts: list[str]) -> Any:
     """pandas' default text column, or ``object`` when a name holds surrogate escapes (pandas 3's
     Arrow-backed ``str`` cannot hold them; object columns keep the exact name)."""
+    default = pd.Series(["x"]).dtype
     try:
+        if getattr(default, "storage", None) == "pyarrow":   # pandas 3: one pa.array, ~7x faster
+            import pyarrow as pa
+
+            return pd.Series(pa.array(texts, pa.large_string()), dtype=default)
         return pd.Series(texts)
-    except UnicodeError:
+    except (UnicodeError, ValueError):   # pa.ArrowInvalid is a ValueError
         return pd.Series(texts, dtype=object)
+
+
+def _pandas_types(pd: Any, letters: str) -> Any:
+    """The type letters as a Categorical, from codes (no Python object per entry)."""
+    import numpy as np
+
+    lut = np.full(256, -1, np.int8)
+    for code, letter in enumerate(listing.TYPE_LETTERS):
+        lut[ord(letter)] = code
+    codes = lut[np.frombuffer(letters.encode("ascii"), np.uint8)]
+    return pd.Categorical.from_codes(codes, categories=list(listing.TYPE_LETTERS))
 
 
 def _numpy(values: array) -> Any:
