@@ -96,6 +96,7 @@ CALLS: dict[str, Call] = {
     "purge": Call(make_tree, lambda r, o, p: (lambda rep: rep.files + rep.dirs)(
         mf.purge(r, "f00*", workers=2, progress=p))),
     "shard.apply": Call(make_flat, lambda r, o, p: shard.apply(r, workers=2, progress=p).moved),
+    "shard.plan": Call(make_flat, lambda r, o, p: len(shard.plan(r, progress=p).moves)),
     "shard.plan.execute": Call(make_flat, lambda r, o, p: shard.plan(r).execute(workers=2, progress=p).moved),
     "shard.revert": Call(make_sharded, lambda r, o, p: shard.revert(r, workers=2, progress=p).moved),
     "shard.reshard": Call(make_sharded, lambda r, o, p: shard.reshard(
