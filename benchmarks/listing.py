@@ -214,7 +214,7 @@ def tree_methods(root: Path, threads: int, *, sharded: bool = False, cold: bool 
         return ShardedDir(r).count() + 65_536 + 256 + 1
 
     # the default thread count keeps fastls on its click-free fast path (no --threads option)
-    th = [] if threads == listing.DEFAULT_THREADS else ["--threads", str(threads)]
+    th = [] if threads == listing.DEFAULT_THREADS else ["-j", str(threads)]
     methods = [
         floor(root, MiB, recursive=True),
         cmd("fastls -r DIR > /dev/null", [fastls, "-r", *th, r]),

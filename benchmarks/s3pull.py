@@ -66,7 +66,7 @@ SHAPES = {
 # how a shape is uploaded: s5cmd, or boto3 as one PutObject / multipart / PutObject with a CRC32C
 UPLOAD = {"1g-md5": "put", "1g-multi": "multipart", "1g-crc32c": "crc32c"}
 ENGINES = ["auto", "lean", "http", "async", "threads", "processes", "ranged", "sync"]
-VARIANTS = {"auto --no-verify": ["--no-verify"], "auto --etag-only": ["--etag-only"]}
+VARIANTS = {"auto --no-checksum": ["--no-checksum"], "auto --etag-only": ["--etag-only"]}
 
 
 def free_port() -> int:
@@ -360,6 +360,16 @@ def peer_aioboto3(bucket: str, dest: str) -> None:
     asyncio.run(main())
 
 
+def byte_compile() -> None:
+    """Byte-compile manyfiles as an install would: with PYTHONDONTWRITEBYTECODE set (this shell
+    sets it) every `s3pull` run would compile its modules again, a constant that is not s3pull's."""
+    import compileall
+
+    import manyfiles
+
+    compileall.compile_dir(os.path.dirname(manyfiles.__file__), quiet=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
@@ -375,6 +385,7 @@ def main() -> None:
         peer_aioboto3(*args.peer_aioboto3)
         return
     only = set(args.tools.split(",")) if args.tools else None
+    byte_compile()
     gw, port = start_versitygw()
     direct = f"http://127.0.0.1:{port}"
     toxi = None

@@ -25,7 +25,7 @@ Jobs:
              = ``shard.apply(root)``; on Dask one shard per top bucket.
 * ``s3``     s3pull of N small objects from a local S3 server (versitygw if ~/go/bin has it,
              else moto); local = ``s3.pull``; the Dask path lists in key ranges and downloads
-             slices (see manyfiles.scale.s3pull).
+             slices (see manyfiles.s3.pull.pull_on_cluster).
 
 The goal (issue 13): the Dask path at 1 worker within 10 % of local.  This machine has 2
 cores shared by the client, the workers (and the S3 server), so ``local:2`` shows the
@@ -50,7 +50,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import HERE, machine_line, make_flat, make_hashed_tree
-from manyfiles import listing, scale
+from manyfiles import listing, listing_cluster
 from manyfiles.scale._dask import DaskExecutor
 from manyfiles.scale.executor import InProcessExecutor, NoopJob
 
@@ -105,10 +105,10 @@ def bench_tree(files: int, repeat: int, running: dict) -> None:
 
     methods: dict[str, Callable[[], object]] = {
         "local": local,
-        "in-process": lambda: scale.count_tree(root, cluster=InProcessExecutor()).entries,
+        "in-process": lambda: listing_cluster.count_tree(root, cluster=InProcessExecutor()).entries,
     }
     for name, (_, client) in running.items():
-        methods[name] = lambda c=client: scale.count_tree(root, cluster=c).entries
+        methods[name] = lambda c=client: listing_cluster.count_tree(root, cluster=c).entries
 
     def check(name: str, result: object) -> None:
         assert result == want, (name, result, want)

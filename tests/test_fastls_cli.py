@@ -248,21 +248,14 @@ def test_library_run_returns_the_shared_report(odd: Path, tmp_path: Path, recurs
     assert flat.ok and flat.to_dict()["entries"] == len(ODD_NAMES) + 2
 
 
-def test_progress_on_a_terminal_uses_the_shared_display(tmp_path: Path) -> None:
-    """--progress: the shared rich bar (manyfiles._progress) on a terminal, nothing elsewhere."""
+def _stderr_on_a_terminal(argv: list[str]) -> bytes:
+    """Run ``argv`` with stderr on a pseudo-terminal (stdout to /dev/null); what it drew there."""
     import pty
     import select
 
-    for i in range(30):
-        (tmp_path / "t" / f"d{i}").mkdir(parents=True)
-        for j in range(20):
-            (tmp_path / "t" / f"d{i}" / f"f{j}").touch()
-    fastls = str(Path(sys.executable).parent / "fastls")
-    plain = subprocess.run([fastls, "-r", "-c", "--progress", str(tmp_path / "t")], capture_output=True)
-    assert (plain.returncode, plain.stdout, plain.stderr) == (0, b"630\n", b"")
     master, slave = pty.openpty()
-    proc = subprocess.Popen([fastls, "-r", "--progress", str(tmp_path / "t")], stderr=slave,
-                            stdout=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "120"})
+    proc = subprocess.Popen(argv, stderr=slave, stdout=subprocess.DEVNULL,
+                            env={**os.environ, "COLUMNS": "120"})
     os.close(slave)
     seen = b""
     while select.select([master], [], [], 60)[0]:
@@ -275,4 +268,23 @@ def test_progress_on_a_terminal_uses_the_shared_display(tmp_path: Path) -> None:
         seen += chunk
     os.close(master)
     assert proc.wait(timeout=60) == 0
-    assert b"fastls" in seen and b"630 entries" in seen, seen
+    return seen
+
+
+def test_progress_on_a_terminal_uses_the_shared_display(tmp_path: Path) -> None:
+    """The shared rich bar (manyfiles._progress) on a terminal, by default (stdout elsewhere) or
+    with --progress; --no-progress: none; not a terminal: none by default, log lines with --progress."""
+    for i in range(30):
+        (tmp_path / "t" / f"d{i}").mkdir(parents=True)
+        for j in range(20):
+            (tmp_path / "t" / f"d{i}" / f"f{j}").touch()
+    fastls = str(Path(sys.executable).parent / "fastls")
+    plain = subprocess.run([fastls, "-r", "-c", str(tmp_path / "t")], capture_output=True)
+    assert (plain.returncode, plain.stdout, plain.stderr) == (0, b"630\n", b"")
+    logged = subprocess.run([fastls, "-r", "-c", "--progress", str(tmp_path / "t")], capture_output=True)
+    assert (logged.returncode, logged.stdout) == (0, b"630\n")
+    assert logged.stderr.decode().splitlines()[-1].endswith("[done]"), logged.stderr
+    for flags in (["--progress"], []):     # [] = the fast form, handed to click for the bar
+        seen = _stderr_on_a_terminal([fastls, "-r", *flags, str(tmp_path / "t")])
+        assert b"fastls" in seen and b"630 entries" in seen, (flags, seen)
+    assert _stderr_on_a_terminal([fastls, "-r", "--no-progress", str(tmp_path / "t")]) == b""

@@ -101,7 +101,7 @@ def test_fastls_flat_and_recursive_select_like_the_table(table_tree: Path) -> No
     for pattern in PATTERNS:
         want = expected(pattern)
         glob = os.fsdecode(pattern)
-        flat = [n for n in _fastls("--glob", glob, root) if n != b"sub"]
+        flat = [n for n in _fastls("--include", glob, root) if n != b"sub"]
         assert sorted(flat) == want, (pattern, "fastls")
-        deep = [p[len(sub):] for p in _fastls("-r", "--glob", glob, root) if p.startswith(sub)]
+        deep = [p[len(sub):] for p in _fastls("-r", "--include", glob, root) if p.startswith(sub)]
         assert sorted(deep) == expected(pattern, under=b"sub"), (pattern, "fastls -r")

@@ -38,14 +38,9 @@ PACKAGE = "manyfiles"
 
 # (importer, "what it uses") -> owner of the importer.  Keep sorted; say who fixes it.
 ALLOWED_PRIVATE: dict[tuple[str, str], str] = {
-    # s3.engines is a subpackage: transfer's _trace helper is not its own (make it public, or move it)
-    ("manyfiles.s3.engines.aio", "manyfiles.s3.transfer._trace"): "s3-integrity",
 }
 # a cycle, as test_no_import_circles prints it (rotated to its smallest module) -> owner
 ALLOWED_CYCLES: dict[tuple[str, ...], str] = {
-    # client imports sigv4 inside two functions (configured_endpoint, aws_config), sigv4 imports
-    # client's S3_FEATURE/ClientSettings at the top: one of the two must move
-    ("manyfiles.s3.client", "manyfiles.s3.sigv4"): "s3-integrity",
 }
 
 
@@ -263,6 +258,26 @@ def test_no_private_name_is_used_outside_its_package() -> None:
     gone = set(ALLOWED_PRIVATE) - set(found)
     assert not gone, f"fixed, drop from ALLOWED_PRIVATE: {sorted(gone)}"
 
+
+
+# what manyfiles.scale may use besides itself and manyfiles' shared private modules (manyfiles._x)
+SCALE_MAY_USE = ("manyfiles.errors", "manyfiles.iotrace")
+
+
+def test_scale_imports_no_tool() -> None:
+    """manyfiles.scale is the tool-agnostic executor layer (issue 13): each tool keeps its cluster
+    job beside its own code and imports scale, never the other way."""
+    found = []
+    for module in MODULES:
+        if module != "manyfiles.scale" and not module.startswith("manyfiles.scale."):
+            continue
+        for use in uses(module):
+            parts = use.target.split(".")
+            if (parts[:2] == ["manyfiles", "scale"] or use.target in SCALE_MAY_USE
+                    or (len(parts) == 2 and is_private(parts[1]))):
+                continue
+            found.append(f"{module} line {use.line}: {use.target}")
+    assert not found, "manyfiles.scale uses a tool:\n" + "\n".join(found)
 
 def test_the_rules_on_a_small_package(tmp_path: Path, monkeypatch) -> None:
     """A made-up manyfiles: the offences issue 10 names are found, the allowed uses are not."""

@@ -1,4 +1,4 @@
-"""`--profile` / manyfiles.profile(): a viztracer JSON that includes worker processes."""
+"""`--profile-out` / manyfiles.profile(): a viztracer JSON that includes worker processes."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_cli_profile_is_a_viztracer_json_with_our_functions(tmp_path: Path, run_
     for i in range(20):
         (tmp_path / "d" / f"f{i}").touch()
     out = tmp_path / "ls.json"
-    proc = run_cli("fastls", "--profile", str(out), str(tmp_path / "d"))
+    proc = run_cli("fastls", "--profile-out", str(out), str(tmp_path / "d"))
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.splitlines()) == 20
     doc = json.loads(out.read_text())
@@ -39,7 +39,8 @@ def test_profile_and_trace_together_put_io_events_on_the_profile_timeline(tmp_pa
     for i in range(50):
         (tmp_path / "d" / f"f{i}").touch()
     out, t = tmp_path / "ls.json", tmp_path / "ls.mft"
-    proc = run_cli("fastls", "--profile", str(out), "--trace", str(t), "--bufsize", "1K", str(tmp_path / "d"))
+    proc = run_cli("fastls", "--profile-out", str(out), "--trace", str(t), "--bufsize", "1K",
+                   str(tmp_path / "d"))
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
     io = [e for e in doc["traceEvents"] if e.get("cat") == "io" and e["ph"] == "b"]

@@ -147,8 +147,11 @@ def test_glob_and_exclude(run_cli, tmp_path: Path) -> None:
 
 def test_progress_only_on_a_terminal(run_cli, tmp_path: Path) -> None:
     make_tree(tmp_path / "a", 200)
+    r = run_cli("fastrm", str(tmp_path / "a"))
+    assert (r.returncode, r.stderr) == (0, b"")  # not a TTY: no progress by default
+    make_tree(tmp_path / "a", 200)
     r = run_cli("fastrm", "--progress", str(tmp_path / "a"))
-    assert (r.returncode, r.stderr) == (0, b"")  # not a TTY: no bar, no noise
+    assert r.returncode == 0 and r.stderr.endswith(b"[done]\n")  # asked for in a log: plain lines
     files, dirs = make_tree(tmp_path / "b", 200)
     total = files + dirs + 1
     master, slave = pty.openpty()
@@ -228,7 +231,7 @@ def test_dt_unknown_recursion_is_driven_by_eisdir(run_cli, tmp_path: Path) -> No
 
 
 def test_glob_table_through_the_command_line(run_cli, tmp_path: Path) -> None:
-    """The parity table once more, as a user types it: `fastrm -n -0 -o - --glob P DIR` prints
+    """The parity table once more, as a user types it: `fastrm -n -0 -o - --include P DIR` prints
     exactly what fnmatch.fnmatchcase selects (patterns with non-UTF-8 bytes arrive through argv)."""
     root = os.fsencode(tmp_path / "t")
     os.mkdir(root)
@@ -236,6 +239,6 @@ def test_glob_table_through_the_command_line(run_cli, tmp_path: Path) -> None:
     os.mkdir(os.path.join(root, b"sub"))
     make_files(os.path.join(root, b"sub"))
     for pattern in PATTERNS:
-        r = run_cli("fastrm", "-n", "-0", "-o", "-", "--glob", os.fsencode(pattern), root)
+        r = run_cli("fastrm", "-n", "-0", "-o", "-", "--include", os.fsencode(pattern), root)
         assert r.returncode == 0, (pattern, r.stderr)
         assert sorted(r.stdout.split(b"\0")[:-1]) == sorted(table_selection(root, pattern, False)), pattern

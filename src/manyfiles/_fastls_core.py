@@ -290,8 +290,14 @@ class _Output:
             view = view[os.write(self.fd, view) :]
 
 
-def count_lines(report: Tally, several: bool) -> list[str]:
-    """What ``--count`` prints: the number, or ``N<TAB>PATH`` per path and a total."""
+def count_lines(report: Tally, several: bool, as_json: bool = False) -> list[str]:
+    """What ``--count`` prints: the number, or ``N<TAB>PATH`` per path and a total; with
+    ``--json`` one line ``{"event": "summary", "entries": N, "counts": {PATH: N}, "failures": F}``."""
+    if as_json:
+        import json
+
+        return [json.dumps({"event": "summary", "entries": report.entries, "counts": report.counts,
+                            "failures": len(report.failures)}, ensure_ascii=False)]
     if several:
         return [f"{n}\t{path}" for path, n in report.counts.items()] + [f"{report.entries}\ttotal"]
     return [str(report.entries)] if report.counts else []
@@ -300,3 +306,10 @@ def count_lines(report: Tally, several: bool) -> list[str]:
 def failure_lines(report: Tally) -> list[str]:
     """``fastls: PATH: reason`` for every path or directory that could not be listed."""
     return [f"fastls: {f.path}: {f.reason}" for f in report.failures]
+
+
+def progress_fits(count_only: bool, stderr_tty: bool, stdout_tty: bool) -> bool:
+    """fastls' auto-progress rule (with no --json / -q): stderr is a terminal, and stdout is not or
+    only gets a count at the end.  Names printed on the same terminal would tear the bar:
+    ``fastls -r /data > list.txt`` and ``fastls -r -c /data`` show it, ``fastls /data`` does not."""
+    return stderr_tty and (count_only or not stdout_tty)

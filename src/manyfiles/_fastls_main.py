@@ -3,8 +3,9 @@
 ``find /usr`` takes ~0.13 s on a warm tree of 150k entries, and importing click (with
 typing, inspect, ...) takes ~20 ms of that budget.  So ``fastls [-r] [-c] [-0] [--json]
 PATH...`` (the flags as separate words, paths that do not start with ``-``) is parsed here
-and run directly; any other argument list (``--help``, other options, usage errors) goes to
-the click command in :mod:`manyfiles.cli.ls`, which stays the reference: a test checks that
+and run directly; any other argument list (``--help``, other options, usage errors), and a
+run whose default progress display is on (stderr a terminal; stdout not, or a count), goes to the click
+command in :mod:`manyfiles.cli.ls`, which stays the reference: a test checks that
 both parse every fast form to the same request.
 """
 
@@ -44,6 +45,11 @@ def parse_fast(argv: list[str]) -> dict[str, object] | None:
 def main() -> None:
     """Entry point of the ``fastls`` script."""
     fields = parse_fast(sys.argv[1:])
+    from manyfiles._fastls_core import progress_fits
+
+    if fields is not None and fields.get("format") != "json" and progress_fits(
+            bool(fields.get("count_only")), os.isatty(2), os.isatty(1)):
+        fields = None  # the default progress display is on: the click command renders it
     if fields is not None:
         from manyfiles import listing
 
@@ -65,7 +71,8 @@ def main() -> None:
     try:
         report = fastls.list_to(request, sys.stdout.fileno())
         if request.count_only:
-            out = "".join(line + "\n" for line in fastls.count_lines(report, len(request.paths) > 1))
+            lines = fastls.count_lines(report, len(request.paths) > 1, request.format == "json")
+            out = "".join(line + "\n" for line in lines)
             sys.stdout.buffer.write(os.fsencode(out))
             sys.stdout.flush()
     except BrokenPipeError:  # `fastls | head`: not an error of ours (as cli._common.run_main)

@@ -49,7 +49,33 @@ remove_engine: str | None = None
 #: its RetryPolicy.
 retry_base: float | None = None
 
+#: s3pull: its data writes (``os.pwrite`` into temp files) misbehave as a failing disk would:
+#: ``("short", 0)`` writes at most half of each buffer (a short write the caller must continue),
+#: ``("EIO", n)`` fails the n-th write of the process with EIO.  Read once per write.
+write_fault: tuple[str, int] | None = None
+
 _counters: dict[str, Iterator[int]] = {}
+
+
+def _parse_write_fault(value: str) -> tuple[str, int] | None:
+    if not value:
+        return None
+    kind, _, n = value.partition(":")
+    if kind not in ("short", "EIO"):
+        raise ValueError(f"{ENV}: write_fault is short or EIO:N, not {value!r}")
+    return kind, int(n or 0)
+
+
+def pwrite(fd: int, data, offset: int) -> int:
+    """``os.pwrite`` as ``write_fault`` says (the caller checked that it is set)."""
+    import errno
+
+    kind, n = write_fault or ("", 0)
+    if kind == "short":
+        return os.pwrite(fd, memoryview(data)[: max(1, len(data) // 2)], offset)
+    if kind == "EIO" and next(_counters.setdefault("write_fault", itertools.count(1))) == n:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+    return os.pwrite(fd, data, offset)
 
 
 def _parse_kill_at(value: str) -> tuple[str, int] | None:
@@ -64,6 +90,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "fake_dtype": lambda value: int(value) if value else None,
     "remove_engine": lambda value: value or None,
     "retry_base": lambda value: float(value) if value else None,
+    "write_fault": _parse_write_fault,
 }
 
 
@@ -74,7 +101,7 @@ def configure(spec: str) -> None:
         if name not in _PARSERS:
             raise ValueError(f"{ENV}: unknown knob {name!r} (known: {', '.join(sorted(_PARSERS))})")
         globals()[name] = _PARSERS[name](value)
-        if name == "kill_at":
+        if name in ("kill_at", "write_fault"):
             _counters.clear()
 
 

@@ -102,7 +102,7 @@ def step_fastls(root: Path, files: int) -> None:
     flat = str(flat_dir(root))
     banner("fastls: listing with getdents64 and a 1 MiB buffer")
     run("fastls", "--count", flat)
-    run("fastls", "--sort", "--glob", "sample-000000*", flat)
+    run("fastls", "--sort", "--include", "sample-000000*", flat)
     t_mf = timed(lambda: mf.listdir(flat))
     t_os = timed(lambda: os.listdir(flat))
     t_count = timed(lambda: mf.count(flat))
@@ -115,7 +115,7 @@ def step_fastls(root: Path, files: int) -> None:
 def step_shard(root: Path, files: int) -> None:
     flat = str(flat_dir(root))
     banner("shard: flat folder -> hashed prefix tree (ab/cd/<name>), in place, and back")
-    run("shard", "apply", "--plan", flat)
+    run("shard", "apply", "-n", flat)
     run("shard", "apply", flat)
     run("shard", "verify", flat)
     run("shard", "status", flat)

@@ -95,7 +95,7 @@ def test_core_install_s3pull_names_the_extra_in_one_line(bare_venv: Path, run_in
 
 
 @pytest.mark.parametrize("argv, extra", [
-    (("fastls", "--profile", "p.json", "."), "profile"),
+    (("fastls", "--profile-out", "p.json", "."), "profile"),
     (("fastls", "--backend", "getdents", "."), "getdents"),
 ])
 def test_core_install_other_extras_one_line(bare_venv: Path, run_in, argv, extra: str) -> None:

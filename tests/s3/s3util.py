@@ -115,7 +115,8 @@ class FaultProxy:
 
     ``sse_kms = True`` makes every object look KMS-encrypted, as S3 shows it: the
     ``x-amz-server-side-encryption: aws:kms`` header and an ETag that is not the MD5 of the body,
-    consistently in listings, HEAD and GET (If-Match is translated back for moto).
+    consistently in listings, HEAD and GET (If-Match is translated back for moto);
+    ``sse_kms = "sse-c"`` the same with SSE-C's customer-key headers.
 
     Behaving like a real S3 edge: ``tls`` (an ``ssl.SSLContext``) serves HTTPS;
     ``clock_offset`` (seconds) gives the server a clock that far from ours and answers any
@@ -138,6 +139,7 @@ class FaultProxy:
         self.rng = random.Random(seed)
         self.decoy_path: str | None = None
         self.sse_kms = False
+        self.head_as_s3 = False   # HEAD names a composite checksum with the "-N" S3 gives it
         self.delay = 0.0          # seconds added to every object GET
         self.clock_offset: float | None = None
         self.bucket_region: str | None = None
@@ -218,8 +220,14 @@ class FaultProxy:
                         v = v.replace(headers["Range"].split("=")[1], rng_hdr.split("=")[1])
                     if lk == "etag" and proxy.sse_kms:
                         v = proxy._fake_etag(v)
+                    if lk.startswith("x-amz-checksum-") and proxy.head_as_s3 and self.command == "HEAD":
+                        v = proxy._as_s3(v, resp_headers)
                     self.send_header(k, v)
-                if proxy.sse_kms and self.command in ("GET", "HEAD") and "list-type" not in self.path:
+                an_object = self.command in ("GET", "HEAD") and "list-type" not in self.path
+                if proxy.sse_kms == "sse-c" and an_object:
+                    self.send_header("x-amz-server-side-encryption-customer-algorithm", "AES256")
+                    self.send_header("x-amz-server-side-encryption-customer-key-MD5", "a2V5IG1kNQ==")
+                elif proxy.sse_kms and an_object:
                     self.send_header("x-amz-server-side-encryption", "aws:kms")
                     self.send_header("x-amz-server-side-encryption-aws-kms-key-id", "arn:aws:kms:test")
                 if proxy.sse_kms and b"<ETag>" in data:
@@ -290,6 +298,13 @@ class FaultProxy:
         if etag.startswith("&quot;"):
             return f"&quot;{fake}&quot;"
         return f'"{fake}"' if quoted else fake
+
+    @staticmethod
+    def _as_s3(value: str, resp_headers) -> str:
+        """moto's HEAD gives a multipart object's composite checksum without the ``-N`` S3 adds."""
+        etag = next((v for k, v in resp_headers if k.lower() == "etag"), "").strip('"')
+        n = etag.rpartition("-")[2] if "-" in etag else ""
+        return f"{value}-{n}" if n and "-" not in value else value
 
     def _real_etag(self, etag: str) -> str:
         raw = etag.strip('"')

@@ -19,7 +19,7 @@ import urllib.request
 import uuid
 
 import pytest
-from s3util import blob, free_port, put_multipart
+from s3util import blob, files_under, free_port, put_multipart
 
 from manyfiles.s3 import ClientSettings, RetryPolicy, pull
 from manyfiles.s3.routing import STRATEGIES
@@ -183,6 +183,53 @@ def test_profile_endpoint_url_is_used_by_every_engine(strategy, moto_server, buc
     assert report.failures == []
     for key, body in data.items():
         assert (tmp_path / "o" / key.removeprefix("p/")).read_bytes() == body
+
+
+CREDENTIAL_PROCESS = """import datetime, json, sys
+with open(sys.argv[1], "a+") as f:
+    f.write("x")
+    f.seek(0)
+    n = len(f.read())
+soon = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(minutes=12)
+print(json.dumps({"Version": 1, "AccessKeyId": "testing", "SecretAccessKey": "testing",
+                  "SessionToken": f"token-{n}", "Expiration": soon.isoformat()}))
+"""
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_credential_process_tokens_are_used_and_refreshed_by_every_engine(strategy, bucket, proxy, tmp_path,
+                                                                           monkeypatch):
+    """Temporary credentials from a profile's credential_process, expiring within botocore's
+    refresh window: every engine signs with them (session token included, signatures checked)
+    and takes the refreshed ones (the hand-signed engines ask botocore again every REFRESH s)."""
+    from manyfiles.s3 import sigv4
+
+    name, put = bucket
+    data = {f"c/{i}.bin": put(f"c/{i}.bin", blob(900 + i, f"c{i}")) for i in range(4)}
+    data["c/big.bin"] = put("c/big.bin", blob(3 << 20, "cbig"))
+    (tmp_path / "creds.py").write_text(CREDENTIAL_PROCESS)
+    calls = tmp_path / "calls"
+    cfg = tmp_path / "config"
+    cfg.write_text(f"[profile proc]\nregion = us-east-1\n"
+                   f"credential_process = {sys.executable} {tmp_path / 'creds.py'} {calls}\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(cfg))
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sigv4.Signer, "REFRESH", 0.0)
+    tokens: list[str | None] = []
+    proxy.faults.append((lambda m, p, h: tokens.append(h.get("x-amz-security-token")) and False, "never"))
+    sigv4._sessions.clear()
+    try:
+        report = pull(f"s3://{name}/c/", str(tmp_path / "o"), strategy=strategy,
+                      settings=ClientSettings(profile="proc", endpoint_url=proxy.url), ranged_min=1 << 20,
+                      part_size=1 << 20, retry=FAST, processes=2, concurrency=4)
+    finally:
+        sigv4._sessions.clear()
+    assert report.failures == [] and proxy.refused == []
+    assert files_under(tmp_path / "o") == {k[2:]: v for k, v in data.items()}
+    assert tokens and all(t and t.startswith("token-") for t in tokens), tokens
+    if strategy != "processes":       # the workers of `processes` keep the class default
+        assert len(set(tokens)) > 1, tokens
 
 
 def test_ipv6_endpoint(bucket, tmp_path):

@@ -24,9 +24,16 @@ def test_pull_summary_and_rerun(run_cli, bucket, cli_env, tmp_path):
     r = run_cli("s3pull", f"s3://{name}/k/", str(dest), env=cli_env)
     assert r.returncode == 0, r.stderr
     assert b"8 downloaded" in r.stderr and b"engines: lean 8" in r.stderr
+    assert b"verified: crc32 8" in r.stderr      # botocore's uploads carry a CRC32
     assert files_under(dest) == {k[2:]: v for k, v in data.items()}
     r = run_cli("s3pull", f"s3://{name}/k/", str(dest), env=cli_env)
     assert r.returncode == 0 and b"0 downloaded" in r.stderr and b"8 skipped" in r.stderr
+    # without content checks, the summary and --json say how many objects only had their size checked
+    r = run_cli("s3pull", f"s3://{name}/k/", str(tmp_path / "nv"), "--no-verify", env=cli_env)
+    assert r.returncode == 0 and b"verified: size-only 8" in r.stderr, r.stderr
+    r = run_cli("s3pull", f"s3://{name}/k/", str(tmp_path / "nvj"), "--no-verify", "--json", env=cli_env)
+    summary = json.loads(r.stdout.decode().splitlines()[-1])
+    assert r.returncode == 0 and summary["verified"] == {"size-only": 8}
 
 
 def test_json_events_and_failures_exit_1(run_cli, bucket, cli_env, tmp_path):
@@ -65,6 +72,7 @@ def test_clear_one_line_errors(run_cli, bucket, cli_env, tmp_path):
     r = run_cli("s3pull", "s3://no-such-bucket-here/", str(tmp_path / "o"), env=cli_env)
     assert r.returncode == 1
     assert r.stderr.decode().strip() == "s3pull: s3://no-such-bucket-here/: no such bucket"
+    assert not (tmp_path / "o").exists()
     r = run_cli("s3pull", "/not/s3", str(tmp_path / "o"), env=cli_env)
     assert r.returncode == 2 and r.stderr.decode().strip() == "s3pull: /not/s3: not an s3:// URL"
     name, put = bucket
@@ -75,7 +83,7 @@ def test_clear_one_line_errors(run_cli, bucket, cli_env, tmp_path):
     assert r.returncode != 0 and str(afile).encode() in r.stderr
     r = run_cli("s3pull", f"s3://{name}/", str(tmp_path / "o2"), "--manifest", str(tmp_path / "nope"),
                 env=cli_env)
-    assert r.returncode == 1 and b"No such file" in r.stderr
+    assert r.returncode == 2 and b"does not exist" in r.stderr   # a missing --files-from list: usage error
 
 
 def test_missing_credentials_is_one_line(run_cli, bucket, cli_env, tmp_path):
@@ -85,7 +93,8 @@ def test_missing_credentials_is_one_line(run_cli, bucket, cli_env, tmp_path):
            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
     r = run_cli("s3pull", f"s3://{name}/x", str(tmp_path / "o"), env=env)
     assert r.returncode == 1
-    assert r.stderr.decode().strip() == f"s3pull: s3://{name}/x: Unable to locate credentials"
+    assert r.stderr.decode() == f"s3pull: s3://{name}/x: Unable to locate credentials\n"
+    assert not (tmp_path / "o").exists()
 
 
 def test_wrong_credentials_fail_without_retries(run_cli, proxy, bucket, cli_env, tmp_path):
@@ -94,8 +103,9 @@ def test_wrong_credentials_fail_without_retries(run_cli, proxy, bucket, cli_env,
     proxy.faults.append((lambda m, p, h: "list-type" in p, "403-always"))
     env = {**cli_env, "AWS_ENDPOINT_URL": proxy.url}
     r = run_cli("s3pull", f"s3://{name}/x/", str(tmp_path / "o"), env=env)
-    assert r.returncode == 1 and b"AccessDenied" in r.stderr
+    assert r.returncode == 1 and b"AccessDenied" in r.stderr and r.stderr.count(b"\n") == 1, r.stderr
     assert proxy.applied == ["403-always"]   # one listing request, no retries
+    assert not (tmp_path / "o").exists()
 
 
 def _ctrl_c_reaches_child() -> None:

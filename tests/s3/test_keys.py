@@ -51,6 +51,11 @@ def test_parse_url():
 def test_filter_include_exclude():
     keep = make_filter(["*.json"], ["tmp/*"])
     assert keep("a/b.json") and not keep("a/b.txt") and not keep("tmp/x.json")
+    # the shared rule set: no '/' -> the name, with '/' -> the relative path ('*' crosses '/')
+    by_name = make_filter(["b*"], [])
+    assert by_name("a/b.json") and by_name("b") and not by_name("b/a.json")
+    by_path = make_filter(["a/*"], ["*/tmp/*"])
+    assert by_path("a/b/c") and not by_path("x/a/b") and not by_path("a/tmp/c")
     assert make_filter([], []) is None
 
 

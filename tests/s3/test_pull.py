@@ -69,6 +69,68 @@ def test_rerun_skips_finished_objects_and_refetches_changed_ones(bucket, setting
     assert (dest / "small" / "02.txt").read_bytes() == data["data/small/02.txt"]
 
 
+def flip_first_byte(path, keep_mtime: bool = False) -> None:
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        b = f.read(1)
+        f.seek(0)
+        f.write(bytes([b[0] ^ 0x01]))
+    if keep_mtime:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def state_records(dest) -> dict[str, dict]:
+    import json
+
+    lines = (dest / STATE_DIR / "state.jsonl").read_text().splitlines()
+    return {r["k"]: r for r in map(json.loads, lines)}
+
+
+def test_rerun_rehashes_files_changed_since_against_the_check_they_passed(bucket, s3plain, settings,
+                                                                         tmp_path):
+    """The state records the check each file passed; a re-run re-hashes a file whose mtime or
+    inode changed (same size) and fetches it again only if the bytes no longer pass;
+    ``verify_existing`` re-hashes even the files that look untouched."""
+    name, _ = bucket
+    data = {f"r/{n}.bin": blob(3000 + i, n) for i, n in enumerate(("same", "flip", "touch", "copy", "quiet"))}
+    for k, v in data.items():
+        s3plain.put_object(Bucket=name, Key=k, Body=v)       # MD5-only objects
+    dest = tmp_path / "o"
+    first = pull(f"s3://{name}/r/", str(dest), settings=settings, **small_cfg())
+    assert first.verified == {"md5": 5}
+    for k, rec in state_records(dest).items():
+        assert (rec["m"], rec["c"], rec["s"]) == ("md5", hashlib.md5(data[k]).hexdigest(), len(data[k]))
+        assert rec["i"] == os.stat(dest / rec["r"]).st_ino
+    flip_first_byte(dest / "flip.bin")                        # same size, new mtime, wrong bytes
+    os.utime(dest / "touch.bin", ns=(1, 1))                   # new mtime, right bytes
+    copy = dest / "copy.bin"
+    os.rename(copy, tmp_path / "moved")                       # new inode, right bytes
+    copy.write_bytes((tmp_path / "moved").read_bytes())
+    flip_first_byte(dest / "quiet.bin", keep_mtime=True)      # wrong bytes, size/mtime/inode as recorded
+    second = pull(f"s3://{name}/r/", str(dest), settings=settings, **small_cfg())
+    assert (second.done, second.skipped, second.failures) == (1, 4, [])
+    got = files_under(dest)
+    assert got.pop("quiet.bin") != data["r/quiet.bin"]       # only a re-hash of everything sees it
+    assert got == {k[2:]: v for k, v in data.items() if k != "r/quiet.bin"}
+    assert state_records(dest)["r/copy.bin"]["i"] == copy.stat().st_ino    # re-recorded after its re-hash
+    third = pull(f"s3://{name}/r/", str(dest), settings=settings, verify_existing=True, **small_cfg())
+    assert (third.done, third.skipped, third.failures) == (1, 4, [])
+    assert files_under(dest) == {k[2:]: v for k, v in data.items()}
+
+
+def test_a_size_only_record_cannot_be_rehashed_so_a_changed_file_is_fetched_again(bucket, settings, tmp_path):
+    name, put = bucket
+    data = {f"z/{i}.bin": put(f"z/{i}.bin", blob(2000 + i, f"z{i}")) for i in range(3)}
+    dest = tmp_path / "o"
+    assert pull(f"s3://{name}/z/", str(dest), settings=settings, verify=False,
+                **small_cfg()).verified == {"size-only": 3}
+    assert {r["m"] for r in state_records(dest).values()} == {"size-only"}
+    os.utime(dest / "1.bin", ns=(1, 1))                       # right bytes, but nothing to prove it
+    again = pull(f"s3://{name}/z/", str(dest), settings=settings, **small_cfg())
+    assert (again.done, again.skipped) == (1, 2) and again.verified == {"crc32": 1}
+    assert files_under(dest) == {k[2:]: v for k, v in data.items()}
+
+
 def test_hostile_keys_never_escape_dest(bucket, settings, tmp_path):
     name, put = bucket
     hostile = ["../escape.txt", "a/../../escape2.txt", "/abs.txt", "a//b.txt", "x/./y.txt",

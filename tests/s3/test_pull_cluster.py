@@ -6,7 +6,9 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import sys
 
+import cloudpickle
 import pytest
 from s3util import CREDS, blob
 
@@ -28,10 +30,20 @@ def files_under(root) -> dict[str, bytes]:
     return out
 
 
+def _set_environ(env: dict[str, str]) -> None:
+    os.environ.update(env)
+
+
+# shipped by value: the workers cannot import this module.  (``client.run(os.environ.update, ...)``
+# would update a pickled copy of os.environ: the workers only had the credentials when the shared
+# cluster happened to be started after moto's fixture had set them here.)
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
 @pytest.fixture
 def s3_cluster(dask_client, moto_server):
     """The shared cluster, its workers given moto's credentials (a real cluster has its own)."""
-    dask_client.run(os.environ.update, CREDS)
+    dask_client.run(_set_environ, CREDS)
     return dask_client
 
 

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from manyfiles.cache import Cache
-from manyfiles.scale import cache as scale_cache
+from manyfiles.cache import _cluster as scale_cache
 
 
 def test_warm_files_on_the_cluster_then_every_read_is_a_hit(tmp_path: Path, dask_client, monkeypatch) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from manyfiles import iotrace, scale, trace
+from manyfiles import iotrace, listing_cluster, scale, trace
 from manyfiles._report import Failure, Report
 from manyfiles.errors import ManyfilesError, MissingExtra, UsageError
 from manyfiles.scale.executor import (
@@ -166,14 +166,14 @@ def test_unreachable_scheduler_is_one_line(tmp_path: Path, monkeypatch) -> None:
 
     monkeypatch.setattr(_dask, "CONNECT_TIMEOUT", "1s")
     with pytest.raises(ManyfilesError, match=r"tcp://127\.0\.0\.1:9: cannot reach the Dask scheduler"):
-        scale.count_tree(tmp_path, cluster="tcp://127.0.0.1:9")
+        listing_cluster.count_tree(tmp_path, cluster="tcp://127.0.0.1:9")
 
 
 def test_without_dask_cluster_is_a_one_line_missing_extra(tmp_path: Path) -> None:
     code = ("import sys; sys.modules['distributed'] = None\n"
-            "from manyfiles import scale\n"
+            "from manyfiles import listing_cluster\n"
             "try:\n"
-            f"    scale.count_tree({str(tmp_path)!r}, cluster='local:2')\n"
+            f"    listing_cluster.count_tree({str(tmp_path)!r}, cluster='local:2')\n"
             "except Exception as e:\n"
             "    print(type(e).__name__, e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -181,6 +181,11 @@ def test_without_dask_cluster_is_a_one_line_missing_extra(tmp_path: Path) -> Non
                                   '(distributed is not installed): pip install "manyfiles[dask]"'), out.stderr
     assert issubclass(MissingExtra, UsageError)
 
+
+
+def _environ_get(name: str) -> str | None:
+    """The worker's own variable (``client.run(os.environ.get, ...)`` would read a pickled copy of ours)."""
+    return os.environ.get(name)
 
 def test_local_n_starts_a_cluster_traces_its_workers_and_stops_it(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
@@ -192,8 +197,8 @@ def test_local_n_starts_a_cluster_traces_its_workers_and_stops_it(tmp_path: Path
     out = tmp_path / "run.mftrace"
     with iotrace.tracing(out), connect("local:2") as executor:
         # Dask's default MALLOC_TRIM_THRESHOLD_ makes every getdents buffer an mmap: not in ours
-        assert set(executor.client.run(os.environ.get, "MALLOC_TRIM_THRESHOLD_").values()) == {None}
-        report = scale.count_tree(tree, cluster=executor, subtree_budget=50, threads=1)
+        assert set(executor.client.run(_environ_get, "MALLOC_TRIM_THRESHOLD_").values()) == {None}
+        report = listing_cluster.count_tree(tree, cluster=executor, subtree_budget=50, threads=1)
     assert report.entries == 20 * 31
     assert _children() == before                       # the LocalCluster is gone
     ts = trace.load([out])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from manyfiles import _testing, shard
 from manyfiles.scale.executor import ClusterReport
-from manyfiles.scale.shard import PARTS
+from manyfiles.shard._cluster import PARTS
 from manyfiles.shard.journal import JOURNAL, LOCK
 
 N = 20_000

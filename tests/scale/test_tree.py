@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from manyfiles import scale
+from manyfiles import listing_cluster
 from manyfiles.errors import NotFound
+from manyfiles.listing_cluster import Dir, Split, SubdirSlice, TreeJob
 from manyfiles.scale.executor import InProcessExecutor
-from manyfiles.scale.tree import Dir, Split, SubdirSlice, TreeJob
 
 # Small numbers so that a thousand entries make dozens of shards on both workers: the first shard
 # lists two levels looking for 20 subtrees per thread, and "wide" (40 subdirectories) is sliced.
@@ -56,7 +56,7 @@ def tree(tmp_path_factory) -> Path:
 
 def test_count_equals_os_walk_and_spreads_over_both_workers(tree: Path, dask_client) -> None:
     want = len(walk_paths(os.fsencode(tree)))
-    report = scale.count_tree(tree, cluster=dask_client, **SMALL)
+    report = listing_cluster.count_tree(tree, cluster=dask_client, **SMALL)
     assert report.entries == want
     real_dirs = sum(1 for p, ds, _ in os.walk(tree) for d in ds if not os.path.islink(os.path.join(p, d)))
     assert report.directories == 1 + real_dirs
@@ -68,10 +68,10 @@ def test_count_equals_os_walk_and_spreads_over_both_workers(tree: Path, dask_cli
 def test_written_listing_equals_os_walk_paths_byte_for_byte(tree: Path, tmp_path: Path, dask_client) -> None:
     out = tmp_path / "parts"
     out.mkdir()
-    report = scale.write_tree(str(tree), out, cluster=dask_client, sep=b"\0", **SMALL)
+    report = listing_cluster.write_tree(str(tree), out, cluster=dask_client, sep=b"\0", **SMALL)
     listing = tmp_path / "all"
     with open(listing, "wb") as f:
-        scale.copy_parts(report.parts, f.fileno())
+        listing_cluster.copy_parts(report.parts, f.fileno())
     names = listing.read_bytes().split(b"\0")
     assert names.pop() == b""
     assert len(names) == len(set(names)) == report.entries       # nothing listed twice
@@ -86,21 +86,21 @@ def test_json_listing_is_fastls_json(tree: Path, tmp_path: Path, dask_client) ->
 
     out = tmp_path / "parts"
     out.mkdir()
-    report = scale.write_tree(tree, out, cluster=dask_client, json=True, **SMALL)
+    report = listing_cluster.write_tree(tree, out, cluster=dask_client, json=True, **SMALL)
     records = [json.loads(line) for p in report.parts for line in Path(p).read_bytes().splitlines()]
     assert {decode_json_path(r) for r in records} == walk_paths(os.fsencode(tree))
     assert {r["type"] for r in records} == {"f", "d", "l"}
 
 
 def test_max_depth_and_filter_apply_as_in_fastls(tree: Path, dask_client) -> None:
-    report = scale.count_tree(tree, cluster=dask_client, max_depth=1, **SMALL)
+    report = listing_cluster.count_tree(tree, cluster=dask_client, max_depth=1, **SMALL)
     want = sum(1 for p in walk_paths(os.fsencode(tree)) if p.count(b"/") - os.fsencode(tree).count(b"/") <= 2)
     assert report.entries == want
     from manyfiles.listing import Filter
 
-    files = scale.count_tree(tree, cluster=dask_client, filter=Filter(include=("f1*",)), **SMALL)
+    files = listing_cluster.count_tree(tree, cluster=dask_client, filter=Filter(include=("f1*",)), **SMALL)
     assert files.entries == 12 * 6 * 3      # f1, f10, f11 in every leaf
-    dirs = scale.count_tree(tree, cluster=dask_client, filter=Filter(types="d"), **SMALL)
+    dirs = listing_cluster.count_tree(tree, cluster=dask_client, filter=Filter(types="d"), **SMALL)
     assert dirs.entries == 1 + 12 * 7 + 3 + 40 + 2       # wide, d*, d*/e*, d0/e[*?, wide/w*, odd, empty
 
 
@@ -113,9 +113,9 @@ def test_unreadable_directory_is_a_failure_with_its_path_and_the_rest_is_counted
     (root / "locked").mkdir()
     (root / "locked" / "hidden").write_bytes(b"")
     os.chmod(root / "locked", 0o000)
-    code = ("from manyfiles import scale\n"
+    code = ("from manyfiles import listing_cluster\n"
             "from manyfiles.scale.executor import InProcessExecutor\n"
-            f"r = scale.count_tree({str(root)!r}, cluster=InProcessExecutor())\n"
+            f"r = listing_cluster.count_tree({str(root)!r}, cluster=InProcessExecutor())\n"
             "print(r.entries, [(f.path, f.code) for f in r.failures])\n")
     import sys
 
@@ -125,7 +125,7 @@ def test_unreadable_directory_is_a_failure_with_its_path_and_the_rest_is_counted
 
 def test_missing_root_is_not_found(tmp_path: Path, dask_client) -> None:
     with pytest.raises(NotFound, match="nope"):
-        scale.count_tree(tmp_path / "nope", cluster=dask_client)
+        listing_cluster.count_tree(tmp_path / "nope", cluster=dask_client)
 
 
 def test_a_shard_run_twice_writes_the_same_part_once(tree: Path, tmp_path: Path) -> None:
@@ -165,6 +165,6 @@ def test_a_subtree_over_budget_is_split_and_its_partial_output_dropped(tree: Pat
 
 
 def test_in_process_executor_gives_the_same_report(tree: Path, dask_client) -> None:
-    here = scale.count_tree(tree, cluster=InProcessExecutor(), **SMALL)
-    there = scale.count_tree(tree, cluster=dask_client, **SMALL)
+    here = listing_cluster.count_tree(tree, cluster=InProcessExecutor(), **SMALL)
+    there = listing_cluster.count_tree(tree, cluster=dask_client, **SMALL)
     assert (here.entries, here.directories) == (there.entries, there.directories)

@@ -441,3 +441,24 @@ def test_bucket_scans_list_bucket_directories_only(tmp_path: Path) -> None:
     assert rev.ok and (root / "foreign" / "ab" / "cd" / "x0").exists()
     listed = {r.path for r in trace.load([log]).records() if r.op == "getdents"}
     assert listed and not any(b"/foreign" in p for p in listed), sorted(p for p in listed if b"foreign" in p)
+
+
+def test_revert_and_reshard_dry_runs_count_and_move_nothing(tmp_path: Path) -> None:
+    root = make_dataset(tmp_path / "d", 200)
+    before = snapshot(root)
+    rep = revert(root, dry_run=True)
+    assert rep.dry_run and rep.nothing_to_do and rep.moved == 0           # flat: nothing to revert
+    with pytest.raises(ManyfilesError, match="not sharded"):
+        reshard(root, Layout(levels=(1,)), dry_run=True)
+    assert apply(root).ok
+    listing = sorted(os.walk(root))
+    rep = revert(root, dry_run=True)
+    assert (rep.dry_run, rep.planned, rep.moved, rep.ok) == (True, len(before), 0, True)
+    assert "would move back" in rep.summary()
+    rep = reshard(root, Layout(levels=(1,)), dry_run=True)
+    assert (rep.planned, rep.layout) == (len(before), Layout(levels=(1,)))
+    assert reshard(root, Layout(), dry_run=True).nothing_to_do            # the same layout
+    with pytest.raises(UsageError, match="new layout"):
+        reshard(root, None, dry_run=True)
+    assert sorted(os.walk(root)) == listing                                 # nothing moved
+    assert_sharded_clean(root, before)

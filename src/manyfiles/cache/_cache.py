@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
 import io
 import os
 import threading
@@ -77,13 +78,16 @@ class VerifyReport(Report):
 
 @dataclass(kw_only=True)
 class EvictReport(Report):
-    """What :meth:`Cache.evict` removed."""
+    """What :meth:`Cache.evict` (or :meth:`Cache.clear`) removed, or would remove (``dry_run``)."""
 
     entries: int = 0
     bytes: int = 0
+    dry_run: bool = False
+    verb: str = "evicted"
 
     def summary(self) -> str:
-        return f"{self.entries:,} entries evicted ({format_size(self.bytes)})"
+        would = "would be " if self.dry_run else ""
+        return f"{self.entries:,} entries {would}{self.verb} ({format_size(self.bytes)})"
 
 
 @dataclass
@@ -380,16 +384,17 @@ class Cache:
         validated (a listing's ETags, or one HEAD / stat each).  Failures are collected in the
         report, not raised.  ``cluster`` (``"local:N"``, ``"tcp://HOST:8786"``, a
         ``distributed.Client``): the objects are partitioned across the Dask workers, each
-        warming its own cache at this path (:mod:`manyfiles.scale.cache`)."""
+        warming its own cache at this path (``cache/_cluster.py``)."""
         check_progress(progress)
         if jobs < 1:
             raise UsageError(f"jobs {jobs}: must be at least 1")
         if isinstance(srcs, (str, bytes, os.PathLike)):
             srcs = [srcs]
         if cluster is not None:
-            from manyfiles.scale.cache import warm_on_cluster
+            from manyfiles.cache._cluster import warm_on_cluster
 
-            return warm_on_cluster(self, srcs, cluster=cluster, jobs=jobs, progress=progress)
+            return warm_on_cluster(self, srcs, report_type=WarmReport, cluster=cluster, jobs=jobs,
+                                   progress=progress)
         report = WarmReport()
         lock = threading.Lock()
         t0 = time.monotonic()
@@ -552,31 +557,46 @@ class Cache:
                           store.min_free, free, **{n: c.get(n, 0) for n in names})
 
     def evict(self, srcs: Iterable[Source] | None = None, *, to_size: int | None = None,
-              older_than: float | None = None) -> EvictReport:
+              older_than: float | None = None, dry_run: bool = False) -> EvictReport:
         """Remove entries: those of ``srcs``; or least recently used ones until the cache holds
         ``to_size`` bytes; or those not used for ``older_than`` seconds; with no argument, apply
-        the ``max_size`` / ``min_free`` watermarks now."""
+        the ``max_size`` / ``min_free`` watermarks now.  ``dry_run``: report what would go (the
+        same choice, made by the same code inside a rolled-back index transaction); nothing is
+        removed."""
         t0 = time.monotonic()
         store = self._store
         self.flush()
-        if srcs is not None:
-            victims = store.remove_sources([self.origin(s).source for s in srcs])
-            self._memo.clear()
-        elif to_size is not None or older_than is not None:
-            need = None if to_size is None else max(0, store.used_bytes() - to_size)
-            cutoff = None if older_than is None else time.time() - older_than
-            victims = [] if need == 0 else store.evict(need, older_than=cutoff)
-        else:
-            victims = store.evict_to_watermarks()
+        with store.index.rehearsal() if dry_run else contextlib.nullcontext():
+            if srcs is not None:
+                sources = [self.origin(s).source for s in srcs]
+                victims = store.index.remove_sources(sources) if dry_run else store.remove_sources(sources)
+                self._memo.clear()
+            elif to_size is not None or older_than is not None:
+                need = None if to_size is None else max(0, store.used_bytes() - to_size)
+                cutoff = None if older_than is None else time.time() - older_than
+                victims = [] if need == 0 else (store.index.pop_lru(need, older_than=cutoff) if dry_run
+                                                else store.evict(need, older_than=cutoff))
+            elif dry_run:
+                need = store.watermark_need()
+                victims = store.index.pop_lru(need) if need > 0 else []
+            else:
+                victims = store.evict_to_watermarks()
         return EvictReport(entries=len(victims), bytes=sum(v.disk_bytes for v in victims),
-                           seconds=time.monotonic() - t0)
+                           seconds=time.monotonic() - t0, dry_run=dry_run)
 
-    def clear(self) -> None:
-        """Remove every entry and block file (the directory stays a cache)."""
+    def clear(self, *, dry_run: bool = False) -> EvictReport:
+        """Remove every entry and block file (the directory stays a cache); the report counts
+        what was indexed.  ``dry_run``: only count."""
         import shutil
 
+        t0 = time.monotonic()
         store = self._store
         self.flush()
+        c = store.index.counters()
+        report = EvictReport(entries=c.get("entries", 0), bytes=c.get("bytes", 0), dry_run=dry_run,
+                             verb="removed")
+        if dry_run:
+            return report
         store.index.clear()
         self._memo.clear()
         blocks = os.path.join(self.dir, fmt.BLOCKS)
@@ -586,10 +606,12 @@ class Cache:
             os.makedirs(blocks, exist_ok=True)
         except FileNotFoundError:
             os.makedirs(blocks, exist_ok=True)
-            return
         except OSError as exc:
             raise from_oserror(exc, blocks) from exc
-        shutil.rmtree(trash, ignore_errors=True)
+        else:
+            shutil.rmtree(trash, ignore_errors=True)
+        report.seconds = time.monotonic() - t0
+        return report
 
     def verify(self, *, progress: ProgressArg = False) -> VerifyReport:
         """Check every block against its header and CRC-32; remove what is corrupt, orphaned or

@@ -137,7 +137,17 @@ class Index:
         except BaseException:
             c.execute("ROLLBACK")
             raise
-        c.execute("COMMIT")
+        c.execute("ROLLBACK" if getattr(self._local, "rehearsing", False) else "COMMIT")
+
+    @contextlib.contextmanager
+    def rehearsal(self) -> Iterator[None]:
+        """Within it, this thread's writers run but keep nothing (``evict -n``: the same victims
+        as a real eviction, computed by the same code, then rolled back)."""
+        self._local.rehearsing = True
+        try:
+            yield
+        finally:
+            self._local.rehearsing = False
 
     # -- readers -----------------------------------------------------------------------------------
 

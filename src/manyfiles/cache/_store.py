@@ -448,17 +448,22 @@ class BlockStore:
         finally:
             self._evicting.release()
 
-    def _evict_to_watermarks(self) -> list[Victim]:
+    def watermark_need(self) -> int:
+        """Bytes to evict now: above ``max_size`` down to ``low_water`` of it, or to get ``min_free``."""
         need = 0
+        if self.max_size is not None:
+            used = self.used_bytes()
+            if used > self.max_size:
+                need = used - int(self.max_size * self.low_water)
+        if self.min_free:
+            free = _free_bytes(self.root)
+            if free < self.min_free:
+                need = max(need, int(self.min_free / self.low_water) - free)
+        return need
+
+    def _evict_to_watermarks(self) -> list[Victim]:
         try:
-            if self.max_size is not None:
-                used = self.used_bytes()
-                if used > self.max_size:
-                    need = used - int(self.max_size * self.low_water)
-            if self.min_free:
-                free = _free_bytes(self.root)
-                if free < self.min_free:
-                    need = max(need, int(self.min_free / self.low_water) - free)
+            need = self.watermark_need()
             if need <= 0:
                 return []
             self.flush_counters()   # our own recent accesses count for the LRU order

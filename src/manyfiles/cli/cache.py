@@ -6,6 +6,7 @@ Examples:
     manyfiles cache warm --cluster tcp://sched:8786 s3://bucket/train/   each node warms its own cache
     manyfiles cache stats --json                           entries, bytes, hits, misses, evictions
     manyfiles cache evict --to 100G                        LRU down to 100 GB
+    manyfiles cache evict -n --older-than 7d               what would go; nothing is removed
     manyfiles cache verify                                 check every block's CRC, repair the index
     manyfiles cache clear                                  remove everything
 
@@ -15,15 +16,29 @@ The cache directory is --dir, else $MANYFILES_CACHE_DIR, else ~/.cache/manyfiles
 from __future__ import annotations
 
 import functools
-import json
+import itertools
 import os
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import click
 
-from manyfiles.cli._common import Size, cluster_option, echo_cluster, instrumented
+from manyfiles.cli._common import (
+    Size,
+    cluster_option,
+    dry_run_option,
+    echo_cluster,
+    echo_json,
+    echo_summary_json,
+    files_from_option,
+    instrumented,
+    jobs_option,
+    json_option,
+    prog_name,
+    progress_option,
+    quiet_option,
+    resolve_progress,
+)
 
 MAX_ERROR_LINES = 20
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -90,32 +105,18 @@ def command() -> None:
     """A persistent local read cache for files and S3 objects (see docs/cache.md)."""
 
 
-def _read_list(path: str) -> Iterator[str]:
-    f = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115 - closed below
-    try:
-        for raw in f:
-            line = raw.rstrip(b"\n").rstrip(b"\r")
-            if line:
-                text = os.fsdecode(line)
-                yield text
-    finally:
-        if f is not sys.stdin.buffer:
-            f.close()
-
-
 @command.command()
 @click.argument("sources", nargs=-1)
-@click.option("--files-from", type=click.Path(dir_okay=False, allow_dash=True), default=None,
-              help="Also warm the paths/URLs listed in FILE, one a line ('-': stdin).")
-@click.option("-j", "--jobs", type=click.IntRange(1, 1024), default=16, show_default=True,
-              help="Objects fetched at once.")
-@click.option("--progress", is_flag=True, help="Show progress (a bar on a terminal, else a line every 5 s).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@files_from_option("Also warm the paths/URLs listed in FILE, one a line or NUL-terminated ('-': stdin).")
+@jobs_option("Objects fetched at once.", default=16, maximum=1024)
+@progress_option
+@quiet_option("No progress, no summary (failures still go to stderr).")
+@json_option("Print the report as one JSON line.")
 @cluster_option
 @instrumented
 @cache_options
-def warm(sources: tuple[str, ...], files_from: str | None, jobs: int, progress: bool, as_json: bool,
-         cluster: str | None, cache: Any) -> int:
+def warm(sources: tuple[str, ...], files_from: str | None, jobs: int, progress: bool | None, quiet: bool,
+         as_json: bool, cluster: str | None, cache: Any) -> int:
     """Fetch SOURCES (files, folders, s3://bucket/key, s3://bucket/prefix/) into the cache.
 
     Entries already complete are only validated (one listing page per 1000 S3 objects, or a
@@ -123,29 +124,28 @@ def warm(sources: tuple[str, ...], files_from: str | None, jobs: int, progress: 
     """
     if not sources and files_from is None:
         raise click.UsageError("nothing to warm: give SOURCES or --files-from")
-    if files_from is not None and files_from != "-" and not os.path.exists(files_from):
-        raise click.UsageError(f"--files-from {files_from}: no such file")
-    srcs: Iterator[str] = iter(sources)
+    srcs: Iterable[str] = sources
     if files_from is not None:
-        import itertools
+        from manyfiles._files_from import read_names
 
-        srcs = itertools.chain(sources, _read_list(files_from))
-    report = cache.warm(srcs, jobs=jobs, progress=progress, cluster=cluster)
+        srcs = itertools.chain(sources, map(os.fsdecode, read_names(files_from)))
+    report = cache.warm(srcs, jobs=jobs, cluster=cluster,
+                        progress=resolve_progress(progress, quiet=quiet, as_json=as_json))
     _print_failures(report.failures)
-    _print_report(report, as_json)
-    if not as_json:
+    _print_report(report, as_json, quiet)
+    if not (as_json or quiet):
         echo_cluster("manyfiles cache", report)
     return 0 if report.ok else 1
 
 
 @command.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
+@json_option("Print the statistics as one JSON object.")
 @cache_options
 def stats(as_json: bool, cache: Any) -> int:
     """Entries, bytes, hits, misses, hit ratio, evictions (all processes, since creation)."""
     s = cache.stats()
     if as_json:
-        click.echo(json.dumps(s.to_dict(), indent=2))
+        echo_json(s.to_dict())
     else:
         click.echo(str(s))
     return 0
@@ -157,54 +157,62 @@ def stats(as_json: bool, cache: Any) -> int:
               help="Evict least recently used entries down to SIZE.")
 @click.option("--older-than", type=Duration(), default=None,
               help="Evict entries not used for this long (90, 30m, 12h, 7d).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@dry_run_option("Say how many entries and bytes would go; remove nothing.")
+@quiet_option("No summary.")
+@json_option("Print the report as one JSON line.")
 @instrumented
 @cache_options
-def evict(sources: tuple[str, ...], to_size: int | None, older_than: float | None, as_json: bool,
-          cache: Any) -> int:
+def evict(sources: tuple[str, ...], to_size: int | None, older_than: float | None, dry_run: bool, quiet: bool,
+          as_json: bool, cache: Any) -> int:
     """Evict SOURCES' entries, or by --to / --older-than; with neither, apply --max-size/--min-free."""
     if sources and (to_size is not None or older_than is not None):
         raise click.UsageError("give SOURCES or --to/--older-than, not both")
-    report = cache.evict(list(sources) if sources else None, to_size=to_size, older_than=older_than)
-    _print_report(report, as_json)
+    report = cache.evict(list(sources) if sources else None, to_size=to_size, older_than=older_than,
+                         dry_run=dry_run)
+    _print_report(report, as_json, quiet)
     return 0
 
 
 @command.command()
-@click.option("--progress", is_flag=True, help="Show progress (a bar on a terminal, else a line every 5 s).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@progress_option
+@quiet_option("No progress, no summary when the cache was sound.")
+@json_option("Print the report as one JSON line.")
 @instrumented
 @cache_options
-def verify(progress: bool, as_json: bool, cache: Any) -> int:
+def verify(progress: bool | None, quiet: bool, as_json: bool, cache: Any) -> int:
     """Check every cached block's header and CRC-32; remove bad and orphaned blocks, fix the index.
 
     Exit 0 even when corrupt blocks were found and removed (the cache is sound afterwards;
     the counts say what was repaired).
     """
-    report = cache.verify(progress=progress)
-    _print_report(report, as_json)
+    report = cache.verify(progress=resolve_progress(progress, quiet=quiet, as_json=as_json))
+    _print_report(report, as_json, quiet and report.ok)
     return 0 if report.ok else 1
 
 
 @command.command()
+@dry_run_option("Say how many entries and bytes would go; remove nothing.")
+@quiet_option("No summary.")
+@json_option("Print the report as one JSON line.")
 @instrumented
 @cache_options
-def clear(cache: Any) -> int:
+def clear(dry_run: bool, quiet: bool, as_json: bool, cache: Any) -> int:
     """Remove every entry and block (the directory stays a cache)."""
-    cache.clear()
+    report = cache.clear(dry_run=dry_run)
+    _print_report(report, as_json, quiet)
     return 0
 
 
 def _print_failures(failures: list) -> None:
-    prog = click.get_current_context().find_root().info_name or "manyfiles"
+    prog = prog_name()
     for f in failures[:MAX_ERROR_LINES]:
         click.echo(f"{prog}: {f.path}: {f.reason}", err=True)
     if len(failures) > MAX_ERROR_LINES:
         click.echo(f"{prog}: ... and {len(failures) - MAX_ERROR_LINES} more failures", err=True)
 
 
-def _print_report(report: Any, as_json: bool) -> None:
+def _print_report(report: Any, as_json: bool, quiet: bool) -> None:
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
-    else:
+        echo_summary_json(report)
+    elif not quiet:
         click.echo(report.summary())

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from manyfiles._info import info
+from manyfiles.cli._common import echo_json, json_option
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of text.")
+@json_option("One JSON object (one line) instead of text.")
 def command(as_json: bool) -> int:
     """Show what this installation can do: C core built or not (and why), backends, extras."""
     about = info()
-    click.echo(json.dumps(about.to_dict(), indent=2) if as_json else str(about))
+    if as_json:
+        echo_json(about.to_dict())
+    else:
+        click.echo(str(about))
     return 0

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
 from manyfiles import _native, fastls, listing
-from manyfiles.cli._common import Size, cluster_option, instrumented, run_main
+from manyfiles._fastls_core import progress_fits
+from manyfiles.cli._common import (
+    Size,
+    cluster_option,
+    files_from_option,
+    filter_options,
+    instrumented,
+    jobs_option,
+    progress_option,
+    quiet_option,
+    resolve_progress,
+    run_main,
+)
 
 EPILOG = """\b
 Examples:
@@ -15,7 +28,8 @@ Examples:
   fastls --count /data/flat           count without creating a name per entry
   fastls -r --type f -0 /data | xargs -0 ...
   fastls -r --json --long /data       one JSON object per entry, with size and mtime
-  fastls --glob '*.jpg' --exclude 'tmp*' /data/flat
+  fastls --include '*.jpg' --exclude 'tmp*' /data/flat
+  find /data -name 'run-*' -print0 | fastls -c --files-from - count inside each listed folder
   fastls -r -c --cluster tcp://sched:8786 /nfs/data   count on a Dask cluster
 
 Exit status: 0 if every path was listed, 1 if some failed (each reported as
@@ -33,8 +47,8 @@ Exit status: 0 if every path was listed, 1 if some failed (each reported as
 @click.option("-0", "--null", is_flag=True, help="End names with NUL instead of newline.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines: path, name, type, inode (+ size, mtime).")
 @click.option("-l", "--long", "long_", is_flag=True, help="Show type, size and mtime (one lstat per entry).")
-@click.option("--glob", "include", multiple=True, help="Only names matching this glob (repeatable).")
-@click.option("--exclude", multiple=True, help="Skip names matching this glob (repeatable).")
+@filter_options("Only names matching GLOB (a relative path if it has '/'; repeatable).",
+                "Skip names matching GLOB (repeatable; wins over --include).")
 @click.option(
     "--type",
     "types",
@@ -49,20 +63,17 @@ Exit status: 0 if every path was listed, 1 if some failed (each reported as
     show_default=True,
     help="getdents64 buffer (e.g. 64K, 1M; at least 280 bytes).",
 )
-@click.option(
-    "--threads",
-    type=click.IntRange(min=1),
-    default=listing.DEFAULT_THREADS,
-    show_default=True,
-    help="Directories read at once with -r (native threads; more help on a cold disk or NFS).",
-)
+@jobs_option("Directories read at once with -r (native threads; more help on a cold disk or NFS).",
+             default=listing.DEFAULT_THREADS, old=("--threads",))
 @click.option(
     "--backend",
     type=click.Choice(listing.BACKENDS),
     default=None,
     help=f"Listing backend (default: {_native.default_backend_note()}).",
 )
-@click.option("--progress", is_flag=True, help="Show a progress line on stderr (only on a terminal).")
+@files_from_option("Also list the directories named in FILE, one a line or NUL-terminated ('-': stdin).")
+@progress_option
+@quiet_option("Nothing on stderr but errors (no progress, no C-core fallback note).")
 @cluster_option
 @click.option("--parts-dir", type=click.Path(file_okay=False), default=None,
               help="With --cluster: where workers write the listing's parts (a folder every worker and this "
@@ -82,21 +93,32 @@ def command(
     exclude: tuple[str, ...],
     types: tuple[str, ...],
     bufsize: int,
-    threads: int,
+    jobs: int,
     backend: str | None,
-    progress: bool,
+    files_from: str | None,
+    progress: bool | None,
+    quiet: bool,
     cluster: str | None,
     parts_dir: str | None,
 ) -> int:
     """List the entries of each directory in PATHS (default: the current directory)."""
-    if backend is None:
+    if backend is None and not quiet:
         _native.warn_fallback(click.get_current_context().command_path)
+    if files_from is not None:
+        from manyfiles._files_from import read_names
+
+        paths = (*paths, *map(os.fsdecode, read_names(files_from)))
+        if not paths:
+            return 0  # an empty list names nothing to list (not the current directory)
     request = build_request(paths, recursive, max_depth, follow, count_only, sort, null, as_json, long_,
-                            include, exclude, types, bufsize, threads, backend)
-    report = fastls.run(request, sys.stdout.fileno(), progress=progress and sys.stderr.isatty(),
-                        cluster=cluster, parts_dir=parts_dir)
+                            include, exclude, types, bufsize, jobs, backend)
+    def fits() -> bool:
+        return progress_fits(count_only, sys.stderr.isatty(), sys.stdout.isatty())
+
+    show = resolve_progress(progress, quiet=quiet, as_json=as_json, isatty=fits)
+    report = fastls.run(request, sys.stdout.fileno(), progress=show, cluster=cluster, parts_dir=parts_dir)
     if count_only:
-        for line in fastls.count_lines(report, len(request.paths) > 1):
+        for line in fastls.count_lines(report, len(request.paths) > 1, request.format == "json"):
             click.echo(line)
     for line in fastls.failure_lines(report):
         click.echo(line, err=True)
@@ -117,9 +139,9 @@ def build_request(
     exclude: tuple[str, ...],
     types: tuple[str, ...],
     bufsize: int,
-    threads: int,
+    jobs: int,
     backend: str | None,
-    **_instrumentation: object,
+    **_other: object,
 ) -> fastls.ListRequest:
     """The options, parsed, as the library's request (also what the click-free fast path must build)."""
     return fastls.ListRequest(
@@ -134,7 +156,7 @@ def build_request(
         sep=b"\0" if null else b"\n",
         filter=listing.Filter(include=include, exclude=exclude, types="".join(types)),
         bufsize=bufsize,
-        threads=threads,
+        threads=jobs,
         backend=backend,
     )
 

@@ -2,9 +2,10 @@
 
 Examples:
     fastrm /scratch/run-42                       remove the tree (8 workers)
-    fastrm -j 32 --progress /nfs/scratch/old     more workers for a high-latency file system
-    fastrm --dry-run -o - /scratch/run-42        print what would be removed
-    fastrm --glob '*.tmp' --exclude keep /data   remove matching entries only; /data stays
+    fastrm -j 32 /nfs/scratch/old                more workers for a high-latency file system
+    fastrm -n -o - /scratch/run-42               print what would be removed
+    fastrm --include '*.tmp' --exclude keep /data   remove matching entries only; /data stays
+    find /scratch -name 'ckpt-*' -print0 | fastrm --files-from -   remove what find found
     fastrm --force-root /mnt/scratch             empty a mount root (the mount point stays)
 
 Symlinks are never followed (``link`` and ``link/`` remove the link).  ``/`` is always
@@ -21,7 +22,22 @@ from typing import BinaryIO
 
 import click
 
-from manyfiles.cli._common import cluster_option, echo_cluster, instrumented, run_main
+from manyfiles.cli._common import (
+    cluster_option,
+    dry_run_option,
+    echo_cluster,
+    echo_summary_json,
+    files_from_option,
+    filter_options,
+    instrumented,
+    jobs_option,
+    json_option,
+    prog_name,
+    progress_option,
+    quiet_option,
+    resolve_progress,
+    run_main,
+)
 
 
 def _show(path: str) -> str:
@@ -43,9 +59,10 @@ def _show(path: str) -> str:
 EPILOG = """\b
 Examples:
   fastrm /scratch/run-42                      remove the tree (8 workers)
-  fastrm -j 32 --progress /nfs/scratch/old    more workers for a high-latency file system
+  fastrm -j 32 /nfs/scratch/old               more workers for a high-latency file system
   fastrm -n -o - /scratch/run-42              print what would be removed
-  fastrm --glob '*.tmp' --exclude keep /data  remove matching entries only; /data stays
+  fastrm --include '*.tmp' --exclude keep /data   remove matching entries only; /data stays
+  find /scratch -name 'ckpt-*' -print0 | fastrm --files-from -   remove what find found
   fastrm --force-root /mnt/scratch            empty a mount root (the mount point stays)
   fastrm --cluster tcp://sched:8786 /nfs/old  subtrees removed by Dask workers, then the top
 
@@ -57,31 +74,17 @@ each; the rest is still removed), 2 usage error or refused argument, 130 interru
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
-@click.option("-n", "--dry-run", is_flag=True, help="Remove nothing; count (and with -o list) what would go.")
-@click.option(
-    "--glob",
-    "include",
-    multiple=True,
-    metavar="PATTERN",
-    help="Only remove entries matching PATTERN (name, or relative path if it has '/'); "
-    "a matching directory goes whole; PATH itself stays. Repeatable.",
+@click.argument("paths", nargs=-1, type=click.Path())
+@dry_run_option("Remove nothing; count (and with -o list) what would go.")
+@filter_options(
+    "Only remove entries matching GLOB (name, or relative path if it has '/'); a matching directory goes "
+    "whole; PATH itself stays. Repeatable.",
+    "Keep entries matching GLOB (a kept directory is not entered). Repeatable.",
 )
-@click.option(
-    "--exclude",
-    multiple=True,
-    metavar="PATTERN",
-    help="Keep entries matching PATTERN (a kept directory is not entered). Repeatable.",
-)
-@click.option(
-    "-j",
-    "--workers",
-    type=click.IntRange(1, 1024),
-    default=8,
-    show_default=True,
-    help="Worker threads; each owns one directory at a time.",
-)
-@click.option("--progress", is_flag=True, help="Progress bar with rate and ETA (only on a terminal).")
+@files_from_option("Also remove the paths listed in FILE, one a line or NUL-terminated ('-': stdin).")
+@jobs_option("Worker threads; each owns one directory at a time.", default=8, maximum=1024,
+             old=("--workers",))
+@progress_option
 @click.option(
     "-o",
     "--output",
@@ -105,6 +108,8 @@ each; the rest is still removed), 2 usage error or refused argument, 130 interru
 )
 @click.option("-f", "--force", "missing_ok", is_flag=True, help="Ignore PATHs that do not exist (rm -f).")
 @click.option("-v", "--verbose", is_flag=True, help="Print a summary line on stderr.")
+@quiet_option("Nothing on stderr but errors (no progress, no dry-run summary).")
+@json_option("JSON lines on stdout: one summary object (counts and failures) at the end.")
 @cluster_option
 @instrumented
 def command(
@@ -112,8 +117,9 @@ def command(
     dry_run: bool,
     include: tuple[str, ...],
     exclude: tuple[str, ...],
-    workers: int,
-    progress: bool,
+    files_from: str | None,
+    jobs: int,
+    progress: bool | None,
     output: str | None,
     null: bool,
     force_root: bool,
@@ -121,18 +127,29 @@ def command(
     retries: int,
     missing_ok: bool,
     verbose: bool,
+    quiet: bool,
+    as_json: bool,
     cluster: str | None,
 ) -> int:
     """Remove PATH(s) and everything below them, in parallel across directories."""
     from manyfiles.remove import remove_tree
 
+    targets: list[str | bytes] = list(paths)
+    if files_from is not None:
+        from manyfiles._files_from import read_names
+
+        targets += read_names(files_from)
+    elif not paths:
+        raise click.UsageError("give PATH(s) or --files-from")
+    if as_json and output == "-":
+        raise click.UsageError("--json and -o -: both want stdout; write -o to a file")
     with contextlib.ExitStack() as stack:
         sink: BinaryIO | None = None
         if output is not None:  # written by the removal itself, as it goes
             sink = sys.stdout.buffer if output == "-" else stack.enter_context(open(output, "wb"))
         report = remove_tree(
-            list(paths),
-            workers=workers,
+            targets,
+            workers=jobs,
             dry_run=dry_run,
             include=include or None,
             exclude=exclude or None,
@@ -142,13 +159,15 @@ def command(
             retries=retries,
             output=sink,
             sep=b"\0" if null else b"\n",
-            progress=progress and sys.stderr.isatty(),
+            progress=resolve_progress(progress, quiet=quiet, as_json=as_json),
             cluster=cluster,
         )
-    prog = click.get_current_context().find_root().info_name or "fastrm"
+    prog = prog_name()
     for f in report.failures:
         click.echo(f"{prog}: {_show(f.path)}: {f.reason}", err=True)
-    if verbose or dry_run:
+    if as_json:
+        echo_summary_json(report)
+    elif (verbose or dry_run) and not quiet:
         click.echo(f"{prog}: {report.summary()}", err=True)
         echo_cluster(prog, report)
     return 0 if report.ok else 1

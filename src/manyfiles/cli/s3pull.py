@@ -15,21 +15,37 @@ import sys
 import click
 
 from manyfiles import _testing
-from manyfiles.cli._common import Size, cluster_option, echo_cluster, instrumented, run_main
+from manyfiles.cli._common import (
+    Size,
+    cluster_option,
+    deprecated_alias,
+    dry_run_option,
+    echo_cluster,
+    files_from_option,
+    filter_options,
+    instrumented,
+    jobs_option,
+    json_option,
+    progress_option,
+    quiet_option,
+    resolve_progress,
+    run_main,
+)
 from manyfiles.s3.routing import STRATEGIES
 
 EPILOG = """\b
 Examples:
   s3pull s3://bucket/images/ ./images
   s3pull 's3://bucket/logs/2026-*/*.json' ./logs --exclude '*/tmp/*'
-  s3pull s3://bucket/ ./data --manifest keys.txt --strategy threads
-  s3pull s3://bucket/shards/ ./shards --dry-run
+  s3pull s3://bucket/ ./data --files-from keys.txt --strategy threads
+  aws s3api list-objects-v2 ... | s3pull s3://bucket/ ./data --files-from -
+  s3pull s3://bucket/shards/ ./shards -n
   s3pull s3://public-bucket/x ./x --no-sign-request --region us-west-2
   s3pull verify ./images          re-hash every installed file (see s3pull verify -h)
 
 \b
---aws-profile selects the AWS credentials profile; --profile FILE is, as for every
-manyfiles command, a viztracer profile of the run.
+--aws-profile NAME selects the AWS credentials profile; --profile-out FILE is, as for
+every manyfiles command, a viztracer profile of the run.
 """
 
 MAX_ERROR_LINES = 20
@@ -55,23 +71,23 @@ class _PullOrVerify(click.Command):
 @click.argument("dest", type=click.Path(file_okay=False))
 @click.option("--strategy", type=click.Choice(list(STRATEGIES)),
               default="auto", show_default=True, help="Engine; auto routes each object by its listed size.")
-@click.option("-j", "--concurrency", type=click.IntRange(1, 4096), default=64, show_default=True,
-              help="Connections in flight, shared by all engines.")
+@jobs_option("Connections in flight, shared by all engines.", default=64, old=("--concurrency",))
 @click.option("--processes", type=click.IntRange(0, 256), default=0,
               help="Worker processes for --strategy processes (default: CPU count).")
-@click.option("--include", multiple=True, metavar="GLOB",
-              help="Only paths (relative to the prefix) matching.")
-@click.option("--exclude", multiple=True, metavar="GLOB", help="Skip paths matching (wins over --include).")
-@click.option("--manifest", type=click.Path(dir_okay=False), default=None,
-              help="Download the keys listed in FILE (one a line, optionally key<TAB>size<TAB>etag).")
+@filter_options("Only files whose name matches GLOB (a path relative to the prefix if it has '/'; "
+                "repeatable).",
+                "Skip files matching GLOB, by the same rule (repeatable; wins over --include).")
+@files_from_option("Download the keys listed in FILE ('-': stdin), one a line (or NUL-terminated), "
+                   "optionally key<TAB>size<TAB>etag.", old=("--manifest",))
 @click.option("--layout", type=click.Choice(["folder", "sharded"]), default="folder", show_default=True,
               help="folder: key -> path; sharded: hashed sub-folders (manyfiles shard layout).")
 @click.option("--part-size", type=Size(minimum=1), default="8MiB", show_default=True,
               help="Ranged GET part size.")
 @click.option("--retries", type=click.IntRange(0, 100), default=5, show_default=True,
               help="Retries per object or part on 5xx, SlowDown, resets and short bodies.")
-@click.option("--no-verify", is_flag=True,
+@click.option("--no-checksum", is_flag=True,
               help="Skip the content checks (MD5/ETag, checksums); sizes are still checked.")
+@deprecated_alias("no_checksum", "--no-checksum", "--no-verify", is_flag=True)
 @click.option("--etag-only", is_flag=True,
               help="Check content against the ETag (MD5) only: do not ask the server for its checksums "
                    "(x-amz-checksum-mode).")
@@ -82,9 +98,10 @@ class _PullOrVerify(click.Command):
 @click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
               help="Read through this manyfiles cache: objects it holds at the listed ETag are copied "
                    "from it (and checked), the others fill it (see docs/cache.md).")
-@click.option("--dry-run", is_flag=True, help="List and plan only: print each object's engine.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON event a line on stdout.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar, no summary (errors still go to stderr).")
+@dry_run_option("List and plan only: print each object's engine; nothing is written.")
+@json_option("Print one JSON event a line on stdout, then the summary.")
+@quiet_option("No progress bar, no summary (errors still go to stderr).")
+@progress_option
 @click.option("--aws-profile", default=None, metavar="NAME", help="AWS credentials profile (as AWS_PROFILE).")
 @click.option("--region", default=None, help="AWS region (default: from the profile/environment).")
 @click.option("--endpoint-url", default=None, metavar="URL",
@@ -94,17 +111,18 @@ class _PullOrVerify(click.Command):
 @click.option("--no-sign-request", is_flag=True, help="Anonymous requests (public buckets).")
 @cluster_option
 @instrumented
-def command(source: str, dest: str, strategy: str, concurrency: int, processes: int,
-            include: tuple[str, ...], exclude: tuple[str, ...], manifest: str | None, layout: str,
-            part_size: int, retries: int, no_verify: bool, etag_only: bool, verify_existing: bool,
+def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
+            include: tuple[str, ...], exclude: tuple[str, ...], files_from: str | None, layout: str,
+            part_size: int, retries: int, no_checksum: bool, etag_only: bool, verify_existing: bool,
             fsync: bool, cache_dir: str | None, dry_run: bool,
-            as_json: bool, quiet: bool, aws_profile: str | None, region: str | None, endpoint_url: str | None,
+            as_json: bool, quiet: bool, progress: bool | None, aws_profile: str | None, region: str | None,
+            endpoint_url: str | None,
             path_style: bool | None, no_sign_request: bool, cluster: str | None) -> int:
     """Download every object under SOURCE (s3://bucket/prefix, wildcards allowed) into DEST.
 
     By default objects under 24 MiB are fetched whole by the "lean" thread pool
     (raw sockets, hand-signed GETs) and larger ones in parallel 8 MiB ranged
-    parts (see --dry-run).  Every byte written is checked against the object's
+    parts (see -n).  Every byte written is checked against the object's
     MD5/ETag or checksum before it is installed.  A re-run skips what is already
     there and resumes large objects part by part; failed objects are listed in
     DEST/.s3pull/failures.tsv and make the exit code 1.
@@ -115,7 +133,7 @@ def command(source: str, dest: str, strategy: str, concurrency: int, processes: 
                               no_sign=no_sign_request, path_style=path_style)
     base = _testing.retry_base if _testing.retry_base is not None else RetryPolicy.base
     retry = RetryPolicy(attempts=retries + 1, base=base)
-    view = _View("s3pull", as_json=as_json, dry_run=dry_run, quiet=quiet)
+    view = _View("s3pull", as_json=as_json, dry_run=dry_run, quiet=quiet, progress=progress)
     with contextlib.ExitStack() as stack:
         cache = None
         if cache_dir:
@@ -123,10 +141,10 @@ def command(source: str, dest: str, strategy: str, concurrency: int, processes: 
 
             cache = stack.enter_context(Cache(cache_dir, settings=settings.resolved()))
         on_cluster = {"cluster": cluster} if cluster else {}
-        report = pull(source, dest, strategy=strategy, concurrency=concurrency, processes=processes,
-                      include=include, exclude=exclude, manifest=manifest, layout=layout, dry_run=dry_run,
+        report = pull(source, dest, strategy=strategy, concurrency=jobs, processes=processes,
+                      include=include, exclude=exclude, manifest=files_from, layout=layout, dry_run=dry_run,
                       settings=settings, on_event=None if cluster else view.on_event, progress=view.progress,
-                      retry=retry, part_size=part_size, verify=not no_verify, checksum_mode=not etag_only,
+                      retry=retry, part_size=part_size, verify=not no_checksum, checksum_mode=not etag_only,
                       verify_existing=verify_existing, fsync=fsync, cache=cache, **on_cluster)
     view.summary(report)
     if not (as_json or quiet):
@@ -136,11 +154,12 @@ def command(source: str, dest: str, strategy: str, concurrency: int, processes: 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("dest", type=click.Path(file_okay=False))
-@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=4, show_default=True,
-              help="Files hashed at once.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON line per failure, then the summary.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress, no summary when everything passed.")
-def verify_command(dest: str, jobs: int, as_json: bool, quiet: bool) -> int:
+@jobs_option("Files hashed at once.", default=4, maximum=256)
+@json_option("Print one JSON line per failure, then the summary.")
+@quiet_option("No progress, no summary when everything passed.")
+@progress_option
+@instrumented
+def verify_command(dest: str, jobs: int, as_json: bool, quiet: bool, progress: bool | None) -> int:
     """Re-hash every file a pull installed in DEST against the check it passed when written.
 
     Reads DEST/.s3pull/state.jsonl; nothing is written or fetched.  Files missing,
@@ -149,7 +168,7 @@ def verify_command(dest: str, jobs: int, as_json: bool, quiet: bool) -> int:
     """
     from manyfiles.s3 import verify
 
-    view = _View("s3pull verify", as_json=as_json, dry_run=False, quiet=quiet)
+    view = _View("s3pull verify", as_json=as_json, dry_run=False, quiet=quiet, progress=progress)
     report = verify(dest, workers=jobs, progress=view.progress)
     for f in report.failures:
         view.on_failure(f.path, f"{f.code}: {f.reason}", {"event": "failed", "key": f.path, "code": f.code,
@@ -160,11 +179,13 @@ def verify_command(dest: str, jobs: int, as_json: bool, quiet: bool) -> int:
 
 class _View:
     """Renders events: JSON lines, dry-run plan lines, failure lines, the summary.  The live
-    display is the shared one (``progress=True``), on a terminal only."""
+    display is the shared one (``progress=True``): see ``resolve_progress``."""
 
-    def __init__(self, prog: str, *, as_json: bool, dry_run: bool, quiet: bool) -> None:
+    def __init__(self, prog: str, *, as_json: bool, dry_run: bool, quiet: bool,
+                 progress: bool | None) -> None:
         self.prog, self.as_json, self.dry_run, self.quiet = prog, as_json, dry_run, quiet
-        self.progress = not (as_json or dry_run or quiet) and sys.stderr.isatty()
+        # a dry run prints its plan on stdout: no bar by default there either
+        self.progress = resolve_progress(progress, quiet=quiet or dry_run, as_json=as_json)
         self.failed = 0
         self._out = sys.stdout
 

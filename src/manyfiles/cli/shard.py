@@ -2,27 +2,40 @@
 
 \b
 Examples:
-    shard apply /data/images --plan --csv moves.csv   # what would move where; nothing moves
-    shard apply /data/images --workers 4              # flat -> ab/cd/<name>, resumable after kill -9
+    shard apply /data/images -n --csv moves.csv       # what would move where; nothing moves
+    shard apply /data/images -j 4                     # flat -> ab/cd/<name>, resumable after kill -9
     shard apply /data/objects --key prefix --levels 2 # names are already hashes: git-style 3f/3f2a...
     shard verify /data/images                         # every file where its hash says?
     shard status /data/images                         # layout, interrupted migration, estimated count
     shard reshard /data/images --levels 1             # change the layout (revert + apply, resumable)
     shard revert /data/images                         # tree -> flat
+    shard verify /data/images --json                  # the report as one JSON line
     shard apply /nfs/images --cluster tcp://sched:8786 # top buckets moved by Dask workers
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 import click
 
 from manyfiles import shard as mig
 from manyfiles._report import Failure
-from manyfiles.cli._common import cluster_option, echo_cluster, instrumented, run_main
+from manyfiles.cli._common import (
+    cluster_option,
+    dry_run_option,
+    echo_cluster,
+    echo_json,
+    echo_summary_json,
+    instrumented,
+    jobs_option,
+    json_option,
+    progress_option,
+    quiet_option,
+    resolve_progress,
+    run_main,
+)
 from manyfiles.shard import HASHES, KEYS, Layout, parse_levels
 
 PROG = "shard"
@@ -64,7 +77,7 @@ def _warn_failures(failures: list[Failure]) -> None:
             click.echo(f"{PROG}: ... and {n - _SHOW:,} more ({code or 'error'})", err=True)
 
 
-def _report(rep: mig.MigrationReport, quiet: bool) -> int:
+def _report(rep: mig.MigrationReport, quiet: bool, as_json: bool) -> int:
     """Exit 0 when everything found was moved (files created after the last rescan and left
     flat are a warning, named with their count); 1 when something failed or is in the way."""
     _warn_list("left in place", rep.skipped, rep.root)
@@ -72,14 +85,12 @@ def _report(rep: mig.MigrationReport, quiet: bool) -> int:
     if rep.left_flat:
         click.echo(f"{PROG}: {rep.root}: {rep.left_flat:,} files were created during the run and left flat; "
                    f"run `shard apply {rep.root}` again to move them", err=True)
-    if not quiet:
+    if as_json:
+        echo_summary_json(rep)
+    elif not quiet:
         click.echo(rep.summary())
         echo_cluster(PROG, rep)
     return 0 if rep.ok else 1
-
-
-def _progress(quiet: bool) -> bool:
-    return not quiet and sys.stderr.isatty()
 
 
 _levels_opt = click.option("--levels", default=None, metavar="W[:W...]",
@@ -88,10 +99,10 @@ _hash_opt = click.option("--hash", "hash_", type=click.Choice(HASHES), default=N
                          help="Hash of the name's bytes that picks the buckets (default md5).")
 _key_opt = click.option("--key", type=click.Choice(KEYS), default=None,
                         help="'prefix': use the name's own first characters (names that are hashes/UUIDs).")
-_workers_opt = click.option("--workers", "-w", type=click.IntRange(1, 256), default=None,
-                            help="Parallel workers, each owning whole top buckets "
-                                 "[default: 1 on tmpfs, 4 elsewhere].")
-_quiet_opt = click.option("--quiet", "-q", is_flag=True, help="No summary line and no progress bar.")
+_jobs_opt = jobs_option("Parallel workers, each owning whole top buckets [default: 1 on tmpfs, 4 elsewhere].",
+                        default=None, maximum=256, old=("-w", "--workers"), show_default=False)
+_quiet_opt = quiet_option("No summary line and no progress bar (errors still go to stderr).")
+_json_opt = json_option("Print the report as one JSON line on stdout (instead of the summary).")
 _dir_arg = click.argument("directory", type=click.Path(file_okay=False, path_type=str))
 
 
@@ -105,29 +116,38 @@ def command() -> None:
 @_levels_opt
 @_hash_opt
 @_key_opt
-@_workers_opt
-@click.option("--plan", "dry_run", is_flag=True, help="Dry run: counts per bucket; nothing is moved.")
+@_jobs_opt
+@dry_run_option("Plan only: counts per bucket (and --csv); nothing is moved.", old=("--plan",))
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
-              help="With --plan: write the moves (source,destination) to this CSV file.")
+              help="With -n: write the moves (source,destination) to this CSV file.")
+@progress_option
 @_quiet_opt
+@_json_opt
 @cluster_option
 @instrumented
-def apply(directory: str, levels: str | None, hash_: str | None, key: str | None, workers: int | None,
-          dry_run: bool, csv_path: str | None, quiet: bool, cluster: str | None) -> int:
+def apply(directory: str, levels: str | None, hash_: str | None, key: str | None, jobs: int | None,
+          dry_run: bool, csv_path: str | None, progress: bool | None, quiet: bool, as_json: bool,
+          cluster: str | None) -> int:
     """Move the files of flat DIRECTORY into its hashed tree, in place (resumable)."""
     layout = _layout(levels, hash_, key)
     if dry_run:
         if cluster:
-            raise click.UsageError("--plan lists on this machine; drop --cluster")
-        return _plan(directory, layout, csv_path)
+            raise click.UsageError("-n/--dry-run lists on this machine; drop --cluster")
+        return _plan(directory, layout, csv_path, as_json)
     if csv_path:
-        raise click.UsageError("--csv needs --plan")
-    rep = mig.apply(directory, layout, workers=workers, progress=_progress(quiet), cluster=cluster)
-    return _report(rep, quiet)
+        raise click.UsageError("--csv needs -n/--dry-run")
+    rep = mig.apply(directory, layout, workers=jobs, cluster=cluster,
+                    progress=resolve_progress(progress, quiet=quiet, as_json=as_json))
+    return _report(rep, quiet, as_json)
 
 
-def _plan(directory: str, layout: Layout | None, csv_path: str | None) -> int:
+def _plan(directory: str, layout: Layout | None, csv_path: str | None, as_json: bool) -> int:
     p = mig.plan(directory, layout)
+    if csv_path:
+        p.write_csv(csv_path)
+    if as_json:
+        echo_summary_json(p, **({"csv": csv_path} if csv_path else {}))
+        return 1 if p.blocking else 0
     s = p.stats
     click.echo(f"plan for {p.root} ({p.layout.describe()}):")
     click.echo(f"  files to move        {len(p.moves):,}")
@@ -141,7 +161,6 @@ def _plan(directory: str, layout: Layout | None, csv_path: str | None) -> int:
     if p.skipped:
         click.echo(f"  left in place        {len(p.skipped):,}")
     if csv_path:
-        p.write_csv(csv_path)
         click.echo(f"  moves written to     {csv_path}")
     if p.blocking:
         names = ", ".join(_show(b) for b in p.blocking[:_SHOW])
@@ -151,16 +170,24 @@ def _plan(directory: str, layout: Layout | None, csv_path: str | None) -> int:
     return 0
 
 
+_dry_move = dry_run_option("Count the files that would move; nothing is moved.")
+
+
 @command.command()
 @_dir_arg
-@_workers_opt
+@_jobs_opt
+@_dry_move
+@progress_option
 @_quiet_opt
+@_json_opt
 @cluster_option
 @instrumented
-def revert(directory: str, workers: int | None, quiet: bool, cluster: str | None) -> int:
+def revert(directory: str, jobs: int | None, dry_run: bool, progress: bool | None, quiet: bool, as_json: bool,
+           cluster: str | None) -> int:
     """Move every file of the tree back into DIRECTORY and remove the buckets (resumable)."""
-    rep = mig.revert(directory, workers=workers, progress=_progress(quiet), cluster=cluster)
-    return _report(rep, quiet)
+    rep = mig.revert(directory, workers=jobs, dry_run=dry_run, cluster=cluster,
+                     progress=resolve_progress(progress, quiet=quiet, as_json=as_json))
+    return _report(rep, quiet, as_json)
 
 
 @command.command()
@@ -168,37 +195,54 @@ def revert(directory: str, workers: int | None, quiet: bool, cluster: str | None
 @_levels_opt
 @_hash_opt
 @_key_opt
-@_workers_opt
+@_jobs_opt
+@_dry_move
+@progress_option
 @_quiet_opt
+@_json_opt
 @cluster_option
 @instrumented
-def reshard(directory: str, levels: str | None, hash_: str | None, key: str | None, workers: int | None,
-            quiet: bool, cluster: str | None) -> int:
+def reshard(directory: str, levels: str | None, hash_: str | None, key: str | None, jobs: int | None,
+            dry_run: bool, progress: bool | None, quiet: bool, as_json: bool, cluster: str | None) -> int:
     """Change the layout of sharded DIRECTORY (revert + apply as one resumable operation)."""
-    rep = mig.reshard(directory, _layout(levels, hash_, key), workers=workers, progress=_progress(quiet),
-                      cluster=cluster)
-    return _report(rep, quiet)
+    rep = mig.reshard(directory, _layout(levels, hash_, key), workers=jobs, dry_run=dry_run, cluster=cluster,
+                      progress=resolve_progress(progress, quiet=quiet, as_json=as_json))
+    return _report(rep, quiet, as_json)
 
 
 @command.command()
 @_dir_arg
 @click.option("--expect", type=int, default=None, help="Also fail unless exactly this many files are found.")
+@progress_option
+@quiet_option("No summary line when everything is in place, no progress (problems still go to stderr).")
+@_json_opt
 @instrumented
-def verify(directory: str, expect: int | None) -> int:
+def verify(directory: str, expect: int | None, progress: bool | None, quiet: bool, as_json: bool) -> int:
     """Check that every file sits where its name says: no strays, temp files or duplicates."""
-    rep = mig.verify(directory, expected=expect, progress=_progress(False))
+    rep = mig.verify(directory, expected=expect,
+                     progress=resolve_progress(progress, quiet=quiet, as_json=as_json))
     _warn_failures(rep.failures)
-    _warn_list("directory that is not a bucket (left alone)", rep.foreign, rep.root)
-    click.echo(rep.summary())
+    if not quiet:
+        _warn_list("directory that is not a bucket (left alone)", rep.foreign, rep.root)
+    if as_json:
+        echo_summary_json(rep)
+    elif not (quiet and rep.ok):
+        click.echo(rep.summary())
     return 0 if rep.ok else 1
 
 
 @command.command()
 @_dir_arg
+@_json_opt
 @instrumented
-def status(directory: str) -> int:
+def status(directory: str, as_json: bool) -> int:
     """Layout, any interrupted migration, files left at the top, estimated file count."""
     st = mig.status(directory)
+    if as_json:
+        echo_json({"root": st.root, "layout": st.layout.describe() if st.layout else None,
+                   "flat_files": st.flat_files, "estimate": st.estimate if st.layout else None,
+                   "migration": (st.journal or {}).get("op"), "done": st.done, "running_pid": st.running_pid})
+        return 0
     click.echo(f"directory        {st.root}")
     click.echo(f"layout           {st.layout.describe() if st.layout else 'not sharded'}")
     click.echo(f"top-level files  {st.flat_files:,}")

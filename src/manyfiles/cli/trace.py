@@ -12,13 +12,12 @@ Worker processes' files (``FILE.worker-<pid>``) are merged in automatically.
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import TYPE_CHECKING
 
 import click
 
-from manyfiles.cli._common import run_main
+from manyfiles.cli._common import echo_json, json_option, run_main
 
 if TYPE_CHECKING:
     from manyfiles.trace import Summary
@@ -34,7 +33,7 @@ def command() -> None:
 
 @command.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@json_option("Print the summary as one JSON line.")
 @click.option("--no-workers", is_flag=True, help="Do not merge FILE.worker-* files.")
 def summary(files: tuple[str, ...], as_json: bool, no_workers: bool) -> int:
     """Per-operation counts, bytes, throughput and latency percentiles of FILE(s)."""
@@ -42,7 +41,7 @@ def summary(files: tuple[str, ...], as_json: bool, no_workers: bool) -> int:
 
     s = summarize(load(files, workers=not no_workers))
     if as_json:
-        click.echo(json.dumps(s.to_dict(), indent=2))
+        echo_json(s.to_dict())
     else:
         _render(s)
     return 0

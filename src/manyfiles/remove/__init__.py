@@ -82,7 +82,7 @@ def remove_tree(
         sep: what ends each path in ``output``: ``b"\n"`` or ``b"\0"`` (names may hold newlines).
         cluster: ``"local:N"``, ``"tcp://HOST:8786"`` or a ``distributed.Client``: subtrees
             are removed by Dask workers, then the levels above them here
-            (:mod:`manyfiles.scale.remove`); the report comes with per-worker figures.
+            (``remove/_cluster.py``); the report comes with per-worker figures.
             Not with ``include``/``exclude``/``dry_run``/``on_removed``/``output``.
 
     Failures (permission denied, ...) are collected in ``report.failures``; nothing is
@@ -93,7 +93,7 @@ def remove_tree(
     include, exclude = patterns(include, "include"), patterns(exclude, "exclude")
     check_options(workers, retries, progress, on_removed, output, sep)
     if cluster is not None:
-        from manyfiles.scale.remove import check_cluster_call
+        from manyfiles.remove._cluster import check_cluster_call
 
         check_cluster_call(include, exclude, dry_run, on_removed, output)
     rules = Rules(include, exclude, keep_root=include is not None if keep_root is None else bool(keep_root),
@@ -103,7 +103,7 @@ def remove_tree(
                             if dry_run else RemoveReport())
     targets = resolve(checked, missing_ok, report.failures)
     if cluster is not None:
-        from manyfiles.scale.remove import remove_on_cluster
+        from manyfiles.remove._cluster import remove_on_cluster
 
         return remove_on_cluster(targets, rules, report, cluster=cluster, workers=workers, retries=retries,
                                  progress=progress)

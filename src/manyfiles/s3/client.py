@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from manyfiles._extras import require, require_installed
+from manyfiles.s3.sigv4 import S3_FEATURE, aws_config, configured_endpoint
 
-S3_FEATURE = "S3 access"
 ASYNC_FEATURE = "the async engine (--strategy async)"
 
 
@@ -39,15 +39,10 @@ class ClientSettings:
         before anything is listed or written.
         """
         require_installed("s3", "boto3", S3_FEATURE)
-        from manyfiles.s3.sigv4 import configured_endpoint
-
         return replace(self, endpoint_url=configured_endpoint(self))
 
     def _config_kwargs(self, pool: int, checksums: bool = True) -> dict[str, Any]:
         UNSIGNED = require("s3", "botocore", S3_FEATURE).UNSIGNED
-
-        from manyfiles.s3.sigv4 import aws_config
-
         style = aws_config(self).addressing_style
         kw: dict[str, Any] = {
             "max_pool_connections": max(1, pool),

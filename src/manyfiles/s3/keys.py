@@ -13,10 +13,10 @@ Example:
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from dataclasses import dataclass
 
+from manyfiles import _glob
 from manyfiles.errors import UnsafeKey, UsageError
 
 NAME_MAX = 255          # bytes per path segment (Linux)
@@ -33,7 +33,9 @@ class S3Url:
     ``prefix`` is what the listing asks S3 for (everything before the first
     wildcard), ``pattern`` the full glob keys must match (None without wildcards),
     ``base`` the part stripped from keys to form local paths (up to the last ``/``
-    before any wildcard, like ``aws s3 cp --recursive`` and s5cmd).
+    before any wildcard, like ``aws s3 cp --recursive`` and s5cmd).  The pattern follows the
+    one glob rule set (:mod:`manyfiles._glob`), matched against the whole key: ``*`` also
+    matches ``/``.
     """
 
     bucket: str
@@ -44,13 +46,18 @@ class S3Url:
     def matches(self, key: str) -> bool:
         if not key.startswith(self.prefix):
             return False
-        return self.pattern is None or fnmatch.fnmatchcase(key, self.pattern)
+        return self.pattern is None or _glob.compile(self.pattern).match(key, rel=key)
 
 
 def parse_url(url: str) -> S3Url:
     """Parse ``s3://bucket[/prefix]``; raises UsageError for anything else."""
     if not url.startswith("s3://"):
         raise UsageError(f"{url}: not an s3:// URL")
+    try:
+        url.encode("utf-8")
+    except UnicodeEncodeError:   # bytes from argv that are not UTF-8 (os.fsdecode surrogates)
+        shown = url.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise UsageError(f"{shown}: not UTF-8 (S3 keys are UTF-8 text)") from None
     rest = url[5:]
     bucket, _, path = rest.partition("/")
     if not bucket or _WILDCARD.search(bucket):
@@ -99,17 +106,19 @@ def local_relpath(key: str, base: str = "") -> str:
 def make_filter(include: tuple[str, ...] | list[str] = (), exclude: tuple[str, ...] | list[str] = ()):
     """A predicate on relative paths: must match one ``include`` (if any), no ``exclude``.
 
-    Patterns are shell globs (``*`` also matches ``/``) tested on the path relative
-    to the source prefix, like ``aws s3 cp --include/--exclude``.
+    The one glob rule set of every manyfiles tool (:mod:`manyfiles._glob`, as fastls and
+    fastrm): a pattern without ``/`` is tested on the file name, one with ``/`` on the path
+    relative to the source prefix (there ``*`` also matches ``/``: ``*/tmp/*``).
     """
-    inc = [re.compile(fnmatch.translate(p)) for p in include]
-    exc = [re.compile(fnmatch.translate(p)) for p in exclude]
-    if not inc and not exc:
+    inc = _glob.compile(include) if include else None
+    exc = _glob.compile(exclude) if exclude else None
+    if inc is None and exc is None:
         return None
 
     def keep(rel: str) -> bool:
-        if inc and not any(r.match(rel) for r in inc):
+        name = rel.rpartition("/")[2]
+        if inc is not None and not inc.match(name, rel):
             return False
-        return not any(r.match(rel) for r in exc)
+        return exc is None or not exc.match(name, rel)
 
     return keep

@@ -139,26 +139,26 @@ def _list_page(client, url: S3Url, kwargs: dict, retry: RetryPolicy) -> dict:
 def read_manifest(path: str, url: S3Url) -> Iterator[ObjectInfo]:
     """Yield the keys of a manifest: one key a line, optionally ``key<TAB>size[<TAB>etag]``.
 
-    Keys are full keys in ``url.bucket``; blank lines are ignored.  A key that does not
-    start with the source prefix is still downloaded (the manifest is explicit).
+    ``path`` ``"-"`` is stdin; NUL-terminated records (keys with newlines) are detected
+    (:func:`manyfiles._files_from.read_names`).  Keys are full keys in ``url.bucket``; blank
+    lines are ignored.  A key that does not start with the source prefix is still downloaded
+    (the manifest is explicit).
     """
-    try:
-        f = open(path, encoding="utf-8", newline="\n")  # noqa: SIM115 -- closed below
-    except OSError as exc:
-        raise ManyfilesError(f"{path}: {exc.strerror or exc}") from exc
-    with f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n").rstrip("\r")
-            if not line:
-                continue
-            key, _, rest = line.partition("\t")
-            size: int | None = None
-            etag: str | None = None
-            if rest:
-                size_s, _, etag_s = rest.partition("\t")
-                try:
-                    size = int(size_s)
-                except ValueError:
-                    raise ManyfilesError(f"{path}:{lineno}: bad size {size_s!r}") from None
-                etag = _strip_etag(etag_s) or None
-            yield ObjectInfo(key, size, etag)
+    from manyfiles._files_from import read_names
+
+    for lineno, raw in enumerate(read_names(path), 1):  # NotFound / AccessDenied name the file
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ManyfilesError(f"{path}:{lineno}: not UTF-8 (S3 keys are)") from None
+        key, _, rest = line.partition("\t")
+        size: int | None = None
+        etag: str | None = None
+        if rest:
+            size_s, _, etag_s = rest.partition("\t")
+            try:
+                size = int(size_s)
+            except ValueError:
+                raise ManyfilesError(f"{path}:{lineno}: bad size {size_s!r}") from None
+            etag = _strip_etag(etag_s) or None
+        yield ObjectInfo(key, size, etag)

@@ -19,10 +19,15 @@ import hmac
 import threading
 import time
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
 from manyfiles._extras import require
-from manyfiles.s3.client import S3_FEATURE, ClientSettings
+
+if TYPE_CHECKING:       # annotations only: client.py imports this module
+    from manyfiles.s3.client import ClientSettings
+
+S3_FEATURE = "S3 access"   # what a missing [s3] extra's message names (client.py re-exports it)
 
 _UNSIGNED = "UNSIGNED-PAYLOAD"
 

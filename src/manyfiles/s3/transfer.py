@@ -86,7 +86,8 @@ class WholeBody:
         return Fetched(self.n, self.claim)
 
 
-def _trace(op: str, bucket: str, key: str, offset: int, length: int, t0: int, status: int) -> None:
+def trace_request(op: str, bucket: str, key: str, offset: int, length: int, t0: int, status: int) -> None:
+    """Record one request (started at ``t0``, monotonic ns) in the I/O trace, if one is running."""
     tr = iotrace.TRACER
     if tr is not None:
         tr.record(op, f"{bucket}/{key}", offset, length, t0, time.monotonic_ns() - t0, status)
@@ -135,9 +136,9 @@ def get_whole(client, bucket: str, job: Job, target, *, verify: bool = True, che
         fetched = body_w.finish(resp.get("ContentLength"))
     except Exception as exc:
         err = classify(exc)
-        _trace("s3.get", bucket, job.key, 0, body_w.n if body_w else 0, t0, err.status or status or -1)
+        trace_request("s3.get", bucket, job.key, 0, body_w.n if body_w else 0, t0, err.status or status or -1)
         raise err from exc
-    _trace("s3.get", bucket, job.key, 0, body_w.n, t0, status)
+    trace_request("s3.get", bucket, job.key, 0, body_w.n, t0, status)
     return fetched
 
 
@@ -154,4 +155,4 @@ def check_range(status: int, content_range: str | None, start: int, end: int, si
 
 
 __all__ = ["CHUNK", "Fetched", "IntegrityError", "Job", "WholeBody", "check_range", "get_kwargs", "get_whole",
-           "needs_layout"]
+           "needs_layout", "trace_request"]

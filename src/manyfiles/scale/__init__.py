@@ -7,12 +7,16 @@ never imported; with it and without the [dask] extra, one line says what to inst
 
 * :mod:`manyfiles.scale.executor` -- the seam: :class:`Job`, :class:`ShardResult`,
   :class:`ClusterReport` (the tool's merged report + per-worker throughput), :func:`connect`;
-* :mod:`manyfiles.scale.tree` -- count and list a tree (fastls -r).
+* :mod:`manyfiles.scale.keyranges` -- an S3 listing cut into ``StartAfter`` ranges.
+
+This package imports no tool: each tool keeps its cluster job in its own package (``s3/pull.py``,
+``shard/_cluster.py``, ``remove/_cluster.py``, ``cache/_cluster.py``,
+:mod:`manyfiles.listing_cluster`) and reaches the executors through :mod:`~manyfiles.scale.executor`.
 
 Example:
-    >>> from manyfiles import scale
-    >>> r = scale.count_tree("/nfs/data", cluster="local:4", progress=True)   # doctest: +SKIP
-    >>> r.entries, r.workers
+    >>> import manyfiles as mf
+    >>> r = mf.shard.apply("/nfs/images", cluster="local:4", progress=True)   # doctest: +SKIP
+    >>> r.moved, r.workers
 """
 
 from __future__ import annotations
@@ -30,10 +34,6 @@ _EXPORTS = {
     "connect": "executor",
     "parse_cluster": "executor",
     "run_job": "executor",
-    "TreeReport": "tree",
-    "count_tree": "tree",
-    "write_tree": "tree",
-    "copy_parts": "tree",
 }
 
 __all__ = sorted(_EXPORTS)

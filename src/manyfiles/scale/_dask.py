@@ -28,7 +28,7 @@ from typing import Any
 from manyfiles import iotrace
 from manyfiles._extras import require
 from manyfiles.errors import ManyfilesError, UsageError
-from manyfiles.scale.executor import (
+from manyfiles.scale._seam import (
     CLUSTER_FEATURE,
     IN_FLIGHT_EXTRA,
     IN_FLIGHT_PER_THREAD,

@@ -15,16 +15,16 @@ import html
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from manyfiles._progress import ProgressArg, check_progress, progress_for
-from manyfiles._report import Report
 from manyfiles._testing import killpoint
 from manyfiles.errors import ManyfilesError, UsageError, describe_oserror
 from manyfiles.shard._engine import Migration
 from manyfiles.shard.journal import Journal
 from manyfiles.shard.layout import Layout
+from manyfiles.shard.report import MigrationReport
 from manyfiles.shard.scan import RootArg, abs_root, open_root, scan_root
 from manyfiles.shard.sharded_dir import (
     DESCRIPTOR,
@@ -37,56 +37,7 @@ from manyfiles.shard.sharded_dir import (
 _RESCANS = 3  # extra passes for files created while we run
 
 
-# -- results -------------------------------------------------------------------------------------
-
-
-@dataclass(kw_only=True)
-class MigrationReport(Report):
-    """What a migration did.  ``ok`` is False when something failed or was left in the way.
-
-    ``conflicts`` (names at source AND destination, both kept) are also in ``failures``.
-    ``left_flat``: files still flat at the end -- created after the last rescan, or (with a
-    plan) not in the plan; they are not failures: run ``apply`` again to move them.
-    """
-
-    op: str
-    root: str
-    layout: Layout | None
-    moved: int = 0
-    already: int = 0       # found done: a previous (killed) run or an NFS rename retry did it
-    vanished: int = 0      # deleted by someone else before we got to it
-    appeared: int = 0      # created during the migration and moved by a rescan
-    set_aside: int = 0     # files named like a top bucket, parked in the aside directory first
-    left_flat: int = 0
-    buckets: int = 0
-    resumed: bool = False
-    nothing_to_do: bool = False
-    skipped: list[tuple[bytes, str]] = field(default_factory=list)   # left alone on purpose
-    conflicts: list[bytes] = field(default_factory=list)
-
-    @property
-    def rate(self) -> float:
-        return self.moved / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def errors(self) -> list[tuple[str, str]]:
-        """``(path, reason)`` of the failures that are not conflicts (the list ``errors`` was before
-        issue 10, which held names relative to the root)."""
-        return [(f.path, f.reason) for f in self.failures if f.code != "EEXIST"]
-
-    def summary(self) -> str:
-        if self.nothing_to_do:
-            state = {"revert": "not sharded"}.get(self.op, f"already sharded ({self.layout.describe()})"
-                                                  if self.layout else "not sharded")
-            return f"{self.root}: {state}; nothing to do"
-        extra = [f"{self.already:,} already done" if self.already else "",
-                 f"{self.appeared:,} appeared during the run" if self.appeared else "",
-                 f"{self.vanished:,} vanished" if self.vanished else "",
-                 f"{self.left_flat:,} left flat (rerun apply to move them)" if self.left_flat else "",
-                 "resumed an interrupted run" if self.resumed else ""]
-        tail = "; ".join(x for x in extra if x)
-        return (f"{self.op}: {self.moved:,} files moved, {self.buckets:,} buckets, {self.seconds:.1f} s "
-                f"({self.rate:,.0f} files/s){'; ' + tail if tail else ''}")
+# -- the plan --------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -133,6 +84,15 @@ class Plan:
         s = self.stats
         return (f"<div><b>Plan</b>: {html.escape(self.summary())}<br>files per bucket: min {s.min:,}, "
                 f"max {s.max:,}, mean {s.mean:.1f}, stddev {s.stddev:.1f}</div>")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Counts as plain JSON values (what ``shard apply -n --json`` prints; no per-file list)."""
+        s = self.stats
+        return {"ok": not self.blocking, "summary": self.summary(), "dry_run": True, "root": self.root,
+                "layout": self.layout.describe(), "moves": len(self.moves), "buckets": s.buckets,
+                "per_bucket": {"min": s.min, "max": s.max, "mean": s.mean, "stddev": s.stddev},
+                "collisions": len(self.collisions), "skipped": len(self.skipped),
+                "blocking": [os.fsdecode(b) for b in self.blocking], "already_sharded": self.already_sharded}
 
     def write_csv(self, path: str) -> None:
         """``source,destination`` per move, relative to the root (names byte-exact)."""
@@ -200,7 +160,7 @@ def _engine(root: RootArg, op: str, workers: int | None, journal_sync: bool,
     """This machine's engine, or the one whose top-bucket rounds run on ``cluster``."""
     if cluster is None:
         return Migration(root, op, workers, journal_sync)
-    from manyfiles.scale.shard import cluster_migration
+    from manyfiles.shard._cluster import cluster_migration
 
     return cluster_migration(root, op, workers, journal_sync, cluster)
 
@@ -225,7 +185,7 @@ def apply(root: RootArg | None = None, layout: Layout | None = None, *, plan: Pl
     still the one planned.  ``progress``: True or a callable taking a Snapshot.  Every
     argument is checked before anything on disk changes.  ``cluster`` (``"local:N"``,
     ``"tcp://HOST:8786"``, a ``distributed.Client``): the top buckets are moved by Dask workers
-    (:mod:`manyfiles.scale.shard`); the report then comes with per-worker figures.
+    (:mod:`manyfiles.shard._cluster`); the report then comes with per-worker figures.
     """
     _check_common(workers, progress, journal_sync)
     _check_layout(layout)
@@ -322,14 +282,17 @@ def _run_apply(m: Migration, target: Layout, *, fresh: bool, recorded: Layout | 
 
 
 def revert(root: RootArg, *, workers: int | None = None, progress: ProgressArg = False,
-           journal_sync: bool = True, cluster: object = None) -> MigrationReport:
+           journal_sync: bool = True, cluster: object = None, dry_run: bool = False) -> MigrationReport:
     """Move every file of the sharded tree back to the root and remove the buckets (resumable).
 
     A folder that is not sharded (no descriptor, no interrupted migration) is nothing to do,
-    like ``apply`` on a sharded one.  ``cluster``: as for :func:`apply`.
+    like ``apply`` on a sharded one.  ``cluster``: as for :func:`apply`.  ``dry_run``: count
+    what would move (``report.planned``) and move nothing (see :func:`preview`).
     """
     _check_root(root)
     _check_common(workers, progress, journal_sync)
+    if dry_run:
+        return preview(root, "revert")
     t0 = time.monotonic()
     with _engine(root, "revert", workers, journal_sync, cluster) as m:
         journal = Journal.open(m.rootfd, sync=journal_sync)
@@ -385,14 +348,17 @@ def _run_revert(m: Migration, source: Layout, *, fresh: bool, op: str = "revert"
 
 def reshard(root: RootArg, layout: Layout | None = None, *, workers: int | None = None,
             progress: ProgressArg = False, journal_sync: bool = True,
-            cluster: object = None) -> MigrationReport:
+            cluster: object = None, dry_run: bool = False) -> MigrationReport:
     """Change the layout of a sharded tree: revert then apply, as one resumable operation.
 
     The descriptor is the phase marker: old layout = still flattening, new or none = building.
+    ``dry_run``: count what would move and move nothing (see :func:`preview`).
     """
     _check_root(root)
     _check_layout(layout)
     _check_common(workers, progress, journal_sync)
+    if dry_run:
+        return preview(root, "reshard", layout)
     t0 = time.monotonic()
     with _engine(root, "reshard", workers, journal_sync, cluster) as m:
         journal = Journal.open(m.rootfd, sync=journal_sync)
@@ -425,6 +391,46 @@ def reshard(root: RootArg, layout: Layout | None = None, *, workers: int | None 
                 _run_apply(m, target, fresh=False, recorded=None, op="reshard")
         m.report.seconds = time.monotonic() - t0
         return m.result()
+
+
+# -- dry runs ----------------------------------------------------------------------------------------
+
+
+def preview(root: RootArg, op: str, layout: Layout | None = None) -> MigrationReport:
+    """What ``revert`` or ``reshard`` (``op``) would do, from the descriptor, the journal and one
+    count of the tree (C walker); nothing is written, no lock is taken.  The report has
+    ``dry_run=True`` and ``planned`` (files that would move); an interrupted migration of the
+    same op shows as ``resumed`` (its files are not counted: they are half here, half there).
+    The same refusals as the real run are raised (not sharded for reshard, another op
+    interrupted, no layout for a fresh reshard)."""
+    from manyfiles.shard.sharded_dir import ShardedDir
+    from manyfiles.shard.verify import read_state
+
+    if op not in ("revert", "reshard"):
+        raise UsageError(f"preview: op must be 'revert' or 'reshard', not {op!r}")
+    t0 = time.monotonic()
+    rootb, source, found = read_state(root)
+    header = found[0][0] if found and found[0] and found[0][0].get("type") == "header" else None
+    rep = MigrationReport(op=op, root=os.fsdecode(rootb), layout=source if op == "revert" else layout,
+                          dry_run=True, resumed=header is not None)
+    if header is not None:
+        if header.get("op") != op:
+            raise ManyfilesError(f"{rep.root}: an interrupted `shard {header.get('op')}` must finish first: "
+                                 f"run `shard {header.get('op')} {rep.root}`")
+        if op == "reshard" and rep.layout is None:
+            rep.layout = _layout_from(header.get("to"))
+    elif source is None:
+        if op == "reshard":
+            raise ManyfilesError(f"{rep.root}: not sharded; use `shard apply`")
+        rep.nothing_to_do = True
+    elif op == "reshard" and layout is None:
+        raise UsageError("reshard needs the new layout (--levels, --hash or --key)")
+    elif source == layout:
+        rep.nothing_to_do = True
+    else:
+        rep.planned = ShardedDir(rootb).count()
+    rep.seconds = time.monotonic() - t0
+    return rep
 
 
 # -- plan ------------------------------------------------------------------------------------------

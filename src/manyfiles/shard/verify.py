@@ -67,18 +67,22 @@ class VerifyReport(Report):
             add(b"", f"{self.files:,} files found, {self.expected:,} expected", "count")
 
 
+def read_state(root: RootArg) -> tuple[bytes, Layout | None, tuple[list[dict[str, Any]], int] | None]:
+    """``(absolute root, recorded layout or None, journal records or None)``, read without a lock."""
+    rootb = abs_root(root)
+    fd = open_root(rootb)
+    try:
+        return rootb, read_descriptor(fd, rootb), read_records(fd)
+    finally:
+        os.close(fd)
+
+
 def verify(root: RootArg, *, expected: int | None = None, progress: ProgressArg = False) -> VerifyReport:
     """Check that every file is where its name says, with no strays, temp files or duplicates."""
     check_progress(progress)
     if expected is not None and (isinstance(expected, bool) or not isinstance(expected, int)):
         raise UsageError(f"expected must be a file count or None, not {expected!r}")
-    rootb = abs_root(root)
-    fd = open_root(rootb)
-    try:
-        layout = read_descriptor(fd, rootb)
-        journal = read_records(fd)
-    finally:
-        os.close(fd)
+    rootb, layout, journal = read_state(root)
     if layout is None:
         raise ManyfilesError(f"{os.fsdecode(rootb)}: not sharded (no {DESCRIPTOR.decode()})")
     rep = VerifyReport(root=os.fsdecode(rootb), layout=layout, expected=expected)

@@ -16,7 +16,7 @@ import time
 from manyfiles.s3.engines.base import Ctx, LoopThreadEngine
 from manyfiles.s3.integrity import apart_layout
 from manyfiles.s3.retry import classify
-from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, _trace, get_kwargs, needs_layout
+from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, get_kwargs, needs_layout, trace_request
 
 
 async def aget_whole(client, bucket: str, job: Job, target, *, verify: bool = True,
@@ -52,9 +52,9 @@ async def aget_whole(client, bucket: str, job: Job, target, *, verify: bool = Tr
         fetched = body_w.finish(resp.get("ContentLength"))
     except Exception as exc:
         err = classify(exc)
-        _trace("s3.get", bucket, job.key, 0, body_w.n if body_w else 0, t0, err.status or status or -1)
+        trace_request("s3.get", bucket, job.key, 0, body_w.n if body_w else 0, t0, err.status or status or -1)
         raise err from exc
-    _trace("s3.get", bucket, job.key, 0, body_w.n, t0, status)
+    trace_request("s3.get", bucket, job.key, 0, body_w.n, t0, status)
     return fetched
 
 

@@ -51,6 +51,7 @@ from manyfiles.scale.executor import (
 from manyfiles.shard._engine import Migration
 from manyfiles.shard.journal import Journal, Lock, name_to_json
 from manyfiles.shard.layout import Layout
+from manyfiles.shard.report import MigrationReport
 
 PARTS = b".manyfiles-shard.parts"
 LOCK_WAIT = 180.0       # seconds a re-run waits for a partition lock (an NFS lease outlives a kill)
@@ -109,8 +110,6 @@ class MoveJob(Job):
     unit = "files"
 
     def new_report(self) -> Any:
-        from manyfiles.shard.migrate import MigrationReport
-
         return MigrationReport(op=self.op, root=os.fsdecode(self.root), layout=self._layout())
 
     def _layout(self) -> Layout | None:

@@ -10,6 +10,9 @@ worker fetched.  A shard is idempotent: re-run, objects already complete are onl
 Limits: the client lists S3 prefixes and walks folders itself (one listing, sequential); each
 object then costs its worker a validation request (a HEAD or a stat) before its blocks are
 fetched, as ``cache warm`` of a single key does.
+
+The job carries the cache's class and its report's class (pickled by reference), so this module
+needs nothing from ``_cache.py``, which calls it: no import circle.
 """
 
 from __future__ import annotations
@@ -25,14 +28,16 @@ from manyfiles.scale.executor import ClusterArg, ClusterReport, Job, Publish, Sh
 
 OBJECTS_PER_SHARD = 1_000
 
-_OPENED: dict[tuple, Any] = {}       # (dir, options) -> this worker process's Cache
+_OPENED: dict[tuple, Any] = {}       # (class, dir, options) -> this worker process's Cache
 _OPENED_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
 class WarmJob(Job):
-    """Warm shards of sources into the worker's own cache at ``dir`` (opened with ``options``)."""
+    """Warm shards of sources into the worker's own cache at ``dir`` (``cache_type(dir, **options)``)."""
 
+    cache_type: type            # Cache
+    report_type: type           # what Cache.warm returns: WarmReport
     dir: str
     options: tuple = field(default=())     # Cache keyword arguments, as sorted (name, value) pairs
     jobs: int = 8
@@ -40,25 +45,21 @@ class WarmJob(Job):
     unit = "objects"
 
     def new_report(self) -> Any:
-        from manyfiles.cache._cache import WarmReport
-
-        return WarmReport()
+        return self.report_type()
 
     def run(self, sources: tuple[str, ...], publish: Publish) -> ShardResult:
-        cache = _worker_cache(self.dir, self.options)
+        cache = _worker_cache(self.cache_type, self.dir, self.options)
         report = cache.warm(list(sources), jobs=self.jobs,
                             progress=lambda snap: publish(snap.done, snap.bytes, snap.failures))
         return ShardResult(report=report, items=report.objects, bytes=report.bytes)
 
 
-def _worker_cache(directory: str, options: tuple) -> Any:
-    from manyfiles.cache import Cache
-
-    key = (directory, options)
+def _worker_cache(cache_type: type, directory: str, options: tuple) -> Any:
+    key = (cache_type, directory, options)
     with _OPENED_LOCK:
         cache = _OPENED.get(key)
         if cache is None:
-            cache = _OPENED[key] = Cache(directory, **dict(options))
+            cache = _OPENED[key] = cache_type(directory, **dict(options))
     return cache
 
 
@@ -80,7 +81,7 @@ def expand(sources: Iterable[str | os.PathLike], settings: Any) -> Iterator[str]
 
 
 def _s3_objects(url: str, settings: Any) -> Iterator[str]:
-    from manyfiles.s3 import ClientSettings
+    from manyfiles.s3.client import ClientSettings
     from manyfiles.s3.keys import parse_url
     from manyfiles.s3.listing import list_objects
 
@@ -104,11 +105,12 @@ def _shards(objects: Iterator[str], size: int) -> Iterator[tuple[str, ...]]:
         yield tuple(batch)
 
 
-def warm_on_cluster(cache: Any, sources: Iterable[str | os.PathLike], *, cluster: ClusterArg, jobs: int = 8,
-                    progress: ProgressArg = False) -> ClusterReport:
-    """The cluster form of ``Cache.warm``: each worker warms its own cache at ``cache.dir``."""
+def warm_on_cluster(cache: Any, sources: Iterable[str | os.PathLike], *, report_type: type,
+                    cluster: ClusterArg, jobs: int = 8, progress: ProgressArg = False) -> ClusterReport:
+    """The cluster form of ``Cache.warm``: each worker warms its own cache at ``cache.dir``
+    (``report_type``: what ``Cache.warm`` returns, the shards' reports merge into one)."""
     options = tuple(sorted(cache.options.items()))
-    job = WarmJob(dir=cache.dir, options=options, jobs=jobs)
+    job = WarmJob(cache_type=type(cache), report_type=report_type, dir=cache.dir, options=options, jobs=jobs)
     shards = _shards(expand(sources, cache.settings), OBJECTS_PER_SHARD)
     return run_job(job, cluster, shards=shards, progress=progress)
 

@@ -27,6 +27,9 @@ from typing import Any
 from manyfiles import listing
 from manyfiles._progress import ProgressArg
 from manyfiles.errors import UsageError
+from manyfiles.remove._plan import run
+from manyfiles.remove._report import RemoveReport
+from manyfiles.remove._targets import Rules, check_paths, resolve
 from manyfiles.scale.executor import (
     ClusterArg,
     ClusterReport,
@@ -62,16 +65,15 @@ class RemoveJob(Job):
     unit = "entries"
 
     def new_report(self) -> Any:
-        from manyfiles.remove import RemoveReport
-
         return RemoveReport()
 
     def run(self, paths: tuple[str, ...], publish: Publish) -> ShardResult:
-        from manyfiles.remove import remove_tree
-
-        report = remove_tree(list(paths), workers=self.workers, retries=self.retries, missing_ok=True,
-                             cross_mounts=self.cross_mounts,
-                             progress=lambda snap: publish(snap.done, 0, snap.failures))
+        """``remove_tree(paths, missing_ok=True)``: a subtree already gone is not a failure."""
+        report = RemoveReport()
+        rules = Rules(None, None, keep_root=False, cross_mounts=self.cross_mounts)
+        targets = resolve(check_paths(list(paths), force_root=False), True, report.failures)
+        run(targets, rules, report, workers=self.workers, retries=self.retries,
+            progress=lambda snap: publish(snap.done, 0, snap.failures), on_removed=None)
         return ShardResult(report=report, items=report.files + report.dirs)
 
 
@@ -113,8 +115,6 @@ def _subdirs(path: str, dev: int, cross_mounts: bool) -> list[tuple[str, int]]:
 def remove_on_cluster(targets: list[Any], rules: Any, report: Any, *, cluster: ClusterArg, workers: int,
                       retries: int, progress: ProgressArg) -> ClusterReport:
     """The cluster form of ``remove_tree``, after its argument checks (``targets``, ``rules``)."""
-    from manyfiles.remove._plan import run
-
     t0 = time.monotonic()
     with connect(cluster) as executor:
         subtrees = plan_subtrees(targets, SUBTREES_PER_THREAD * max(1, executor.workers), rules.cross_mounts)

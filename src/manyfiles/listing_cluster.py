@@ -1,4 +1,8 @@
-"""Counting and listing a tree on a cluster (``fastls -r --cluster``): subtrees as shards.
+"""Counting and listing a tree on a Dask cluster (``fastls -r --cluster``): subtrees as shards.
+
+The cluster twins of :func:`manyfiles.listing.count_tree` / :func:`~manyfiles.listing.write_tree`
+(:func:`count_tree`, :func:`write_tree`: they return a ``ClusterReport`` of a :class:`TreeReport`);
+``fastls.run(request, fd, cluster=...)`` runs a ``fastls -r`` request through them.
 
 The work unit is a subtree counted (or written) by the C tree walker of one worker,
 ``listing.count_tree`` / ``listing.write_tree``: native threads, no Python object per entry.
@@ -40,11 +44,11 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from manyfiles import listing
-from manyfiles._progress import Progress, ProgressArg, progress_for
+from manyfiles._progress import ProgressArg
 from manyfiles._report import Failure, Report
-from manyfiles.errors import AccessDenied, NotFound, UsageError, from_oserror
+from manyfiles.errors import UsageError, from_oserror
 from manyfiles.listing import NO_FILTER, Filter
-from manyfiles.scale.executor import ClusterArg, ClusterReport, Job, Publish, ShardResult, connect, run_job
+from manyfiles.scale.executor import ClusterArg, ClusterReport, Job, Publish, ShardResult, run_job
 
 SUBTREE_BUDGET = 2_000_000      # entries one walker call may count before its subtree is split
 SUBTREES_PER_THREAD = 8         # subtrees the first shard looks for, per worker thread
@@ -348,7 +352,8 @@ class _Part:
 
 # -- the public calls ---------------------------------------------------------------------------------
 
-def _job(root: str | bytes | os.PathLike, **options: Any) -> TreeJob:
+def make_job(root: str | bytes | os.PathLike, **options: Any) -> TreeJob:
+    """The job of :func:`count_tree` / :func:`write_tree` (options: TreeJob's fields), for an executor."""
     shown = os.fsencode(root)
     if not shown:
         raise UsageError("an empty path is not a directory")
@@ -364,7 +369,7 @@ def count_tree(root: str | bytes | os.PathLike, *, cluster: ClusterArg, max_dept
         >>> r = count_tree("/nfs/data", cluster="tcp://scheduler:8786")   # doctest: +SKIP
         >>> r.entries, r.directories, r.failures
     """
-    job = _job(root, max_depth=max_depth, filter=filter, threads=threads, **tuning)
+    job = make_job(root, max_depth=max_depth, filter=filter, threads=threads, **tuning)
     return run_job(job, cluster, progress=progress)
 
 
@@ -380,72 +385,9 @@ def write_tree(root: str | bytes | os.PathLike, out_dir: str | os.PathLike, *, c
     out = os.path.abspath(os.fspath(out_dir))
     if not os.path.isdir(out):
         raise UsageError(f"{os.fspath(out_dir)}: not a directory (the listing's part files go there)")
-    job = _job(root, out_dir=out, sep=sep, json=json, max_depth=max_depth, filter=filter, threads=threads,
+    job = make_job(root, out_dir=out, sep=sep, json=json, max_depth=max_depth, filter=filter, threads=threads,
                **tuning)
     return run_job(job, cluster, progress=progress)
-
-
-def run_request(request: Any, out_fd: int, *, cluster: ClusterArg, parts_dir: str | None = None,
-                progress: ProgressArg = False) -> Any:
-    """``fastls -r --cluster``: a :class:`~manyfiles.fastls.ListRequest` run on ``cluster``; returns the
-    :class:`~manyfiles.fastls.ListReport` fastls prints.  Listings are written by the workers to part
-    files in ``parts_dir`` (default: a temp folder here, enough for ``local:N``; on several
-    machines give a folder they all see), then copied to ``out_fd`` and removed."""
-    import shutil
-    import tempfile
-    import time
-
-    from manyfiles.fastls import ListReport
-
-    _check_request(request)
-    report = ListReport()
-    t0 = time.perf_counter()
-    own = parts_dir is None
-    with connect(cluster) as executor, progress_for(progress, "fastls", unit="entries") as shown:
-        folder = tempfile.mkdtemp(prefix="fastls-parts-") if own else os.fspath(parts_dir)
-        try:
-            for path in request.paths:
-                run = _run_path(executor, request, path, folder, report, shown)
-                if run is None:
-                    continue
-                report.directories += run.directories
-                report.counts[path] = report.counts.get(path, 0) + run.entries
-                report.entries += run.entries
-                report.failures += run.failures
-                if not request.count_only:
-                    copy_parts(run.parts, out_fd)
-        finally:
-            if own:
-                shutil.rmtree(folder, ignore_errors=True)
-        shown.set(done=report.entries, failures=len(report.failures))
-    report.seconds = time.perf_counter() - t0
-    return report
-
-
-def _check_request(request: Any) -> None:
-    if not request.recursive:
-        raise UsageError("--cluster lists trees: add -r")
-    unsupported = [flag for flag, on in (("--sort", request.sort), ("--long", request.stat),
-                                         ("-L", request.follow_symlinks),
-                                         ("--backend", request.backend not in (None, "dents"))) if on]
-    if unsupported:
-        raise UsageError(f"{', '.join(unsupported)}: not with --cluster")
-
-
-def _run_path(executor: Any, request: Any, path: str, folder: str, report: Any, shown: Progress) -> Any:
-    job = _job(path, out_dir=None if request.count_only else folder, sep=request.sep,
-               json=request.format == "json", max_depth=request.max_depth, filter=request.filter,
-               threads=request.threads)
-    base = report.entries
-
-    def tick(snap: Any) -> None:
-        shown.set(done=base + snap.done)
-
-    try:
-        return executor.run(job, progress=tick if shown else False).result
-    except (NotFound, AccessDenied) as exc:        # fastls goes on with the next path
-        report.failures.append(Failure(path, str(exc).split(": ", 1)[-1], type(exc).__name__))
-        return None
 
 
 def copy_parts(parts: list[str], out_fd: int, *, remove: bool = True) -> int:
@@ -482,5 +424,5 @@ def _copy_fd(src: int, dst: int, size: int) -> int:
     return sent
 
 
-__all__ = ["Dir", "Split", "SubdirSlice", "TreeJob", "TreeReport", "copy_parts", "count_tree", "run_request",
+__all__ = ["Dir", "Split", "SubdirSlice", "TreeJob", "TreeReport", "copy_parts", "count_tree", "make_job",
            "write_tree"]

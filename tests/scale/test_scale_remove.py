@@ -9,7 +9,7 @@ import pytest
 
 import manyfiles as mf
 from manyfiles.errors import UsageError
-from manyfiles.scale.remove import RemoveJob
+from manyfiles.remove._cluster import RemoveJob
 
 
 def make_tree(root: Path) -> tuple[int, int]:

@@ -39,7 +39,7 @@ def test_shard_apply_and_revert_with_cluster_from_the_environment(tmp_path: Path
 @pytest.mark.parametrize("argv, message", [
     (("fastrm", "--cluster", "sched:8786", "x"), "--cluster sched:8786: expected tcp://HOST:PORT"),
     (("shard", "revert", "--cluster", "local:0", "."), "--cluster local:0: local:N needs at least 1 worker"),
-    (("fastrm", "--cluster", "local:1", "--glob", "*.tmp", "x"), "not with a cluster"),
+    (("fastrm", "--cluster", "local:1", "--include", "*.tmp", "x"), "not with a cluster"),
 ])
 def test_bad_cluster_use_is_one_line_and_exit_2(tmp_path: Path, run_cli, argv, message: str) -> None:
     proc = run_cli(*argv, cwd=tmp_path)
