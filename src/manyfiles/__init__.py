@@ -24,6 +24,8 @@ _EXPORTS: dict[str, str] = {
     "walk": "manyfiles.listing",
     "Entry": "manyfiles.listing",
     "BACKENDS": "manyfiles.listing",
+    "scan": "manyfiles.table",
+    "ListingTable": "manyfiles.table",
     # sharding
     "ShardedDir": "manyfiles.shard",
     "Layout": "manyfiles.shard",
@@ -53,7 +55,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 # subpackages reachable as attributes (``mf.s3.pull(...)``) without importing them first
-_SUBMODULES = ("cache", "errors", "listing", "remove", "s3", "shard", "trace")
+_SUBMODULES = ("cache", "errors", "listing", "remove", "s3", "shard", "table", "trace")
 
 __all__ = [*sorted(_EXPORTS), *_SUBMODULES, "__version__"]
 

@@ -29,6 +29,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "checksums": ("awscrt",),
     "dask": ("distributed",),
     "demo": ("moto", "flask"),
+    "arrow": ("pyarrow",),
     "notebooks": ("ipykernel", "nbclient", "matplotlib", "pandas"),
 }
 

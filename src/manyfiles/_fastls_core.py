@@ -160,11 +160,11 @@ def _run_c_walker(request: ListRequest, path: str, writer: _Output, report: Tall
     # bytes root: the paths in failures stay exactly what the walker saw
     root = os.fsencode(path)
     if request.count_only:
-        tally = listing.count_tree(root, progress=ticks, **options)
+        tally = listing.count_tree(root, on_entries=ticks, **options)
     else:
         writer.flush()
         tally = listing.write_tree(root, writer.fd, json=request.format == "json", sep=request.sep,
-                                   progress=ticks, **options)
+                                   on_entries=ticks, **options)
     for failed, exc in tally.failures:
         report.failures.append(Failed.of(failed, exc))
     report.directories += tally.directories

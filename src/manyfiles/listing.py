@@ -33,6 +33,8 @@ TYPE_CHECKING = False  # typing is not imported at run time: ~7 ms of fastls' st
 if TYPE_CHECKING:
     from typing import Any
 
+    from manyfiles._progress import Progress, ProgressArg
+
 # The C core is imported here directly, not through manyfiles._native (which says why it is
 # missing): _native imports pathlib and _extras importlib.metadata, ~40 ms of fastls' start-up,
 # so both are imported only on the paths that need them.
@@ -188,6 +190,63 @@ def _on_dir(path: str | bytes, c_function: Any, *args: Any, **kwargs: Any) -> An
         os.close(fd)
     _trace_batches(path, batches)
     return result
+
+
+# ---- progress (manyfiles._progress, imported only when someone listens: fastls' start-up) -----
+
+
+def _check_progress(progress: object) -> None:
+    """UsageError for a bad ``progress=`` (before any work), without importing _progress for good ones."""
+    if not (progress is None or isinstance(progress, bool) or callable(progress)):
+        from manyfiles._progress import check_progress
+
+        check_progress(progress)
+
+
+class _Silent:
+    """The Progress of nobody listening: falsy, every update a no-op."""
+
+    def __bool__(self) -> bool:
+        return False
+
+    def add(self, done: int = 0, **counters: int) -> None:
+        pass
+
+    def set(self, **counters: int | None) -> None:
+        pass
+
+    def __enter__(self) -> _Silent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+_SILENT = _Silent()
+
+
+def _progress_for(progress: ProgressArg, task: str) -> Any:
+    """A context manager yielding a :class:`~manyfiles._progress.Progress` (or a silent stand-in)."""
+    if not progress:
+        return _SILENT
+    from manyfiles._progress import progress_for
+
+    return progress_for(progress, task, unit="entries")
+
+
+def _entries_hook(shown: Progress | _Silent,
+                  on_entries: Callable[[int], object] | None) -> Callable[[int], object] | None:
+    """What the C walker calls with the entries so far (~10 times a second, calling thread)."""
+    if not shown:
+        return on_entries
+    if on_entries is None:
+        return lambda n: shown.set(done=n)
+
+    def both(n: int) -> None:
+        shown.set(done=n)
+        on_entries(n)
+
+    return both
 
 
 # ---- one directory ----------------------------------------------------------------
@@ -352,21 +411,33 @@ def count(
     bufsize: int = DEFAULT_BUFSIZE,
     backend: str | None = None,
     filter: Filter = NO_FILTER,
+    progress: ProgressArg = False,
     **tree_options: Any,
 ) -> int:
     """Number of entries in ``path`` (without . and ..); the C core creates no object per entry.
 
     ``recursive=True`` counts the whole tree below ``path`` (see :func:`count_tree` for the
     options and a count per type); a directory that cannot be listed raises
-    :class:`~manyfiles.errors.PartialFailure` carrying the :class:`TreeCount`.
+    :class:`~manyfiles.errors.PartialFailure` carrying the :class:`TreeCount`.  ``progress``
+    as for :func:`count_tree` (one directory is counted in one C call: its display shows
+    the final count only).
     """
+    _check_progress(progress)
     path = os.fspath(path)
     if recursive:
-        tally = count_tree(path, bufsize=bufsize, backend=backend, filter=filter, **tree_options)
+        tally = count_tree(path, bufsize=bufsize, backend=backend, filter=filter, progress=progress,
+                           **tree_options)
         tally.raise_for_failures()
         return tally.entries
     if tree_options:
         raise TypeError(f"count() got tree options without recursive=True: {', '.join(tree_options)}")
+    with _progress_for(progress, "count") as shown:
+        n = _count_dir(path, bufsize, backend, filter)
+        shown.set(done=n)
+    return n
+
+
+def _count_dir(path: str | bytes, bufsize: int, backend: str | None, filter: Filter) -> int:
     if _resolve_backend(backend) != "dents":
         return sum(
             1
@@ -496,6 +567,7 @@ def walk(
     min_depth: int = 0,
     descend: Sequence[Sequence[str] | None] = (),
     postorder: bool = False,
+    progress: ProgressArg = False,
 ) -> Iterator[DirListing]:
     """Yield one :class:`DirListing` per directory under ``root`` (root included, depth 0), unordered.
 
@@ -518,13 +590,34 @@ def walk(
     directories that deep or deeper.  ``stat=True`` adds an lstat per entry.  With
     ``postorder=True`` a :class:`DirDone` also follows each directory once it and everything
     below it have been yielded (children before parents), for bottom-up work.
+
+    ``progress``: True for the shared live display, or a callable taking a
+    :class:`~manyfiles._progress.Snapshot` (``done`` = entries yielded so far, ``failures`` =
+    directories that could not be listed); it is updated as each listing is yielded and
+    finished when the walk ends or the iterator is closed.  Every argument is checked when
+    ``walk`` is called, before anything is read.
     """
+    _check_progress(progress)
     root = os.fspath(root)
     args = _tree_args(threads, max_depth, min_depth, follow_symlinks, one_filesystem, bufsize, filter,
                       prune, descend)
     if _resolve_backend(backend) == "dents":
-        return _walk_c(root, args, stat, postorder)
-    return _walk_python(root, args, stat, postorder, backend)
+        listings = _walk_c(root, args, stat, postorder)
+    else:
+        listings = _walk_python(root, args, stat, postorder, backend)
+    return _walk_shown(listings, progress) if progress else listings
+
+
+def _walk_shown(listings: Iterator[Any], progress: ProgressArg, task: str = "walk") -> Iterator[Any]:
+    """``listings`` passed through, counted on the way (entries, and unreadable directories)."""
+    with _progress_for(progress, task) as shown:
+        try:
+            for d in listings:
+                if type(d) is DirListing:
+                    shown.add(len(d.entries), failures=d.error is not None)
+                yield d
+        finally:
+            listings.close()
 
 
 def _walk_c(root: str | bytes, args: _TreeArgs, stat: bool, postorder: bool) -> Iterator[Any]:
@@ -664,21 +757,36 @@ def count_tree(
     prune: Sequence[str] = (),
     min_depth: int = 0,
     descend: Sequence[Sequence[str] | None] = (),
-    progress: Callable[[int], object] | None = None,
+    progress: ProgressArg = False,
+    on_entries: Callable[[int], object] | None = None,
 ) -> TreeCount:
     """Count the entries below ``root`` (per type too); the options are :func:`walk`'s.
 
-    With the C core no Python object is created per entry or per directory; ``progress``
-    (if given) is called with the entries counted so far about ten times a second.  A root
-    that cannot be listed raises ``OSError``; other unreadable directories are in
-    ``failures``.
+    With the C core no Python object is created per entry or per directory.  ``progress``:
+    True for the shared live display, or a callable taking a
+    :class:`~manyfiles._progress.Snapshot` (``done`` = entries so far; the last one has the
+    final count).  ``on_entries`` is the raw hook under it: called with the entries counted
+    so far about ten times a second, from the calling thread (an exception it raises stops the
+    walk and propagates).  A root that cannot be listed raises ``OSError``; other unreadable
+    directories are in ``failures``.
     """
+    _check_progress(progress)
     root = os.fspath(root)
     args = _tree_args(threads, max_depth, min_depth, follow_symlinks, one_filesystem, bufsize, filter,
                       prune, descend)
-    if _resolve_backend(backend) == "dents":
-        raw = _dents.walk_count(os.fsencode(root), progress=progress, **args.c_kwargs())
-        return _tree_count(root, raw)
+    name = _resolve_backend(backend)
+    with _progress_for(progress, "count") as shown:
+        hook = _entries_hook(shown, on_entries)
+        if name == "dents":
+            tally = _tree_count(root, _dents.walk_count(os.fsencode(root), progress=hook, **args.c_kwargs()))
+        else:
+            tally = _count_python(root, args, backend, hook)
+        shown.set(done=tally.entries, failures=len(tally.failures))
+    return tally
+
+
+def _count_python(root: str | bytes, args: _TreeArgs, backend: str | None,
+                  hook: Callable[[int], object] | None) -> TreeCount:
     tally = TreeCount()
     for d in _walk_python(root, args, False, False, backend):
         if d.error is not None:
@@ -690,8 +798,8 @@ def count_tree(
         tally.entries += len(d.entries)
         for e in d.entries:
             tally.by_type[e.type] = tally.by_type.get(e.type, 0) + 1
-        if progress is not None:
-            progress(tally.entries)
+        if hook is not None:
+            hook(tally.entries)
     return tally
 
 
@@ -707,7 +815,8 @@ def write_tree(
     one_filesystem: bool = False,
     bufsize: int = DEFAULT_BUFSIZE,
     filter: Filter = NO_FILTER,
-    progress: Callable[[int], object] | None = None,
+    progress: ProgressArg = False,
+    on_entries: Callable[[int], object] | None = None,
 ) -> TreeCount:
     """Write the path of every entry below ``root`` to ``out_fd`` (``path + sep``), or with
     ``json=True`` one JSON object per line, exactly as ``fastls --json`` prints it
@@ -716,12 +825,18 @@ def write_tree(
     The C walker formats into per-thread buffers and writes whole lines, so lines from
     different threads never interleave; their order is not fixed.  Needs the C core
     (``ImportError`` otherwise).  Returns the :class:`TreeCount` (``by_type`` is empty).
+    ``progress`` and ``on_entries`` as for :func:`count_tree`.
     """
+    _check_progress(progress)
     _resolve_backend("dents")
     root = os.fspath(root)
     args = _tree_args(threads, max_depth, 0, follow_symlinks, one_filesystem, bufsize, filter)
-    raw = _dents.walk_write(os.fsencode(root), out_fd, json, sep, progress=progress, **args.c_kwargs())
-    return _tree_count(root, raw)
+    with _progress_for(progress, "write") as shown:
+        hook = _entries_hook(shown, on_entries)
+        raw = _dents.walk_write(os.fsencode(root), out_fd, json, sep, progress=hook, **args.c_kwargs())
+        tally = _tree_count(root, raw)
+        shown.set(done=tally.entries, failures=len(tally.failures))
+    return tally
 
 
 def _tree_count(root: str | bytes, raw: tuple) -> TreeCount:

@@ -197,7 +197,7 @@ class _Shard:
             if n > job.subtree_budget:
                 raise _OverBudget
 
-        options = {"threads": job.threads, "filter": job.filter, "progress": progress,
+        options = {"threads": job.threads, "filter": job.filter, "on_entries": progress,
                    "max_depth": None if job.max_depth is None else job.max_depth - depth, **extra}
         try:
             if self.out is None:

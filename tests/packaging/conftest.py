@@ -11,25 +11,17 @@ which saves the ensurepip step; downloads come from pip's cache after the first 
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from installkit import NEWER_BOTO3, REPO, clean_env, make_venv, pip
+from installkit import NEWER_BOTO3, clean_env, copy_sources, make_venv, pip
 
 
 @pytest.fixture(scope="session")
 def nocc_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """(wheel, pip's verbose build log) for a build on a machine with no C compiler."""
-    src = tmp_path_factory.mktemp("src")
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                           cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
-    for rel in filter(None, files):
-        source = REPO / os.fsdecode(rel)
-        if source.is_file():
-            (src / os.fsdecode(rel)).parent.mkdir(parents=True, exist_ok=True)
-            (src / os.fsdecode(rel)).write_bytes(source.read_bytes())
+    src = copy_sources(tmp_path_factory.mktemp("src"))
     out = tmp_path_factory.mktemp("wheel")
     env = clean_env() | {"CC": "/nonexistent/cc"}
     proc = pip(None, "wheel", "-v", "--no-deps", "-w", str(out), str(src), env=env)

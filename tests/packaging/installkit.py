@@ -20,6 +20,19 @@ def pip(python: Path | None, *args: str, env: dict | None = None) -> subprocess.
     return proc
 
 
+def copy_sources(dst: Path) -> Path:
+    """The working tree's files as git sees them (tracked + untracked, not ignored) copied to ``dst``:
+    what a clean clone holds, without .venv or build leftovers."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
+    for rel in filter(None, files):
+        source = REPO / os.fsdecode(rel)
+        if source.is_file():
+            (dst / os.fsdecode(rel)).parent.mkdir(parents=True, exist_ok=True)
+            (dst / os.fsdecode(rel)).write_bytes(source.read_bytes())
+    return dst
+
+
 def make_venv(where: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=120)
     return where / "bin" / "python"

@@ -150,9 +150,9 @@ def test_a_subtree_over_budget_is_split_and_its_partial_output_dropped(tree: Pat
     real = listing.write_tree
 
     def ticks_at_once(path, fd, **kw):          # the walker's 100 ms tick, before it walks
-        if path.endswith(b"/d5") and "progress" in kw:
+        if path.endswith(b"/d5") and "on_entries" in kw:
             os.write(fd, b"half a listing\n")
-            kw["progress"](10**9)
+            kw["on_entries"](10**9)
         return real(path, fd, **kw)
 
     monkeypatch.setattr(listing, "write_tree", ticks_at_once)

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from manyfiles._progress import ProgressArg, check_progress
+from manyfiles._progress import ProgressArg, check_progress, progress_for
 from manyfiles._testing import killpoint
 from manyfiles.errors import ManyfilesError, UsageError, describe_oserror
 from manyfiles.shard._engine import Migration
@@ -436,8 +436,10 @@ def preview(root: RootArg, op: str, layout: Layout | None = None) -> MigrationRe
 # -- plan ------------------------------------------------------------------------------------------
 
 
-def plan(root: RootArg, layout: Layout | None = None) -> Plan:
-    """What ``apply`` would do, computed from one listing; nothing is written."""
+def plan(root: RootArg, layout: Layout | None = None, *, progress: ProgressArg = False) -> Plan:
+    """What ``apply`` would do, computed from one listing; nothing is written.  ``progress``: True or
+    a callable taking a Snapshot (``done`` = entries of the root listed so far, ours included)."""
+    check_progress(progress)
     _check_root(root)
     _check_layout(layout)
     rootb = abs_root(root)
@@ -451,7 +453,8 @@ def plan(root: RootArg, layout: Layout | None = None) -> Plan:
         raise UsageError(f"{os.fsdecode(rootb)}: already sharded with {recorded.describe()}")
     target = recorded or layout or Layout()
     try:
-        flat, buckets, skipped = scan_root(rootb, target)
+        with progress_for(progress, "shard plan", unit="entries") as shown:
+            flat, buckets, skipped = scan_root(rootb, target, shown)
     except OSError as exc:
         raise ManyfilesError(f"{os.fsdecode(rootb)}: {describe_oserror(exc)}") from exc
     moves, per_bucket = [], {}

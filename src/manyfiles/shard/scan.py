@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from manyfiles import listing
+from manyfiles._progress import Progress
 from manyfiles.errors import ManyfilesError, describe_oserror
 from manyfiles.shard.layout import RESERVED_PREFIX, Layout
 from manyfiles.shard.sharded_dir import open_dir
@@ -25,10 +26,18 @@ def open_root(rootb: bytes) -> int:
         raise ManyfilesError(f"{os.fsdecode(rootb)}: {describe_oserror(exc)}") from exc
 
 
-def scan_root(rootb: bytes, layout: Layout) -> tuple[list[bytes], list[bytes], list[tuple[bytes, str]]]:
+#: scan_root reports its progress every this many entries (a check per entry, a rendering per batch)
+PROGRESS_EVERY = 8192
+
+
+def scan_root(rootb: bytes, layout: Layout,
+              progress: Progress | None = None) -> tuple[list[bytes], list[bytes], list[tuple[bytes, str]]]:
     """(flat non-directory names, bucket-named subdirectories, skipped entries) of the root."""
     flat, buckets, skipped = [], [], []
-    for e in listing.iter_entries(rootb):
+    i = 0
+    for i, e in enumerate(listing.iter_entries(rootb), 1):
+        if progress and not i % PROGRESS_EVERY:
+            progress.set(done=i)
         name = e.name
         if name.startswith(RESERVED_PREFIX):
             if not name.startswith(b".manyfiles-shard"):
@@ -40,6 +49,8 @@ def scan_root(rootb: bytes, layout: Layout) -> tuple[list[bytes], list[bytes], l
                 skipped.append((name, "subdirectory left in place"))
         else:
             flat.append(name)
+    if progress:
+        progress.set(done=i)
     return flat, buckets, skipped
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from manyfiles import _fsops, listing
+from manyfiles._progress import ProgressArg, check_progress, progress_for
 from manyfiles.errors import ManyfilesError, UsageError
 from manyfiles.shard.layout import RESERVED_PREFIX, Layout, check_name
 
@@ -408,17 +409,24 @@ class ShardedDir:
             for e in entries:
                 yield os.fsdecode(e.name) if as_str else e.name
 
-    def _counts(self) -> list[int]:
-        return [len(entries) for _, entries in self._leaves()]
+    def _counts(self, progress: ProgressArg) -> list[int]:
+        counts = []
+        with progress_for(progress, "count", unit="files") as shown:
+            for _, entries in self._leaves():
+                counts.append(len(entries))
+                shown.add(len(entries))
+        return counts
 
-    def count(self) -> int:
+    def count(self, *, progress: ProgressArg = False) -> int:
         """Exact number of stored files: every bucket is listed by the C walker's threads,
-        without creating a Python object per file (or per bucket, for hashed layouts)."""
+        without creating a Python object per file (or per bucket, for hashed layouts).
+        ``progress``: True or a callable taking a Snapshot (``done`` = files so far)."""
+        check_progress(progress)
         if self.layout.bucket_globs() is None or listing.default_backend() != "dents":
-            return sum(self._counts())
+            return sum(self._counts(progress))
         if not os.path.isdir(self._rootb):
             return 0
-        tally = listing.count_tree(self._rootb, **self._scan_options())
+        tally = listing.count_tree(self._rootb, progress=progress, **self._scan_options())
         for _path, exc in tally.failures:
             if exc.errno != errno.ENOENT:  # ENOENT: a bucket pruned by a concurrent remove()
                 raise exc
@@ -428,6 +436,8 @@ class ShardedDir:
         """Approximate file count from random buckets (see :func:`estimate_files` for its precision)."""
         return estimate_files(self._rootb, self.layout, samples, rng=rng)
 
-    def stats(self) -> BucketStats:
-        """Files per leaf bucket: count, min, max, mean, standard deviation."""
-        return BucketStats.from_counts(self._counts())
+    def stats(self, *, progress: ProgressArg = False) -> BucketStats:
+        """Files per leaf bucket: count, min, max, mean, standard deviation (``progress`` as
+        for :meth:`count`)."""
+        check_progress(progress)
+        return BucketStats.from_counts(self._counts(progress))
