@@ -40,6 +40,8 @@ CREATE TABLE IF NOT EXISTS entries(
 CREATE INDEX IF NOT EXISTS entries_source ON entries(source);
 CREATE INDEX IF NOT EXISTS entries_lru ON entries(last_access);
 CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS verified(objid BLOB PRIMARY KEY, method TEXT NOT NULL, at REAL NOT NULL)
+    WITHOUT ROWID;
 """
 
 COUNTERS = ("hits", "misses", "hit_bytes", "miss_bytes", "fills", "fill_bytes", "fills_dropped",
@@ -152,6 +154,16 @@ class Index:
         row = self._conn().execute("SELECT present FROM entries WHERE objid=?", (objid,)).fetchone()
         return None if row is None else row[0]
 
+    def verification(self, objid: bytes) -> str | None:
+        """How the whole object of ``objid`` was checked ("md5", "crc32"...), None if never."""
+        row = self._conn().execute("SELECT method FROM verified WHERE objid=?", (objid,)).fetchone()
+        return None if row is None else row[0]
+
+    def verifications(self) -> dict[bytes, str]:
+        """objid -> method of every entry whose whole object was checked (``cache verify``)."""
+        return dict(self._conn().execute(
+            "SELECT v.objid, v.method FROM verified v JOIN entries e ON e.objid = v.objid").fetchall())
+
     def counters(self) -> dict[str, int]:
         return dict(self._conn().execute("SELECT name, value FROM counters").fetchall())
 
@@ -202,7 +214,7 @@ class Index:
                         stale.append((v.objid, f.index))
                         continue
                     for objid, present, disk_bytes, _ in others:
-                        c.execute("DELETE FROM entries WHERE objid=?", (objid,))
+                        _delete(c, objid)
                         superseded.append(Victim(objid, present, disk_bytes))
                         added_bytes -= disk_bytes
                         added_entries -= 1
@@ -220,6 +232,14 @@ class Index:
                               "WHERE objid=?", (bytes(present), disk_bytes, now, v.objid))
             self._add(c, {"bytes": added_bytes, "entries": added_entries})
         return stale, superseded
+
+    def mark_verified(self, marks: dict[bytes, str], unmarks: Iterable[bytes], now: float) -> None:
+        """Record whole-object checks (objid -> method), then forget those of ``unmarks`` (versions
+        that got a block from elsewhere than a checked stream)."""
+        with self.write() as c:
+            c.executemany("INSERT OR REPLACE INTO verified VALUES(?, ?, ?)",
+                          [(o, m, now) for o, m in marks.items()])
+            c.executemany("DELETE FROM verified WHERE objid=?", [(o,) for o in unmarks])
 
     def touch(self, accesses: dict[bytes, tuple[float, float]], counters: dict[str, int]) -> None:
         """Record batched accesses (objid -> (last access, validated at)) and counter increments."""
@@ -254,7 +274,7 @@ class Index:
                 if not rows:
                     break
                 for objid, present, disk_bytes in rows:
-                    c.execute("DELETE FROM entries WHERE objid=?", (objid,))
+                    _delete(c, objid)
                     victims.append(Victim(objid, present, disk_bytes))
                     freed += disk_bytes
                     if need_bytes is not None and freed >= need_bytes:
@@ -269,8 +289,22 @@ class Index:
             for source in sources:
                 rows = c.execute("SELECT objid, present, disk_bytes FROM entries WHERE source=?",
                                  (source,)).fetchall()
-                c.execute("DELETE FROM entries WHERE source=?", (source,))
+                for r in rows:
+                    _delete(c, r[0])
                 victims.extend(Victim(*r) for r in rows)
+            self._count_removed(c, victims, evicted=False)
+        return victims
+
+    def remove_objects(self, objids: Iterable[bytes]) -> list[Victim]:
+        """Remove these object versions (a failed whole-object check)."""
+        victims: list[Victim] = []
+        with self.write() as c:
+            for objid in objids:
+                row = c.execute("SELECT present, disk_bytes FROM entries WHERE objid=?", (objid,)).fetchone()
+                c.execute("DELETE FROM verified WHERE objid=?", (objid,))
+                if row is not None:
+                    _delete(c, objid)
+                    victims.append(Victim(objid, row[0], row[1]))
             self._count_removed(c, victims, evicted=False)
         return victims
 
@@ -306,12 +340,19 @@ class Index:
             n, total = c.execute("SELECT COUNT(*), COALESCE(SUM(disk_bytes), 0) FROM entries").fetchone()
             c.execute("UPDATE counters SET value=? WHERE name='entries'", (n,))
             c.execute("UPDATE counters SET value=? WHERE name='bytes'", (total,))
+            c.execute("DELETE FROM verified WHERE objid NOT IN (SELECT objid FROM entries)")
         return n, total
 
     def clear(self) -> None:
         with self.write() as c:
             c.execute("DELETE FROM entries")
+            c.execute("DELETE FROM verified")
             c.execute("UPDATE counters SET value=0")
+
+
+def _delete(c: sqlite3.Connection, objid: bytes) -> None:
+    c.execute("DELETE FROM entries WHERE objid=?", (objid,))
+    c.execute("DELETE FROM verified WHERE objid=?", (objid,))
 
 
 def block_disk_bytes(size: int, index: int, block_size: int) -> int:

@@ -115,6 +115,7 @@ class BlockStore:
         self._last_flush = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._evicting = threading.Lock()
+        self._rejected: set[bytes] = set()     # objects that failed their whole-object check
 
     def after_fork(self) -> None:
         self._fresh_process_state()
@@ -243,17 +244,42 @@ class BlockStore:
 
     # -- filling ------------------------------------------------------------------------------------
 
-    def fill_async(self, version: Version, index: int, data: bytes) -> None:
-        """Queue a block for writing; drop it (and count it) if the queue is full or the disk failed."""
+    def fill_async(self, version: Version, index: int, data: bytes, *, checked: bool = False) -> None:
+        """Queue a block for writing; drop it (and count it) if the queue is full or the disk failed.
+        ``checked``: the block comes from a whole-object GET whose check is pending or passed (any
+        other block, e.g. from a ranged GET, un-marks a verified object)."""
         n = len(data)
         with self._lock:
-            if self._closed or self._degraded() or self._queued_bytes + n > self.fill_queue_bytes:
+            if (self._closed or self._degraded() or self._queued_bytes + n > self.fill_queue_bytes
+                    or version.objid in self._rejected):
                 self._counts["fills_dropped"] = self._counts.get("fills_dropped", 0) + 1
                 return
             self._queued_bytes += n
             self._inflight[(version.objid, index)] = data
         self._start_filler()
-        self._queue.put(("data", version, index, data))
+        self._queue.put(("checked" if checked else "data", version, index, data))
+
+    def mark_verified(self, version: Version, method: str) -> None:
+        """Record, after the blocks queued before, that the whole object passed ``method``."""
+        self._start_filler()
+        self._queue.put(("verified", version, 0, method))
+
+    def reject(self, version: Version) -> None:
+        """The whole object failed its check: never keep a block of it (queued, being written or on
+        disk) in this process, and remove what is on disk and in the index now."""
+        with self._lock:
+            self._rejected.add(version.objid)
+            for key in [k for k in self._inflight if k[0] == version.objid]:
+                del self._inflight[key]
+        self._remove_object(version.objid, version.size)
+
+    def _remove_object(self, objid: bytes, size: int) -> None:
+        try:
+            self.index.remove_objects([objid])
+        except sqlite3.Error as exc:
+            self._degrade(exc)
+        for i in range(max(1, -(-size // self.block_size))):
+            self._unlink_block(objid, i)
 
     def account_async(self, fill: Fill) -> None:
         """Queue the accounting of a block already renamed into place (warm)."""
@@ -346,15 +372,22 @@ class BlockStore:
 
     def _write_batch(self, batch: list) -> None:
         fills: list[Fill] = []
+        marks: dict[bytes, str] = {}
+        unchecked: set[bytes] = set()
         for kind, a, index, data in batch:
             if kind == "fill":
                 fills.append(a)
                 continue
+            if kind == "verified":
+                marks[a.objid] = data
+                continue
             try:
-                if self._degraded():
+                if self._degraded() or a.objid in self._rejected:
                     self.count(fills_dropped=1)
                     continue
                 fills.append(self.write_block(a, index, data))
+                if kind == "data":
+                    unchecked.add(a.objid)
             except OSError as exc:
                 self.count(fills_dropped=1)
                 self._degrade(exc)
@@ -365,6 +398,15 @@ class BlockStore:
                         del self._inflight[(a.objid, index)]
         if fills:
             self._account(fills)
+        if marks or unchecked:
+            try:
+                self.index.mark_verified(marks, unchecked - marks.keys(), time.time())
+            except sqlite3.Error as exc:
+                self._degrade(exc)
+        # a check that failed while its blocks were being written: take them back out
+        rejected = {(f.version.objid, f.version.size) for f in fills if f.version.objid in self._rejected}
+        for objid, size in rejected:
+            self._remove_object(objid, size)
         if fills or time.monotonic() - self._last_flush >= FLUSH_INTERVAL:
             self.flush_counters()
             self.evict_to_watermarks()
