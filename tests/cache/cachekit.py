@@ -38,7 +38,8 @@ class CountingProxy:
     """An HTTP/1.1 forwarder to an S3 endpoint that records every request ``(method, path, Range)``.
 
     ``faults`` holds ``(predicate(method, path), kind)`` pairs, each used once: "corrupt" flips
-    the first byte of the response body, "flip@N" the byte at offset N of the body.  ``delay`` (seconds) is added before each object GET.
+    the first byte of the response body, "flip@N" the byte at offset N of the body.  ``delay``
+    (seconds) is added before each object GET.
     (HEAD answers keep the upstream Content-Length, which a body-length proxy would zero.)
     """
 

@@ -404,7 +404,8 @@ class ObjectStream:
 
     def finish(self) -> str:
         """After the last block: nothing more, and the whole-object check passes; returns its method
-        ("md5", "crc32", ..., "size-only"); raises IntegrityError (not retryable) if it fails."""
+        ("md5", "crc32", ..., "size-only").  Raises IntegrityError if it fails (retryable: bytes
+        flipped on the way are worth one more GET)."""
         o = self.origin
         try:
             if self._body.read(1):
@@ -412,7 +413,7 @@ class ObjectStream:
             method = self._hasher().finish(self.size).claim.method
         except IntegrityError as exc:
             _trace("s3.get", f"{o.bucket}/{o.key}", 0, self.pos, self._t0, -1)
-            raise IntegrityError(f"{o.display}: {exc}", retryable=False) from exc
+            raise IntegrityError(f"{o.display}: {exc}", retryable=True) from exc
         except Exception as exc:
             raise s3_failed("s3.get", o, 0, self.pos, self._t0, exc) from exc
         _trace("s3.get", f"{o.bucket}/{o.key}", 0, self.pos, self._t0, 200)

@@ -220,7 +220,11 @@ class CachedReader(io.RawIOBase):
         fut = self._pending.pop(index, None)
         if self._pump is not None:
             self._pump.reading(index)
-        data = fut.result() if fut is not None else None
+        try:
+            data = fut.result() if fut is not None else None
+        except IntegrityError:      # what this reader holds of the object is suspect too
+            self._fetched.clear()
+            raise
         if data is None:            # not asked for yet, or the stream gave up on it
             data = self._fetch(index, length)
         self._misses += 1
@@ -319,18 +323,16 @@ class _Pump(threading.Thread):
                         return
                 data = stream.next_block()
                 if j == last:
-                    try:
-                        method = stream.finish()
-                    except IntegrityError as exc:
-                        store.reject(v)
-                        _settle(self._futures[j], exc=exc)
-                        j += 1
-                        return
+                    method = stream.finish()
                     store.fill_async(v, j, data, checked=True)
                     store.mark_verified(v, method)
                 else:
                     store.fill_async(v, j, data, checked=True)
                 _settle(self._futures[j], data)
+            j += 1
+        except IntegrityError as exc:   # the whole object is not what the server says it is
+            store.reject(v)
+            _settle(self._futures[j], exc=exc)
             j += 1
         except Exception:           # the stream broke: the reader fetches the rest by range
             pass
