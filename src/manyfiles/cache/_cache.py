@@ -107,7 +107,7 @@ class CacheStats:
     misses: int            # blocks read from the origin
     hit_bytes: int
     miss_bytes: int
-    fills: int             # blocks written to the cache
+    fills: int             # blocks written to the cache (each counted once)
     fill_bytes: int
     fills_dropped: int     # blocks not cached: queue full or cache disk failing
     evictions: int         # entries evicted by the watermarks or `evict`

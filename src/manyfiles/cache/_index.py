@@ -192,8 +192,10 @@ class Index:
 
     # -- writers -----------------------------------------------------------------------------------
 
-    def record_fills(self, fills: list[Fill], now: float) -> tuple[list[tuple[bytes, int]], list[Victim]]:
-        """Account blocks renamed into place.  Returns (stale blocks, superseded versions) to unlink.
+    def record_fills(self, fills: list[Fill],
+                     now: float) -> tuple[list[tuple[bytes, int]], list[Victim], int]:
+        """Account blocks renamed into place.  Returns (stale blocks, superseded versions) to unlink,
+        and how many of the fills were blocks not accounted before (two readers may fill one block).
 
         A fill of a version older (by validation time) than one the index already has for the
         same source is stale: its block is to be removed, not recorded.  A newer version
@@ -201,7 +203,7 @@ class Index:
         """
         stale: list[tuple[bytes, int]] = []
         superseded: list[Victim] = []
-        added_bytes = added_entries = 0
+        added_bytes = added_entries = new = 0
         with self.write() as c:
             for f in fills:
                 v = f.version
@@ -226,12 +228,13 @@ class Index:
                 else:
                     present, disk_bytes = bytearray(row[0]), row[1]
                 if _set_bit(present, f.index):
+                    new += 1
                     disk_bytes += f.disk_bytes
                     added_bytes += f.disk_bytes
                     c.execute("UPDATE entries SET present=?, disk_bytes=?, last_access=MAX(last_access, ?) "
                               "WHERE objid=?", (bytes(present), disk_bytes, now, v.objid))
             self._add(c, {"bytes": added_bytes, "entries": added_entries})
-        return stale, superseded
+        return stale, superseded, new
 
     def mark_verified(self, marks: dict[bytes, str], unmarks: Iterable[bytes], now: float) -> None:
         """Record whole-object checks (objid -> method), then forget those of ``unmarks`` (versions

@@ -432,7 +432,7 @@ class BlockStore:
 
     def _account(self, fills: list[Fill]) -> None:
         try:
-            stale, superseded = self.index.record_fills(fills, time.time())
+            stale, superseded, new = self.index.record_fills(fills, time.time())
         except sqlite3.Error as exc:
             # Not accounted means not evictable: take the blocks back out.
             for f in fills:
@@ -440,7 +440,7 @@ class BlockStore:
             self.count(fills_dropped=len(fills))
             self._degrade(exc)
             return
-        self.count(fills=len(fills) - len(stale),
+        self.count(fills=new,
                    fill_bytes=sum(f.disk_bytes for f in fills) - len(stale) * fmt.HEADER_SIZE)
         for objid, index in stale:
             self._unlink_block(objid, index)
