@@ -3,9 +3,10 @@
 Readers call :meth:`BlockStore.open_block` (a hit: one open and one pread of the header)
 and hand what they fetched from the origin to :meth:`BlockStore.fill_async`, which never
 blocks: when the bounded queue is full the block is dropped (the cache disk is slower
-than the network), counted, and the read goes on.  Four filler threads per store write
-queued blocks (temp file, then rename), account them in the index in batches, flush
-batched accesses and counters about once a second, and evict by LRU past the watermarks.
+than the network), counted, and the read goes on.  Four writer threads per store write
+queued blocks (temp file, then rename) at a lower CPU priority; one accounting thread
+records them in the index in batches, flushes batched accesses and counters about once a
+second, and evicts by LRU past the watermarks.
 
 A block being read is never taken away from its reader: readers hold an open descriptor,
 and an unlinked file's data lives until its last descriptor is closed.
@@ -108,7 +109,8 @@ class BlockStore:
         """What belongs to one process: locks, the fill queue, the filler threads, batched counters.
         Also called in a forked child (a DataLoader worker), whose parent's threads do not exist."""
         self._lock = threading.Lock()
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: queue.Queue = queue.Queue()              # blocks to write (the writers')
+        self._accounting: queue.Queue = queue.Queue()         # what was written (the accounting thread's)
         self._queued_bytes = 0
         # Blocks queued for writing stay readable from memory until they are on disk, so a
         # reader coming back to a block it just fetched does not fetch it again.
@@ -351,40 +353,44 @@ class BlockStore:
         if not self._threads:
             with self._lock:
                 if not self._threads and not self._closed:
-                    # Several fillers: creating and renaming a file waits on the filesystem's journal
-                    # (with the GIL released), and a busy disk makes one filler fall behind the network.
+                    # Several writers: creating and renaming a file waits on the filesystem's journal
+                    # (with the GIL released), and a busy disk makes one writer fall behind the network.
                     for i in range(FILLERS):
                         t = threading.Thread(target=self._run, name=f"manyfiles-cache-filler-{i}",
                                              daemon=True)
                         t.start()
                         self._threads.append(t)
+                    t = threading.Thread(target=self._run_accounting, name="manyfiles-cache-accounting",
+                                         daemon=True)
+                    t.start()
+                    self._threads.append(t)
 
     def _run(self) -> None:
+        """A writer: block files only, at a lower CPU priority.  Everything that holds the GIL for
+        long (SQLite batches, counters, eviction) is the accounting thread's: a niced thread
+        preempted while holding the GIL would stall every reader of the process."""
         with contextlib.suppress(OSError, AttributeError):     # this thread only (Linux: a tid)
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
                            max(FILLER_NICE, os.getpriority(os.PRIO_PROCESS, 0)))
         while True:
-            try:
-                item = self._queue.get(timeout=FLUSH_INTERVAL)
-            except queue.Empty:
-                item = None
-            batch = [] if item is None else [item]
-            while len(batch) < 64 and not (batch and batch[-1][0] == "stop"):   # one stop per filler
+            batch = [self._queue.get()]
+            while len(batch) < 64 and batch[-1][0] != "stop":   # one stop per writer
                 try:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
             try:
-                self._write_batch([b for b in batch if b[0] != "stop"])
-            except Exception as exc:  # never let a filler die: flush() would wait for it forever
+                self._accounting.put(self._write_batch([b for b in batch if b[0] != "stop"]))
+            except Exception as exc:  # never let a writer die: flush() would wait for it forever
                 self._degrade(exc)
             finally:
                 for _ in batch:
                     self._queue.task_done()
-            if any(b[0] == "stop" for b in batch):
+            if batch[-1][0] == "stop":
                 return
 
-    def _write_batch(self, batch: list) -> None:
+    def _write_batch(self, batch: list) -> tuple:
+        """Write the blocks of ``batch``; returns what the accounting thread records of it."""
         fills: list[Fill] = []
         marks: dict[bytes, str] = {}
         unchecked: set[bytes] = set()
@@ -414,6 +420,41 @@ class BlockStore:
                     self._queued_bytes -= len(data)
                     if self._inflight.get((a.objid, index)) is data:
                         del self._inflight[(a.objid, index)]
+        return fills, marks, unchecked, written
+
+    def _run_accounting(self) -> None:
+        """Records what the writers wrote, flushes accesses and counters about once a second,
+        evicts past the watermarks."""
+        while True:
+            try:
+                items = [self._accounting.get(timeout=FLUSH_INTERVAL)]
+            except queue.Empty:
+                items = []
+            while items and items[-1] is not None:
+                try:
+                    items.append(self._accounting.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self._record([i for i in items if i is not None])
+            except Exception as exc:  # never let it die: flush() would wait for it forever
+                self._degrade(exc)
+            finally:
+                for _ in items:
+                    self._accounting.task_done()
+            if items and items[-1] is None:
+                return
+
+    def _record(self, items: list[tuple]) -> None:
+        fills: list[Fill] = []
+        marks: dict[bytes, str] = {}
+        unchecked: set[bytes] = set()
+        written: dict[tuple[bytes, int], int] = {}
+        for f, m, u, w in items:
+            fills += f
+            marks.update(m)
+            unchecked |= u
+            written.update(w)
         if fills:
             self._account(fills)
         if marks or unchecked:
@@ -462,7 +503,8 @@ class BlockStore:
     def flush(self) -> None:
         """Wait until every queued fill is written and accounted, then flush the counters."""
         if any(t.is_alive() for t in self._threads):
-            self._queue.join()
+            self._queue.join()          # the writers hand their batch over before task_done
+            self._accounting.join()
         self.flush_counters()
 
     def close(self) -> None:
@@ -471,9 +513,14 @@ class BlockStore:
         self.flush()
         with self._lock:
             self._closed = True
-        for _ in self._threads:
+        writers, accounting = self._threads[:-1], self._threads[-1:]
+        for _ in writers:
             self._queue.put(("stop", None, 0, b"", 0))
-        for t in self._threads:
+        for t in writers:
+            t.join()
+        for _ in accounting:
+            self._accounting.put(None)
+        for t in accounting:
             t.join()
         self.flush_counters()
         self.index.close()
