@@ -32,10 +32,13 @@ from manyfiles.cache import _format as fmt
 from manyfiles.cache._index import Fill, Index, Version, Victim, bits_set, block_disk_bytes
 from manyfiles.errors import ManyfilesError, UsageError, from_oserror
 
-FILLERS = 4                          # filler threads per process
+FILLERS = 4                          # writer threads per process
 # Fills are background work: their CPU (mostly the kernel's, allocating page-cache pages for new
-# block files: ~2 ms per MiB on a VM, more than receiving the bytes) yields to the readers'.
+# block files: ~2 ms per MiB on a VM, more than receiving the bytes) yields to the readers' --
+# until the fill queue is BACKLOG full: then half the writers run at normal priority, since a
+# dropped fill costs a fetch again later.
 FILLER_NICE = 10
+BACKLOG = 0.75
 FLUSH_INTERVAL = 1.0                 # seconds between flushes of accesses and counters
 
 
@@ -111,6 +114,7 @@ class BlockStore:
         self._lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()              # blocks to write (the writers')
         self._accounting: queue.Queue = queue.Queue()         # what was written (the accounting thread's)
+        self._backlog = threading.Event()                     # wakes the writers at normal priority
         self._queued_bytes = 0
         # Blocks queued for writing stay readable from memory until they are on disk, so a
         # reader coming back to a block it just fetched does not fetch it again.
@@ -263,6 +267,8 @@ class BlockStore:
                 return
             self._queued_bytes += n
             self._inflight[(version.objid, index)] = data
+            if self._queued_bytes > BACKLOG * self.fill_queue_bytes:
+                self._backlog.set()
         self._start_filler()
         self._queue.put(("checked" if checked else "data", version, index, data, next(self._fill_seq)))
 
@@ -356,8 +362,8 @@ class BlockStore:
                     # Several writers: creating and renaming a file waits on the filesystem's journal
                     # (with the GIL released), and a busy disk makes one writer fall behind the network.
                     for i in range(FILLERS):
-                        t = threading.Thread(target=self._run, name=f"manyfiles-cache-filler-{i}",
-                                             daemon=True)
+                        t = threading.Thread(target=self._run, args=(i % 2 == 0,),
+                                             name=f"manyfiles-cache-filler-{i}", daemon=True)
                         t.start()
                         self._threads.append(t)
                     t = threading.Thread(target=self._run_accounting, name="manyfiles-cache-accounting",
@@ -365,14 +371,18 @@ class BlockStore:
                     t.start()
                     self._threads.append(t)
 
-    def _run(self) -> None:
-        """A writer: block files only, at a lower CPU priority.  Everything that holds the GIL for
-        long (SQLite batches, counters, eviction) is the accounting thread's: a niced thread
-        preempted while holding the GIL would stall every reader of the process."""
-        with contextlib.suppress(OSError, AttributeError):     # this thread only (Linux: a tid)
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
-                           max(FILLER_NICE, os.getpriority(os.PRIO_PROCESS, 0)))
+    def _run(self, niced: bool) -> None:
+        """A writer: block files only; ``niced``: at a lower CPU priority, else only while the queue
+        has a backlog.  Everything that holds the GIL for long (SQLite batches, counters, eviction)
+        is the accounting thread's: a niced thread preempted while holding the GIL would stall
+        every reader of the process."""
+        if niced:
+            with contextlib.suppress(OSError, AttributeError):     # this thread only (Linux: a tid)
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                               max(FILLER_NICE, os.getpriority(os.PRIO_PROCESS, 0)))
         while True:
+            if not niced:
+                self._backlog.wait()
             batch = [self._queue.get()]
             while len(batch) < 64 and batch[-1][0] != "stop":   # one stop per writer
                 try:
@@ -420,6 +430,8 @@ class BlockStore:
                     self._queued_bytes -= len(data)
                     if self._inflight.get((a.objid, index)) is data:
                         del self._inflight[(a.objid, index)]
+                    if self._queued_bytes < BACKLOG / 2 * self.fill_queue_bytes:
+                        self._backlog.clear()
         return fills, marks, unchecked, written
 
     def _run_accounting(self) -> None:
@@ -514,6 +526,7 @@ class BlockStore:
         with self._lock:
             self._closed = True
         writers, accounting = self._threads[:-1], self._threads[-1:]
+        self._backlog.set()
         for _ in writers:
             self._queue.put(("stop", None, 0, b"", 0))
         for t in writers:
