@@ -293,3 +293,17 @@ def test_verify_counts_whole_checks_and_warm_checks_every_object(tmp_path: Path,
     v = cache.verify()
     assert (v.entries, v.verified, v.unverified, v.unverifiable) == (4, 2, 1, 1), v
     assert "2 verified whole, 1 unverifiable, 1 unverified" in v.summary()
+
+
+def test_a_seek_in_the_middle_of_the_stream_drops_it_and_the_reads_stay_right(s3, cache: Cache):
+    data = _put_kind(s3, "md5", "s/seek.bin")
+    with mf.open(s3.url("s/seek.bin"), cache=cache, buffering=0) as f:
+        assert f.read(2 * BS + 100) == data[:2 * BS + 100]          # from the one stream
+        f.seek(BS // 2)
+        assert f.read() == data[BS // 2:]
+    gets = s3.gets()
+    assert gets[0][2] is None and all(r[2] for r in gets[1:]), "the stream, then ranged GETs only"
+    cache.flush()
+    assert cache.get_bytes(s3.url("s/seek.bin")) == data
+    v = cache.verify()
+    assert (v.entries, v.verified, v.unverified, v.corrupt) == (1, 0, 1, 0), "never read whole in one GET"
