@@ -252,12 +252,13 @@ class S3Origin:
         stream = ObjectStream(self, resp, etag, size, block_size, t0)
         try:
             first = stream.next_block()
-            if size > block_size:
-                return First(self.validator(etag, size), size, first, stream, None)
-            method = stream.finish()
-        finally:
-            if size <= block_size:
-                stream.close()
+            method = stream.finish() if size <= block_size else None
+        except BaseException:
+            stream.close()
+            raise
+        if method is None:
+            return First(self.validator(etag, size), size, first, stream, None)
+        stream.close()
         return First(self.validator(etag, size), size, first, None, method)
 
     @staticmethod
