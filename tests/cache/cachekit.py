@@ -38,7 +38,8 @@ class CountingProxy:
     """An HTTP/1.1 forwarder to an S3 endpoint that records every request ``(method, path, Range)``.
 
     ``faults`` holds ``(predicate(method, path), kind)`` pairs, each used once: "corrupt" flips
-    the first byte of the response body.  ``delay`` (seconds) is added before each object GET.
+    the first byte of the response body, "flip@N" the byte at offset N of the body.  ``delay``
+    (seconds) is added before each object GET.
     (HEAD answers keep the upstream Content-Length, which a body-length proxy would zero.)
     """
 
@@ -82,6 +83,9 @@ class CountingProxy:
                 conn.close()
                 if fault is not None and fault[1] == "corrupt" and data:
                     data = bytes([data[0] ^ 0xFF]) + data[1:]
+                if fault is not None and fault[1].startswith("flip@") and data:
+                    at = int(fault[1][5:]) % len(data)
+                    data = data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1:]
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
                     if k.lower() not in _HOP_HEADERS:

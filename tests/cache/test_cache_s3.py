@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 from pathlib import Path
 
@@ -41,7 +42,8 @@ def test_a_new_process_reads_everything_from_the_cache_without_a_get(tmp_path: P
     before = cache.stats()
     assert before.fills == blocks
     gets_before = len(s3.gets())
-    assert gets_before == blocks, "each block fetched once"
+    assert gets_before == len(objs), "each object fetched by one GET, blocks and all"
+    assert all(r[2] is None for r in s3.gets()), "whole-object GETs, no ranges"
 
     trace = tmp_path / "epoch2.mftrace"
     expected = {k: hashlib.sha256(d).hexdigest() for k, d in objs.items()}
@@ -80,13 +82,14 @@ def test_get_bytes_of_an_object_never_seen_is_one_request(s3, cache: Cache):
     s3.put("empty.bin", b"")
     assert cache.get_bytes(s3.url("one.bin")) == small
     assert (len(s3.gets()), len(s3.heads())) == (1, 0), "the version comes with the first block"
-    assert cache.get_bytes(s3.url("two.bin")) == big
-    assert (len(s3.gets()), len(s3.heads())) == (4, 0)
-    assert cache.get_bytes(s3.url("empty.bin")) == b""        # nothing to range: a HEAD says so
+    assert cache.get_bytes(s3.url("two.bin")) == big          # three blocks, one stream
+    assert (len(s3.gets()), len(s3.heads())) == (2, 0)
+    assert cache.get_bytes(s3.url("empty.bin")) == b""
+    assert (len(s3.gets()), len(s3.heads())) == (3, 0)
     cache.flush()
     gets = len(s3.gets())
     assert cache.get_bytes(s3.url("one.bin")) == small        # known now: validated by a HEAD
-    assert len(s3.gets()) == gets and len(s3.heads()) == 2
+    assert len(s3.gets()) == gets and len(s3.heads()) == 1
 
 
 def test_a_changed_etag_is_a_miss_and_a_change_mid_read_is_refused(s3, cache: Cache):
@@ -117,10 +120,12 @@ def test_random_reads_fetch_only_the_blocks_touched(s3, cache: Cache):
             f.seek(pos)
             assert f.read(4096) == data[pos:pos + 4096]
             touched.update({pos // BS, (pos + 4095) // BS})
-    # the first open of an object never seen gets its version with block 0 (one ranged GET)
-    touched.add(0)
-    ranges = sorted(r[2] for r in s3.gets())
-    assert ranges == sorted(f"bytes={i * BS}-{(i + 1) * BS - 1}" for i in touched)
+    # the first open of an object never seen gets its version with block 0 (a whole-object GET,
+    # dropped at the first seek); then one ranged GET per block touched
+    first, *rest = s3.gets()
+    assert first[2] is None
+    touched.discard(0)
+    assert sorted(r[2] for r in rest) == sorted(f"bytes={i * BS}-{(i + 1) * BS - 1}" for i in touched)
     assert not s3.heads()
     cache.flush()
     with mf.open(s3.url("big.bin"), cache=cache, buffering=0) as f:     # known now: a HEAD
@@ -201,3 +206,104 @@ def test_missing_objects_and_buckets_are_one_line_errors(s3, cache: Cache):
     with pytest.raises(mf.PartialFailure, match="3 failed"):
         report.raise_for_failures()
     json.dumps(report.to_dict())
+
+
+# -- whole-object verification -----------------------------------------------------------------------
+
+MiB = 1 << 20
+
+
+def _plain_client(s3):
+    """An uploader that sends no flexible checksum: the object then has only its ETag to check."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=s3.admin.meta.endpoint_url, region_name="us-east-1",
+                        aws_access_key_id="testing", aws_secret_access_key="testing",
+                        config=Config(request_checksum_calculation="when_required"))
+
+
+def _put_kind(s3, kind: str, key: str) -> bytes:
+    """An object of several blocks whose whole-object check is ``kind``."""
+    if kind == "md5":                     # single-part upload, ETag = MD5 of the body
+        data = blob(5 * BS + 321, key)
+        _plain_client(s3).put_object(Bucket=s3.bucket, Key=key, Body=data)
+        return data
+    if kind == "multipart-md5":           # ETag md5-of-md5s-2: part size from HEAD ?partNumber=1
+        parts = [blob(5 * MiB, key + "1"), blob(BS + 99, key + "2")]
+        client = _plain_client(s3)
+        up = client.create_multipart_upload(Bucket=s3.bucket, Key=key)
+        done = []
+        for i, body in enumerate(parts, 1):
+            r = client.upload_part(Bucket=s3.bucket, Key=key, UploadId=up["UploadId"], PartNumber=i,
+                                   Body=body)
+            done.append({"ETag": r["ETag"], "PartNumber": i})
+        client.complete_multipart_upload(Bucket=s3.bucket, Key=key, UploadId=up["UploadId"],
+                                         MultipartUpload={"Parts": done})
+        return b"".join(parts)
+    return s3.put(key, blob(5 * BS + 321, key))      # boto3's default: a CRC32 checksum
+
+
+def _blocks_of(cache: Cache) -> list[str]:
+    return [f for _, _, files in os.walk(os.path.join(cache.dir, "blocks")) for f in files]
+
+
+@pytest.mark.parametrize("kind", ["md5", "multipart-md5", "crc32"])
+def test_a_flipped_byte_is_caught_by_the_whole_object_check_and_never_kept(s3, cache: Cache, kind: str):
+    data = _put_kind(s3, kind, f"w/{kind}.bin")
+    url = s3.url(f"w/{kind}.bin")
+    at = len(data) // 2 + 7                      # in a middle block: every block alone looks fine
+    s3.proxy.faults.append((lambda m, p: m == "GET" and p.endswith(f"{kind}.bin"), f"flip@{at}"))
+    with mf.open(url, cache=cache) as f:
+        got = bytearray()
+        with pytest.raises(mf.IntegrityError, match=f"{kind}.bin"):
+            while chunk := f.read(BS // 2):
+                got += chunk
+        assert len(got) < len(data), "the last block is served only after the check passed"
+    assert s3.proxy.applied == [f"flip@{at}"]
+    assert [r[2] for r in s3.gets()] == [None], "one whole-object GET"
+    cache.flush()
+    assert _blocks_of(cache) == [], "no block of the object is kept"
+    assert cache.stats().entries == 0
+    # read again (no fault this time): right bytes, one GET, and the entry is verified whole
+    assert cache.get_bytes(url) == data
+    cache.flush()
+    report = cache.verify()
+    assert (report.verified, report.unverified, report.corrupt) == (1, 0, 0)
+    assert len(_blocks_of(cache)) == -(-len(data) // BS)
+
+
+def test_verify_counts_whole_checks_and_warm_checks_every_object(tmp_path: Path, s3, cache: Cache):
+    seq = _put_kind(s3, "multipart-md5", "v/seq.bin")
+    rnd = _put_kind(s3, "md5", "v/random.bin")
+    warmed = _put_kind(s3, "md5", "v/warmed.bin")
+    local = tmp_path / "local.bin"
+    local.write_bytes(blob(3 * BS, "local"))
+    with mf.open(s3.url("v/seq.bin"), cache=cache) as f:            # sequential: one checked stream
+        assert f.read() == seq
+    with mf.open(s3.url("v/random.bin"), cache=cache, buffering=0) as f:   # assembled from ranges
+        for i in reversed(range(-(-len(rnd) // BS))):
+            f.seek(i * BS)
+            assert f.read(BS) == rnd[i * BS:(i + 1) * BS]
+    s3.proxy.faults.append((lambda m, p: m == "GET" and p.endswith("warmed.bin"), f"flip@{2 * BS}"))
+    report = cache.warm([s3.url("v/warmed.bin"), str(local)])
+    assert report.ok and report.fetched == 2, report.failures      # the flipped GET was retried
+    assert s3.proxy.applied == [f"flip@{2 * BS}"]
+    assert cache.get_bytes(s3.url("v/warmed.bin")) == warmed
+    v = cache.verify()
+    assert (v.entries, v.verified, v.unverified, v.unverifiable) == (4, 2, 1, 1), v
+    assert "2 verified whole, 1 unverifiable, 1 unverified" in v.summary()
+
+
+def test_a_seek_in_the_middle_of_the_stream_drops_it_and_the_reads_stay_right(s3, cache: Cache):
+    data = _put_kind(s3, "md5", "s/seek.bin")
+    with mf.open(s3.url("s/seek.bin"), cache=cache, buffering=0) as f:
+        assert f.read(2 * BS + 100) == data[:2 * BS + 100]          # from the one stream
+        f.seek(BS // 2)
+        assert f.read() == data[BS // 2:]
+    gets = s3.gets()
+    assert gets[0][2] is None and all(r[2] for r in gets[1:]), "the stream, then ranged GETs only"
+    cache.flush()
+    assert cache.get_bytes(s3.url("s/seek.bin")) == data
+    v = cache.verify()
+    assert (v.entries, v.verified, v.unverified, v.corrupt) == (1, 0, 1, 0), "never read whole in one GET"

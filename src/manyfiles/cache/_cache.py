@@ -26,7 +26,7 @@ from manyfiles._report import Report
 from manyfiles._units import format_size
 from manyfiles.cache import _format as fmt
 from manyfiles.cache._index import Version
-from manyfiles.cache._origin import FileOrigin, S3Origin, parse_source
+from manyfiles.cache._origin import FileOrigin, First, S3Origin, parse_source
 from manyfiles.cache._reader import CachedReader
 from manyfiles.cache._store import BlockStore
 from manyfiles.cache._write import WriteThrough
@@ -68,12 +68,18 @@ class VerifyReport(Report):
     adopted: int = 0            # sound blocks the index did not list (a fill cut short by a kill)
     orphans: int = 0            # block files of no entry: removed
     temps: int = 0              # temporary files of dead processes: removed
+    # complete entries by whole-object check (see docs/cache.md, "Integrity"):
+    verified: int = 0           # matched the origin's ETag MD5 / multipart ETag / S3 checksum
+    unverifiable: int = 0       # read whole, nothing to compare with (SSE-KMS without checksum, files)
+    unverified: int = 0         # assembled from ranged reads, never checked as a whole
 
     def summary(self) -> str:
         return (f"{self.entries:,} entries, {self.blocks:,} blocks ({format_size(self.bytes)}) checked: "
                 f"{self.corrupt:,} corrupt and {self.orphans:,} orphan blocks removed, "
                 f"{self.missing:,} missing, {self.adopted:,} adopted, "
-                f"{self.temps:,} stale temporary files removed in {self.seconds:.1f} s")
+                f"{self.temps:,} stale temporary files removed in {self.seconds:.1f} s; complete objects: "
+                f"{self.verified:,} verified whole, {self.unverifiable:,} unverifiable, "
+                f"{self.unverified:,} unverified")
 
 
 @dataclass(kw_only=True)
@@ -105,7 +111,7 @@ class CacheStats:
     misses: int            # blocks read from the origin
     hit_bytes: int
     miss_bytes: int
-    fills: int             # blocks written to the cache
+    fills: int             # blocks written to the cache (each counted once)
     fill_bytes: int
     fills_dropped: int     # blocks not cached: queue full or cache disk failing
     evictions: int         # entries evicted by the watermarks or `evict`
@@ -233,12 +239,13 @@ class Cache:
         return self._resolve(origin, revalidate=revalidate)[0]
 
     def _resolve(self, origin: FileOrigin | S3Origin, *, revalidate: bool = False,
-                 whole: bool = False) -> tuple[Version, bytes | None]:
-        """(version, its first block if fetching it was the cheapest way to learn the version).
+                 whole: bool = False) -> tuple[Version, First | None]:
+        """(version, what opening it fetched if that was the cheapest way to learn the version).
 
-        Opening an S3 object the cache has never seen (``whole``) asks for its first block with a
-        ranged GET, whose answer tells the version too: a miss costs one round trip, not a HEAD
-        and a GET.  (A reader that then only wants the end of the object has paid for one block.)
+        Opening an S3 object the cache has never seen (``whole``) starts a GET of the whole object
+        and reads its first block, whose answer tells the version too: a miss costs one round trip,
+        not a HEAD and a GET, and a sequential reader goes on reading that one stream.  (A reader
+        that then only wants the end of the object has paid for one block.)
         """
         now = time.time()
         known = None
@@ -253,9 +260,8 @@ class Cache:
             if known is None and (self.ttl == 0 or revalidate):
                 known = self._store.index.latest(origin.source)
             if known is None:
-                got = origin.fetch_first(self.block_size)
-                if got is not None:
-                    return self._validated(origin, got[0], got[1], now), got[2]
+                first = origin.open_first(self.block_size)
+                return self._validated(origin, first.validator, first.size, now), first
         validator, size = origin.stat()
         return self._validated(origin, validator, size, now), None
 
@@ -269,8 +275,14 @@ class Cache:
         """The raw reader of ``src`` (what :meth:`open` wraps in a BufferedReader)."""
         origin = self.origin(src, settings)
         v, first = self._resolve(origin, whole=True)
+        return self._reader(origin, v, first)
+
+    def _reader(self, origin: FileOrigin | S3Origin, v: Version, first: First | None) -> CachedReader:
+        if first is not None and first.checked is not None:     # the whole object, checked
+            self._store.mark_verified(v, first.checked)
         return CachedReader(origin, v, store=self._store, block_size=self.block_size, pool=self._pool,
-                            prefetch=self.prefetch, first_block=first)
+                            prefetch=self.prefetch, first_block=None if first is None else first.data,
+                            stream=None if first is None else first.stream, first_checked=first is not None)
 
     def open(self, src: Source, mode: str = "rb", *, buffering: int = -1, settings: Any = None) -> Any:
         """``src`` as a binary file object: a seekable reader (``"rb"``) or a write-through writer
@@ -290,17 +302,20 @@ class Cache:
         v, first = self._resolve(origin, whole=True)
         store = self._store
         if v.size <= self.block_size:           # one block: no reader needed
-            data = first if first is not None else store.read_block(v.objid, 0, v.size) if v.size else b""
+            if first is not None:
+                if v.size:
+                    store.fill_async(v, 0, first.data, checked=True)
+                    store.mark_verified(v, first.checked or fmt.SIZE_ONLY)
+                    store.count(misses=1, miss_bytes=v.size)
+                store.note_access(v.objid, v.validated_at)
+                return first.data
+            data = store.read_block(v.objid, 0, v.size) if v.size else b""
             if data is not None:
                 store.note_access(v.objid, v.validated_at)
-                if first is not None:
-                    store.fill_async(v, 0, first)
-                    store.count(misses=1, miss_bytes=len(first))
-                elif v.size:
+                if v.size:
                     store.count(hits=1, hit_bytes=len(data))
                 return data
-        reader = CachedReader(origin, v, store=store, block_size=self.block_size, pool=self._pool,
-                              prefetch=self.prefetch, first_block=first)
+        reader = self._reader(origin, v, first)
         try:
             return reader.readall()
         finally:
@@ -498,7 +513,7 @@ class Cache:
         fetcher = origin.fetcher(validator)
         got = 0
         try:
-            if isinstance(origin, S3Origin) and len(missing) == nblocks > 1 and fetcher.md5:
+            if isinstance(origin, S3Origin) and len(missing) == nblocks:
                 got = self._warm_whole(v, fetcher)
             else:
                 for i in missing:
@@ -517,23 +532,28 @@ class Cache:
         self._store.account_async(fill)
 
     def _warm_whole(self, v: Version, fetcher: Any) -> int:
-        """One GET for the whole object, MD5-checked before any of its blocks is installed."""
+        """One GET for the whole object, checked whole (ETag MD5, multipart ETag or S3 checksum)
+        before any of its blocks is installed; the entry is then marked verified."""
         from manyfiles.cache._origin import with_retries
 
         store = self._store
 
         def attempt() -> int:
             temps: list[str] = []
+            stream = fetcher.open_stream(self.block_size)
             try:
-                for i, piece in enumerate(fetcher.stream_blocks(self.block_size)):
-                    temps.append(store.write_temp(v, i, piece))
+                for i in range(-(-v.size // self.block_size)):
+                    temps.append(store.write_temp(v, i, stream.next_block()))
+                method = stream.finish()
                 for i, tmp in enumerate(temps):
                     store.install(tmp, v.objid, i)
                     store.account_async(store.fill_record(v, i))
+                store.mark_verified(v, method)
                 return v.size
             except OSError as exc:
                 raise ManyfilesError(f"{self.dir}: cannot write to the cache: {exc.strerror or exc}") from exc
             finally:
+                stream.close()
                 for tmp in temps:
                     if os.path.exists(tmp):
                         os.unlink(tmp)

@@ -30,6 +30,8 @@ BLOCKS = "blocks"
 TMP = "tmp"
 OWN_NAMES = frozenset({DESCRIPTOR, INDEX, INDEX + "-wal", INDEX + "-shm", INDEX + "-journal", BLOCKS, TMP})
 
+SIZE_ONLY = "size-only"        # the whole-object check of an object with nothing to check against
+
 MiB = 1 << 20
 DEFAULT_BLOCK_SIZE = 4 * MiB
 MIN_BLOCK_SIZE = 64 << 10

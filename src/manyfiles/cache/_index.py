@@ -40,6 +40,8 @@ CREATE TABLE IF NOT EXISTS entries(
 CREATE INDEX IF NOT EXISTS entries_source ON entries(source);
 CREATE INDEX IF NOT EXISTS entries_lru ON entries(last_access);
 CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS verified(objid BLOB PRIMARY KEY, method TEXT NOT NULL, at REAL NOT NULL)
+    WITHOUT ROWID;
 """
 
 COUNTERS = ("hits", "misses", "hit_bytes", "miss_bytes", "fills", "fill_bytes", "fills_dropped",
@@ -162,6 +164,16 @@ class Index:
         row = self._conn().execute("SELECT present FROM entries WHERE objid=?", (objid,)).fetchone()
         return None if row is None else row[0]
 
+    def verification(self, objid: bytes) -> str | None:
+        """How the whole object of ``objid`` was checked ("md5", "crc32"...), None if never."""
+        row = self._conn().execute("SELECT method FROM verified WHERE objid=?", (objid,)).fetchone()
+        return None if row is None else row[0]
+
+    def verifications(self) -> dict[bytes, str]:
+        """objid -> method of every entry whose whole object was checked (``cache verify``)."""
+        return dict(self._conn().execute(
+            "SELECT v.objid, v.method FROM verified v JOIN entries e ON e.objid = v.objid").fetchall())
+
     def counters(self) -> dict[str, int]:
         return dict(self._conn().execute("SELECT name, value FROM counters").fetchall())
 
@@ -190,8 +202,10 @@ class Index:
 
     # -- writers -----------------------------------------------------------------------------------
 
-    def record_fills(self, fills: list[Fill], now: float) -> tuple[list[tuple[bytes, int]], list[Victim]]:
-        """Account blocks renamed into place.  Returns (stale blocks, superseded versions) to unlink.
+    def record_fills(self, fills: list[Fill],
+                     now: float) -> tuple[list[tuple[bytes, int]], list[Victim], int]:
+        """Account blocks renamed into place.  Returns (stale blocks, superseded versions) to unlink,
+        and how many of the fills were blocks not accounted before (two readers may fill one block).
 
         A fill of a version older (by validation time) than one the index already has for the
         same source is stale: its block is to be removed, not recorded.  A newer version
@@ -199,7 +213,7 @@ class Index:
         """
         stale: list[tuple[bytes, int]] = []
         superseded: list[Victim] = []
-        added_bytes = added_entries = 0
+        added_bytes = added_entries = new = 0
         with self.write() as c:
             for f in fills:
                 v = f.version
@@ -212,7 +226,7 @@ class Index:
                         stale.append((v.objid, f.index))
                         continue
                     for objid, present, disk_bytes, _ in others:
-                        c.execute("DELETE FROM entries WHERE objid=?", (objid,))
+                        _delete(c, objid)
                         superseded.append(Victim(objid, present, disk_bytes))
                         added_bytes -= disk_bytes
                         added_entries -= 1
@@ -224,12 +238,21 @@ class Index:
                 else:
                     present, disk_bytes = bytearray(row[0]), row[1]
                 if _set_bit(present, f.index):
+                    new += 1
                     disk_bytes += f.disk_bytes
                     added_bytes += f.disk_bytes
                     c.execute("UPDATE entries SET present=?, disk_bytes=?, last_access=MAX(last_access, ?) "
                               "WHERE objid=?", (bytes(present), disk_bytes, now, v.objid))
             self._add(c, {"bytes": added_bytes, "entries": added_entries})
-        return stale, superseded
+        return stale, superseded, new
+
+    def mark_verified(self, marks: dict[bytes, str], unmarks: Iterable[bytes], now: float) -> None:
+        """Record whole-object checks (objid -> method), then forget those of ``unmarks`` (versions
+        that got a block from elsewhere than a checked stream)."""
+        with self.write() as c:
+            c.executemany("INSERT OR REPLACE INTO verified VALUES(?, ?, ?)",
+                          [(o, m, now) for o, m in marks.items()])
+            c.executemany("DELETE FROM verified WHERE objid=?", [(o,) for o in unmarks])
 
     def touch(self, accesses: dict[bytes, tuple[float, float]], counters: dict[str, int]) -> None:
         """Record batched accesses (objid -> (last access, validated at)) and counter increments."""
@@ -264,7 +287,7 @@ class Index:
                 if not rows:
                     break
                 for objid, present, disk_bytes in rows:
-                    c.execute("DELETE FROM entries WHERE objid=?", (objid,))
+                    _delete(c, objid)
                     victims.append(Victim(objid, present, disk_bytes))
                     freed += disk_bytes
                     if need_bytes is not None and freed >= need_bytes:
@@ -279,8 +302,22 @@ class Index:
             for source in sources:
                 rows = c.execute("SELECT objid, present, disk_bytes FROM entries WHERE source=?",
                                  (source,)).fetchall()
-                c.execute("DELETE FROM entries WHERE source=?", (source,))
+                for r in rows:
+                    _delete(c, r[0])
                 victims.extend(Victim(*r) for r in rows)
+            self._count_removed(c, victims, evicted=False)
+        return victims
+
+    def remove_objects(self, objids: Iterable[bytes]) -> list[Victim]:
+        """Remove these object versions (a failed whole-object check)."""
+        victims: list[Victim] = []
+        with self.write() as c:
+            for objid in objids:
+                row = c.execute("SELECT present, disk_bytes FROM entries WHERE objid=?", (objid,)).fetchone()
+                c.execute("DELETE FROM verified WHERE objid=?", (objid,))
+                if row is not None:
+                    _delete(c, objid)
+                    victims.append(Victim(objid, row[0], row[1]))
             self._count_removed(c, victims, evicted=False)
         return victims
 
@@ -316,12 +353,19 @@ class Index:
             n, total = c.execute("SELECT COUNT(*), COALESCE(SUM(disk_bytes), 0) FROM entries").fetchone()
             c.execute("UPDATE counters SET value=? WHERE name='entries'", (n,))
             c.execute("UPDATE counters SET value=? WHERE name='bytes'", (total,))
+            c.execute("DELETE FROM verified WHERE objid NOT IN (SELECT objid FROM entries)")
         return n, total
 
     def clear(self) -> None:
         with self.write() as c:
             c.execute("DELETE FROM entries")
+            c.execute("DELETE FROM verified")
             c.execute("UPDATE counters SET value=0")
+
+
+def _delete(c: sqlite3.Connection, objid: bytes) -> None:
+    c.execute("DELETE FROM entries WHERE objid=?", (objid,))
+    c.execute("DELETE FROM verified WHERE objid=?", (objid,))
 
 
 def block_disk_bytes(size: int, index: int, block_size: int) -> int:

@@ -14,14 +14,15 @@ against the version they were asked for, so a source that changes under a reader
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import stat as _stat
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 from manyfiles import iotrace
 from manyfiles._extras import require
@@ -234,34 +235,31 @@ class S3Origin:
         size = int(head["ContentLength"])
         return self.validator(head.get("ETag", ""), size), size
 
-    def fetch_first(self, block_size: int) -> tuple[bytes, int, bytes] | None:
-        """(validator, size, first block) from one ranged GET: what an open would learn with a
-        HEAD, plus the data, in one round trip.  None for an empty object (nothing to range)."""
-        return with_retries(lambda: self._get_first(block_size))
+    def open_first(self, block_size: int) -> First:
+        """Open a GET of the whole object and read its first block: what an open would learn
+        with a HEAD (the version), plus the data, in one round trip.  The rest of the body is
+        :attr:`First.stream` (None when the object fits in one block: it was checked whole)."""
+        return with_retries(lambda: self._open_first(block_size))
 
-    def _get_first(self, block_size: int) -> tuple[bytes, int, bytes] | None:
+    def _open_first(self, block_size: int) -> First:
         t0 = time.monotonic_ns()
-        data = b""
-        status = 0
         try:
-            resp, status, data = _get_object(self.client(), Bucket=self.bucket, Key=self.key,
-                                             Range=f"bytes=0-{block_size - 1}")
-            if status == 206:
-                size = int(str(resp.get("ContentRange", "")).rpartition("/")[2])
-            else:
-                size = int(resp["ContentLength"])
-            if len(data) != min(size, block_size):
-                raise TransferError(f"got {len(data)} of {min(size, block_size)} bytes", retryable=True)
-            etag = (resp.get("ETag") or "").strip('"')
-            if (size == len(data) and _MD5_ETAG.match(etag.encode()) and not _encrypted(resp)
-                    and hashlib.md5(data, usedforsecurity=False).hexdigest() != etag):
-                raise IntegrityError("MD5 of the body does not match the ETag")
+            resp = self.client().get_object(Bucket=self.bucket, Key=self.key, ChecksumMode="ENABLED")
         except Exception as exc:
-            if getattr(exc, "response", {}).get("Error", {}).get("Code") == "InvalidRange":
-                return None
-            raise s3_failed("s3.get_range", self, 0, len(data), t0, exc, status) from exc
-        _trace("s3.get_range", f"{self.bucket}/{self.key}", 0, len(data), t0, status)
-        return self.validator(etag, size), size, data
+            raise s3_failed("s3.get", self, 0, 0, t0, exc) from exc
+        size = int(resp["ContentLength"])
+        etag = (resp.get("ETag") or "").strip('"')
+        stream = ObjectStream(self, resp, etag, size, block_size, t0)
+        try:
+            first = stream.next_block()
+            method = stream.finish() if size <= block_size else None
+        except BaseException:
+            stream.close()
+            raise
+        if method is None:
+            return First(self.validator(etag, size), size, first, stream, None)
+        stream.close()
+        return First(self.validator(etag, size), size, first, None, method)
 
     @staticmethod
     def validator(etag: str | None, size: int) -> bytes:
@@ -317,47 +315,129 @@ class _S3Fetcher:
         if len(data) != length:
             raise TransferError(f"got {len(data)} of {length} bytes", retryable=True)
 
-    def stream_blocks(self, block_size: int) -> Iterator[bytes]:
-        """The whole object in ``block_size`` pieces from one GET; the MD5 (when the ETag is
-        one) and the length are checked before the generator finishes, so a consumer that
-        keeps what it got only after the last ``next()`` keeps nothing unchecked."""
+    def open_stream(self, block_size: int) -> ObjectStream:
+        """A GET of the whole object (pinned to the ETag), read block by block; see :class:`ObjectStream`."""
         o = self.origin
-        kw: dict[str, Any] = {"Bucket": o.bucket, "Key": o.key}
+        kw: dict[str, Any] = {"Bucket": o.bucket, "Key": o.key, "ChecksumMode": "ENABLED"}
         if self.etag:
             kw["IfMatch"] = f'"{self.etag}"'
         t0 = time.monotonic_ns()
-        got = 0
-        md5 = hashlib.md5(usedforsecurity=False)
         try:
             resp = o.client().get_object(**kw)
-            check_md5 = self.md5 and not _encrypted(resp)
-            body = resp["Body"]
-            try:
-                while got < self.size:
-                    piece = body.read(min(block_size, self.size - got))
-                    while piece and len(piece) < min(block_size, self.size - got):
-                        more = body.read(min(block_size, self.size - got) - len(piece))
-                        if not more:
-                            break
-                        piece += more
-                    if not piece:
-                        raise TransferError(f"got {got} of {self.size} bytes", retryable=True)
-                    got += len(piece)
-                    if check_md5:
-                        md5.update(piece)
-                    yield piece
-                if body.read(1):
-                    raise ObjectChanged(f"longer than {self.size} bytes")
-            finally:
-                body.close()
-            if check_md5 and md5.hexdigest() != self.etag:
-                raise IntegrityError("MD5 of the body does not match the ETag")
         except Exception as exc:
-            raise s3_failed("s3.get", o, 0, got, t0, exc) from exc
-        _trace("s3.get", f"{o.bucket}/{o.key}", 0, got, t0, 200)
+            raise s3_failed("s3.get", o, 0, 0, t0, exc) from exc
+        if int(resp["ContentLength"]) != self.size:
+            resp["Body"].close()
+            raise s3_failed("s3.get", o, 0, 0, t0, ObjectChanged(f"size changed ({self.size} -> "
+                                                                 f"{resp['ContentLength']})"))
+        return ObjectStream(o, resp, self.etag, self.size, block_size, t0)
 
     def close(self) -> None:
         pass
+
+
+class First(NamedTuple):
+    """What opening an object learnt: its version, its first block, and the rest of the GET."""
+
+    validator: bytes
+    size: int
+    data: bytes
+    stream: ObjectStream | None     # the open GET, past the first block (None: nothing left)
+    checked: str | None             # when the whole object was in ``data``: how it was checked
+
+
+class _Discard:
+    """The target of a :class:`~manyfiles.s3.transfer.WholeBody` whose bytes are kept elsewhere
+    (the stream hands them out itself): only the digest matters."""
+
+    def append(self, data: Any) -> None:
+        pass
+
+    def read(self, offset: int, n: int) -> bytes:     # a sequential Digest never reads back
+        raise IntegrityError("nothing to read back")
+
+
+class ObjectStream:
+    """One whole-object GET read in blocks, in order, and checked whole after the last one.
+
+    The check is the one s3pull makes (:mod:`manyfiles.s3.integrity`): the object's S3
+    checksum (CRC32/CRC32C/CRC64NVME/SHA, full or composite), else its ETag when it is an MD5
+    (single-part upload, no SSE-KMS / SSE-C), else its multipart ETag (part sizes from one
+    ``HEAD ?partNumber=1``); "size-only" when none applies.  Not thread-safe: one consumer.
+    """
+
+    def __init__(self, origin: S3Origin, resp: dict, etag: str, size: int, block_size: int, t0: int) -> None:
+        self.origin, self.etag, self.size, self.block_size = origin, etag, size, block_size
+        self._resp, self._body, self._t0 = resp, resp["Body"], t0
+        self._whole: Any = None
+        self.pos = 0
+
+    def _hasher(self) -> Any:
+        if self._whole is None:
+            from manyfiles.s3.integrity import part_layout
+            from manyfiles.s3.transfer import Job, WholeBody, head_part_boto3, needs_layout
+
+            o = self.origin
+            job = Job(o.key, o.key, self.size, self.etag or None)
+            layout = None
+            if needs_layout(job, True):
+                try:
+                    layout = part_layout(self.size, self.etag,
+                                         lambda n: head_part_boto3(o.client(), o.bucket, o.key, n))
+                except Exception:       # no part layout: the ETag cannot be checked (size-only)
+                    layout = None
+            self._whole = WholeBody(job, _Discard(), self._resp["ResponseMetadata"]["HTTPHeaders"],
+                                    verify=True, layout=layout)
+        return self._whole
+
+    def next_block(self) -> bytes:
+        """The next block (``block_size`` bytes, or the rest); hashed for the final check."""
+        want = min(self.block_size, self.size - self.pos)
+        try:
+            data = _read_exact(self._body, want)
+            if len(data) != want:
+                raise TransferError(f"got {self.pos + len(data)} of {self.size} bytes", retryable=True)
+            self._hasher().write(data)
+        except Exception as exc:
+            raise s3_failed("s3.get", self.origin, 0, self.pos, self._t0, exc) from exc
+        self.pos += want
+        return data
+
+    def finish(self) -> str:
+        """After the last block: nothing more, and the whole-object check passes; returns its method
+        ("md5", "crc32", ..., "size-only").  Raises IntegrityError if it fails (retryable: bytes
+        flipped on the way are worth one more GET)."""
+        o = self.origin
+        try:
+            if self._body.read(1):
+                raise ObjectChanged(f"longer than {self.size} bytes")
+            method = self._hasher().finish(self.size).claim.method
+        except IntegrityError as exc:
+            _trace("s3.get", f"{o.bucket}/{o.key}", 0, self.pos, self._t0, -1)
+            raise IntegrityError(f"{o.display}: {exc}", retryable=True) from exc
+        except Exception as exc:
+            raise s3_failed("s3.get", o, 0, self.pos, self._t0, exc) from exc
+        _trace("s3.get", f"{o.bucket}/{o.key}", 0, self.pos, self._t0, 200)
+        return method
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._body.close()
+
+
+def _read_exact(body: Any, n: int) -> bytes:
+    data = body.read(n)
+    if len(data) < n:
+        parts = [data]
+        got = len(data)
+        while got < n:
+            more = body.read(n - got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        data = b"".join(parts)
+    return data
 
 
 def _get_object(client: Any, **kw: Any) -> tuple[dict, int, bytes]:

@@ -6,23 +6,35 @@ caller's buffer), or from the origin.  What comes from the origin goes to the ca
 once and to the cache in the background.  Sequential reading prefetches the next blocks
 that are not cached yet, in a window that doubles up to ``prefetch`` blocks.
 
+An object the cache has never seen is opened with one GET of the whole object
+(:meth:`S3Origin.open_first`): a sequential reader then gets every block from that one
+stream, read ahead by a pump thread (up to ``prefetch`` blocks), as a reader without a cache
+would, instead of one ranged GET per block.  The stream is checked whole at its end (ETag
+MD5, multipart ETag or S3 checksum): the last block is handed out, and cached, only after the
+check passed; a failed check removes every block of the object from the cache and raises
+:class:`~manyfiles.errors.IntegrityError` to the reader.  A seek elsewhere ends the stream (the
+rest comes by ranged GETs, as before).
+
 Without a cache (``store`` None) the same reader serves S3 objects straight from the
 origin; its random reads then fetch only the bytes asked for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, InvalidStateError
 from typing import Any
 
 from manyfiles import iotrace
 from manyfiles.cache._format import HEADER_SIZE
 from manyfiles.cache._index import Version
 from manyfiles.cache._store import BlockStore
+from manyfiles.errors import IntegrityError
 
 KEEP_FETCHED = 2      # blocks fetched from the origin kept in memory per reader
 OPEN_BLOCKS = 16      # cached blocks kept open per reader (random reads skip the open/header read)
@@ -32,7 +44,8 @@ class CachedReader(io.RawIOBase):
     """Seekable raw binary reader of one version of one source (wrap in io.BufferedReader)."""
 
     def __init__(self, origin: Any, version: Version, *, store: BlockStore | None, block_size: int,
-                 pool: Executor, prefetch: int = 4, first_block: bytes | None = None) -> None:
+                 pool: Executor, prefetch: int = 4, first_block: bytes | None = None,
+                 stream: Any = None, first_checked: bool = False) -> None:
         super().__init__()
         self.name = origin.display
         self.size = version.size
@@ -52,6 +65,10 @@ class CachedReader(io.RawIOBase):
         self._window = 1            # prefetch window, doubling on sequential reads
         self._ahead_from = 0        # blocks below this were already considered for prefetch
         self._hits = self._misses = self._hit_bytes = self._miss_bytes = 0
+        self._stream = stream if store is not None and self._nblocks > 1 else None
+        self._pump: _Pump | None = None
+        if stream is not None and self._stream is None:
+            stream.close()
         if store is not None:
             store.note_access(version.objid, version.validated_at)
         if first_block is not None:     # fetched along with the validation (Cache.get_bytes)
@@ -59,7 +76,7 @@ class CachedReader(io.RawIOBase):
             self._misses += 1
             self._miss_bytes += len(first_block)
             if store is not None:
-                store.fill_async(version, 0, first_block)
+                store.fill_async(version, 0, first_block, checked=first_checked)
 
     @property
     def _fetcher(self) -> Any:
@@ -100,7 +117,19 @@ class CachedReader(io.RawIOBase):
         view = memoryview(b).cast("B")
         pos, size, bs = self._pos, self.size, self._bs
         sequential = pos == self._seq_end
-        if not sequential and (self._pending or self._ahead_from):
+        fd = self._fds.get(pos // bs) if sequential else None
+        if fd is not None and iotrace.TRACER is None:
+            # The hot path of a sequential reread: more of a block already open (so its prefetch
+            # was considered when it was opened).  Reads at memory speed are bound by the Python
+            # run per call under the GIL, so this one does the least it can.
+            index, off = divmod(pos, bs)
+            if len(view) <= min(bs, size - index * bs) - off:
+                got = os.preadv(fd, [view], HEADER_SIZE + off)
+                if got == len(view):
+                    self._hit_bytes += got
+                    self._pos = self._seq_end = pos + got
+                    return got
+        if not sequential and (self._pending or self._ahead_from or self._stream is not None):
             self._restart_prefetch()
         done = 0
         n = len(view)
@@ -143,6 +172,7 @@ class CachedReader(io.RawIOBase):
     def close(self) -> None:
         if self.closed:
             return
+        self._end_stream()
         for fut in self._pending.values():
             fut.cancel()
         self._pending.clear()
@@ -200,7 +230,15 @@ class CachedReader(io.RawIOBase):
 
     def _from_origin(self, index: int, length: int) -> bytes:
         fut = self._pending.pop(index, None)
-        data = fut.result() if fut is not None else self._fetch(index, length)
+        if self._pump is not None:
+            self._pump.reading(index)
+        try:
+            data = fut.result() if fut is not None else None
+        except IntegrityError:      # what this reader holds of the object is suspect too
+            self._fetched.clear()
+            raise
+        if data is None:            # not asked for yet, or the stream gave up on it
+            data = self._fetch(index, length)
         self._misses += 1
         self._miss_bytes += length
         self._fetched[index] = data
@@ -217,14 +255,28 @@ class CachedReader(io.RawIOBase):
 
     def _restart_prefetch(self) -> None:
         """After a seek: blocks fetched ahead for the old position are not wanted any more."""
+        self._end_stream()
         for fut in self._pending.values():
             fut.cancel()          # a fetch already running still fills the cache
         self._pending.clear()
         self._ahead_from = 0
         self._window = 1
 
+    def _end_stream(self) -> None:
+        if self._pump is not None:
+            self._pump.stop()
+        elif self._stream is not None:
+            self._stream.close()
+        self._stream = None
+
     def _prefetch(self, index: int) -> None:
         """Start fetching the blocks after ``index`` that are neither cached nor on their way."""
+        if self._stream is not None:
+            if self._pump is None:      # the rest of the object comes from the open whole-object GET
+                futures = {j: Future() for j in range(1, self._nblocks)}
+                self._pending.update(futures)
+                self._pump = _Pump(self._stream, self._store, self._v, futures, max(1, self._max_ahead))
+            return
         first = max(index + 1, self._ahead_from)
         last = min(index + 1 + self._window, self._nblocks)
         if first >= last:
@@ -240,3 +292,71 @@ class CachedReader(io.RawIOBase):
             self._pending[j] = self._pool.submit(self._fetch, j, length)
         self._ahead_from = last
         self._window = min(self._window * 2, self._max_ahead)
+
+
+class _Pump(threading.Thread):
+    """Reads the blocks of an open whole-object GET, in order, at most ``ahead`` blocks ahead of
+    the reader; each block goes to its Future and to the cache.  The last one goes only after
+    the whole-object check passed.  On a network error the remaining Futures get None (the
+    reader fetches those blocks by range); on a failed check the object is rejected from the
+    cache and the last block's Future raises IntegrityError."""
+
+    def __init__(self, stream: Any, store: BlockStore, version: Version, futures: dict[int, Future],
+                 ahead: int) -> None:
+        super().__init__(name="manyfiles-cache-stream", daemon=True)
+        self._stream, self._store, self._v = stream, store, version
+        self._futures = futures
+        self._ahead = ahead
+        self._cond = threading.Condition()
+        self._at = 0            # the block the reader is at
+        self._stopped = False
+        self.start()
+
+    def reading(self, index: int) -> None:
+        if index > self._at:
+            with self._cond:
+                self._at = index
+                self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def run(self) -> None:
+        stream, store, v = self._stream, self._store, self._v
+        last = max(self._futures)
+        j = 1
+        try:
+            for j in range(1, last + 1):
+                with self._cond:
+                    self._cond.wait_for(lambda j=j: self._stopped or j <= self._at + self._ahead)
+                    if self._stopped:
+                        return
+                data = stream.next_block()
+                if j == last:
+                    method = stream.finish()
+                    store.fill_async(v, j, data, checked=True)
+                    store.mark_verified(v, method)
+                else:
+                    store.fill_async(v, j, data, checked=True)
+                _settle(self._futures[j], data)
+            j += 1
+        except IntegrityError as exc:   # the whole object is not what the server says it is
+            store.reject(v)
+            _settle(self._futures[j], exc=exc)
+            j += 1
+        except Exception:           # the stream broke: the reader fetches the rest by range
+            pass
+        finally:
+            for k in range(j, last + 1):
+                _settle(self._futures[k], None)
+            stream.close()
+
+
+def _settle(fut: Future, data: bytes | None = None, exc: BaseException | None = None) -> None:
+    with contextlib.suppress(InvalidStateError):     # cancelled by a seek or close
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(data)

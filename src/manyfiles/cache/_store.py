@@ -3,9 +3,10 @@
 Readers call :meth:`BlockStore.open_block` (a hit: one open and one pread of the header)
 and hand what they fetched from the origin to :meth:`BlockStore.fill_async`, which never
 blocks: when the bounded queue is full the block is dropped (the cache disk is slower
-than the network), counted, and the read goes on.  Four filler threads per store write
-queued blocks (temp file, then rename), account them in the index in batches, flush
-batched accesses and counters about once a second, and evict by LRU past the watermarks.
+than the network), counted, and the read goes on.  Four writer threads per store write
+queued blocks (temp file, then rename) at a lower CPU priority; one accounting thread
+records them in the index in batches, flushes batched accesses and counters about once a
+second, and evicts by LRU past the watermarks.
 
 A block being read is never taken away from its reader: readers hold an open descriptor,
 and an unlinked file's data lives until its last descriptor is closed.
@@ -31,7 +32,13 @@ from manyfiles.cache import _format as fmt
 from manyfiles.cache._index import Fill, Index, Version, Victim, bits_set, block_disk_bytes
 from manyfiles.errors import ManyfilesError, UsageError, from_oserror
 
-FILLERS = 4                          # filler threads per process
+FILLERS = 4                          # writer threads per process
+# Fills are background work: their CPU (mostly the kernel's, allocating page-cache pages for new
+# block files: ~2 ms per MiB on a VM, more than receiving the bytes) yields to the readers' --
+# until the fill queue is BACKLOG full: then half the writers run at normal priority, since a
+# dropped fill costs a fetch again later.
+FILLER_NICE = 10
+BACKLOG = 0.75
 FLUSH_INTERVAL = 1.0                 # seconds between flushes of accesses and counters
 
 
@@ -105,7 +112,9 @@ class BlockStore:
         """What belongs to one process: locks, the fill queue, the filler threads, batched counters.
         Also called in a forked child (a DataLoader worker), whose parent's threads do not exist."""
         self._lock = threading.Lock()
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: queue.Queue = queue.Queue()              # blocks to write (the writers')
+        self._accounting: queue.Queue = queue.Queue()         # what was written (the accounting thread's)
+        self._backlog = threading.Event()                     # wakes the writers at normal priority
         self._queued_bytes = 0
         # Blocks queued for writing stay readable from memory until they are on disk, so a
         # reader coming back to a block it just fetched does not fetch it again.
@@ -115,6 +124,10 @@ class BlockStore:
         self._last_flush = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._evicting = threading.Lock()
+        # objid -> the fill sequence number when its whole-object check failed: fills queued
+        # before that are never written; a later fetch of the same version fills again
+        self._rejected: dict[bytes, int] = {}
+        self._fill_seq = itertools.count(1)
 
     def after_fork(self) -> None:
         self._fresh_process_state()
@@ -243,8 +256,10 @@ class BlockStore:
 
     # -- filling ------------------------------------------------------------------------------------
 
-    def fill_async(self, version: Version, index: int, data: bytes) -> None:
-        """Queue a block for writing; drop it (and count it) if the queue is full or the disk failed."""
+    def fill_async(self, version: Version, index: int, data: bytes, *, checked: bool = False) -> None:
+        """Queue a block for writing; drop it (and count it) if the queue is full or the disk failed.
+        ``checked``: the block comes from a whole-object GET whose check is pending or passed (any
+        other block, e.g. from a ranged GET, un-marks a verified object)."""
         n = len(data)
         with self._lock:
             if self._closed or self._degraded() or self._queued_bytes + n > self.fill_queue_bytes:
@@ -252,13 +267,43 @@ class BlockStore:
                 return
             self._queued_bytes += n
             self._inflight[(version.objid, index)] = data
+            if self._queued_bytes > BACKLOG * self.fill_queue_bytes:
+                self._backlog.set()
         self._start_filler()
-        self._queue.put(("data", version, index, data))
+        self._queue.put(("checked" if checked else "data", version, index, data, next(self._fill_seq)))
+
+    def mark_verified(self, version: Version, method: str) -> None:
+        """Record, after the blocks queued before, that the whole object passed ``method``."""
+        self._start_filler()
+        self._queue.put(("verified", version, 0, method, next(self._fill_seq)))
+
+    def reject(self, version: Version) -> None:
+        """The whole object failed its check: never keep a block of it (queued, being written or on
+        disk) in this process, and remove what is on disk and in the index now."""
+        with self._lock:
+            if len(self._rejected) > 100_000:
+                self._rejected.clear()
+            self._rejected[version.objid] = next(self._fill_seq)
+            for key in [k for k in self._inflight if k[0] == version.objid]:
+                del self._inflight[key]
+        self._remove_object(version.objid, version.size)
+
+    def _is_rejected(self, objid: bytes, seq: int) -> bool:
+        """Was ``objid`` rejected after the fill numbered ``seq`` was queued?"""
+        return self._rejected.get(objid, 0) > seq
+
+    def _remove_object(self, objid: bytes, size: int) -> None:
+        try:
+            self.index.remove_objects([objid])
+        except sqlite3.Error as exc:
+            self._degrade(exc)
+        for i in range(max(1, -(-size // self.block_size))):
+            self._unlink_block(objid, i)
 
     def account_async(self, fill: Fill) -> None:
         """Queue the accounting of a block already renamed into place (warm)."""
         self._start_filler()
-        self._queue.put(("fill", fill, 0, b""))
+        self._queue.put(("fill", fill, 0, b"", next(self._fill_seq)))
 
     def write_temp(self, version: Version, index: int, data: bytes | memoryview) -> str:
         """Write a complete block file under tmp/; returns its path (rename with :meth:`install`)."""
@@ -314,47 +359,69 @@ class BlockStore:
         if not self._threads:
             with self._lock:
                 if not self._threads and not self._closed:
-                    # Several fillers: creating and renaming a file waits on the filesystem's journal
-                    # (with the GIL released), and a busy disk makes one filler fall behind the network.
+                    # Several writers: creating and renaming a file waits on the filesystem's journal
+                    # (with the GIL released), and a busy disk makes one writer fall behind the network.
                     for i in range(FILLERS):
-                        t = threading.Thread(target=self._run, name=f"manyfiles-cache-filler-{i}",
-                                             daemon=True)
+                        t = threading.Thread(target=self._run, args=(i % 2 == 0,),
+                                             name=f"manyfiles-cache-filler-{i}", daemon=True)
                         t.start()
                         self._threads.append(t)
+                    t = threading.Thread(target=self._run_accounting, name="manyfiles-cache-accounting",
+                                         daemon=True)
+                    t.start()
+                    self._threads.append(t)
 
-    def _run(self) -> None:
+    def _run(self, niced: bool) -> None:
+        """A writer: block files only; ``niced``: at a lower CPU priority, else only while the queue
+        has a backlog.  Everything that holds the GIL for long (SQLite batches, counters, eviction)
+        is the accounting thread's: a niced thread preempted while holding the GIL would stall
+        every reader of the process."""
+        if niced:
+            with contextlib.suppress(OSError, AttributeError):     # this thread only (Linux: a tid)
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                               max(FILLER_NICE, os.getpriority(os.PRIO_PROCESS, 0)))
         while True:
-            try:
-                item = self._queue.get(timeout=FLUSH_INTERVAL)
-            except queue.Empty:
-                item = None
-            batch = [] if item is None else [item]
-            while len(batch) < 64 and not (batch and batch[-1][0] == "stop"):   # one stop per filler
+            if not niced:
+                self._backlog.wait()
+            batch = [self._queue.get()]
+            while len(batch) < 64 and batch[-1][0] != "stop":   # one stop per writer
                 try:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
             try:
-                self._write_batch([b for b in batch if b[0] != "stop"])
-            except Exception as exc:  # never let a filler die: flush() would wait for it forever
+                self._accounting.put(self._write_batch([b for b in batch if b[0] != "stop"]))
+            except Exception as exc:  # never let a writer die: flush() would wait for it forever
                 self._degrade(exc)
             finally:
                 for _ in batch:
                     self._queue.task_done()
-            if any(b[0] == "stop" for b in batch):
+            if batch[-1][0] == "stop":
                 return
 
-    def _write_batch(self, batch: list) -> None:
+    def _write_batch(self, batch: list) -> tuple:
+        """Write the blocks of ``batch``; returns what the accounting thread records of it."""
         fills: list[Fill] = []
-        for kind, a, index, data in batch:
+        marks: dict[bytes, str] = {}
+        unchecked: set[bytes] = set()
+        written: dict[tuple[bytes, int], int] = {}
+        for kind, a, index, data, seq in batch:
             if kind == "fill":
                 fills.append(a)
+                written[(a.version.objid, a.index)] = seq
+                continue
+            if kind == "verified":
+                if not self._is_rejected(a.objid, seq):
+                    marks[a.objid] = data
                 continue
             try:
-                if self._degraded():
+                if self._degraded() or self._is_rejected(a.objid, seq):
                     self.count(fills_dropped=1)
                     continue
                 fills.append(self.write_block(a, index, data))
+                written[(a.objid, index)] = seq
+                if kind == "data":
+                    unchecked.add(a.objid)
             except OSError as exc:
                 self.count(fills_dropped=1)
                 self._degrade(exc)
@@ -363,15 +430,62 @@ class BlockStore:
                     self._queued_bytes -= len(data)
                     if self._inflight.get((a.objid, index)) is data:
                         del self._inflight[(a.objid, index)]
+                    if self._queued_bytes < BACKLOG / 2 * self.fill_queue_bytes:
+                        self._backlog.clear()
+        return fills, marks, unchecked, written
+
+    def _run_accounting(self) -> None:
+        """Records what the writers wrote, flushes accesses and counters about once a second,
+        evicts past the watermarks."""
+        while True:
+            try:
+                items = [self._accounting.get(timeout=FLUSH_INTERVAL)]
+            except queue.Empty:
+                items = []
+            while items and items[-1] is not None:
+                try:
+                    items.append(self._accounting.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self._record([i for i in items if i is not None])
+            except Exception as exc:  # never let it die: flush() would wait for it forever
+                self._degrade(exc)
+            finally:
+                for _ in items:
+                    self._accounting.task_done()
+            if items and items[-1] is None:
+                return
+
+    def _record(self, items: list[tuple]) -> None:
+        fills: list[Fill] = []
+        marks: dict[bytes, str] = {}
+        unchecked: set[bytes] = set()
+        written: dict[tuple[bytes, int], int] = {}
+        for f, m, u, w in items:
+            fills += f
+            marks.update(m)
+            unchecked |= u
+            written.update(w)
         if fills:
             self._account(fills)
+        if marks or unchecked:
+            try:
+                self.index.mark_verified(marks, unchecked - marks.keys(), time.time())
+            except sqlite3.Error as exc:
+                self._degrade(exc)
+        # a check that failed while its blocks were being written: take them back out
+        rejected = {(f.version.objid, f.version.size) for f in fills
+                    if self._is_rejected(f.version.objid, written.get((f.version.objid, f.index), 0))}
+        for objid, size in rejected:
+            self._remove_object(objid, size)
         if fills or time.monotonic() - self._last_flush >= FLUSH_INTERVAL:
             self.flush_counters()
             self.evict_to_watermarks()
 
     def _account(self, fills: list[Fill]) -> None:
         try:
-            stale, superseded = self.index.record_fills(fills, time.time())
+            stale, superseded, new = self.index.record_fills(fills, time.time())
         except sqlite3.Error as exc:
             # Not accounted means not evictable: take the blocks back out.
             for f in fills:
@@ -379,7 +493,7 @@ class BlockStore:
             self.count(fills_dropped=len(fills))
             self._degrade(exc)
             return
-        self.count(fills=len(fills) - len(stale),
+        self.count(fills=new,
                    fill_bytes=sum(f.disk_bytes for f in fills) - len(stale) * fmt.HEADER_SIZE)
         for objid, index in stale:
             self._unlink_block(objid, index)
@@ -401,7 +515,8 @@ class BlockStore:
     def flush(self) -> None:
         """Wait until every queued fill is written and accounted, then flush the counters."""
         if any(t.is_alive() for t in self._threads):
-            self._queue.join()
+            self._queue.join()          # the writers hand their batch over before task_done
+            self._accounting.join()
         self.flush_counters()
 
     def close(self) -> None:
@@ -410,9 +525,15 @@ class BlockStore:
         self.flush()
         with self._lock:
             self._closed = True
-        for _ in self._threads:
-            self._queue.put(("stop", None, 0, b""))
-        for t in self._threads:
+        writers, accounting = self._threads[:-1], self._threads[-1:]
+        self._backlog.set()
+        for _ in writers:
+            self._queue.put(("stop", None, 0, b"", 0))
+        for t in writers:
+            t.join()
+        for _ in accounting:
+            self._accounting.put(None)
+        for t in accounting:
             t.join()
         self.flush_counters()
         self.index.close()

@@ -6,6 +6,13 @@ missing is unlisted, a sound block the index does not list (a fill whose account
 kill cut short) is adopted.  Then the block tree is walked for files of no entry
 (removed when older than ``ORPHAN_AGE``, so fills in flight are left alone), temporary
 files of dead processes are removed, and the entries/bytes counters are recomputed.
+
+Complete entries are also counted by their whole-object check (made when the object was
+read whole from one GET, or warmed): ``verified`` (its ETag MD5, multipart ETag or S3
+checksum matched), ``unverifiable`` (read whole, but nothing to check it against: an
+SSE-KMS object without a checksum; or a local file, whose version is its stat), and
+``unverified`` (assembled from ranged reads: each block is CRC-checked on disk, but the
+object as a whole was never compared with what the origin says it is).
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ def verify(store: BlockStore, report: Any, progress: Progress) -> Any:
     t0 = time.monotonic()
     store.flush()
     index = store.index
+    checks = index.verifications()
     for objid, source, validator, size, present, _disk in list(index.entries()):
         report.entries += 1
         unlisted, adopt = [], []
@@ -71,6 +79,16 @@ def verify(store: BlockStore, report: Any, progress: Progress) -> Any:
             v = Version(objid, source, validator, size, 0.0)
             index.record_fills([store.fill_record(v, i) for i in adopt], time.time())
             report.adopted += len(adopt)
+        if not unlisted and size:       # complete
+            method = checks.get(objid)
+            if method is None and source.startswith(b"file:"):
+                method = fmt.SIZE_ONLY
+            if method is None:
+                report.unverified += 1
+            elif method == fmt.SIZE_ONLY:
+                report.unverifiable += 1
+            else:
+                report.verified += 1
         progress.add(1)
     report.orphans = _remove_orphans(store)
     report.temps = store.clean_stale_temps()
