@@ -124,6 +124,7 @@ class ProcessesEngine(Engine):
         self._batch: list = []
         self._pending: dict[str, object] = {}
         self._lock = threading.Lock()
+        self._stopped = threading.Event()
         self.reader = threading.Thread(target=self._read, name="s3pull-processes-reader", daemon=True)
         self.reader.start()
 
@@ -154,18 +155,23 @@ class ProcessesEngine(Engine):
 
     def kill(self) -> None:
         self.ctx.cancel.set()
+        self._stopped.set()
         for p in self.procs:
             if p.is_alive():
                 p.terminate()
         for p in self.procs:
             p.join(5)
-        self.outq.put(("stop", None, None))
+        # A worker terminated in the middle of a put holds the result queue's shared write lock
+        # for ever: nothing may write to these queues again (the reader is stopped by the event),
+        # and their feeder threads must not be joined at exit (the process would hang there).
+        self.outq.cancel_join_thread()
+        self.inq.cancel_join_thread()
         self.reader.join(5)
 
     def _read(self) -> None:
         exited = 0
         ctx = self.ctx
-        while exited < self.n:
+        while exited < self.n and not self._stopped.is_set():
             try:
                 ev = self.outq.get(timeout=1.0)
             except queue.Empty:
@@ -176,8 +182,6 @@ class ProcessesEngine(Engine):
             if kind == "exit":
                 exited += 1
                 continue
-            if kind == "stop":
-                return
             if kind in ("done", "failed"):
                 with self._lock:
                     self._pending.pop(job.key, None)
