@@ -126,3 +126,51 @@ def test_profile_in_process_and_bad_output(tmp_path: Path) -> None:
     with pytest.raises(mf.UsageError, match=r"saved as \.json"), mf.profile(tmp_path / "p.txt"):
         pass
     assert not (tmp_path / "p.txt").exists()
+
+
+EXIT_AFTER_PROFILE = textwrap.dedent("""
+    import gc, sys
+    import manyfiles as mf
+    gc.disable()  # as in a big process (a test session) where no full collection runs before exit
+    with mf.profile(sys.argv[1]) as tracer:
+        mf.count(sys.argv[2])
+    del tracer
+""")
+
+
+def test_a_finished_profile_leaves_nothing_for_interpreter_exit(tmp_path: Path) -> None:
+    """viztracer's C dealloc (Python < 3.12) leaves a SystemError set when it runs at exit, which
+    CPython reported as "Exception ignored in m_clear of module manyfiles._dents" (or whichever
+    module its exit GC cleared next): the tracer must be freed before, when its user drops it."""
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_AFTER_PROFILE)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "p.json"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "Exception ignored" not in proc.stderr, proc.stderr
+    assert json.loads((tmp_path / "p.json").read_text())["traceEvents"]
+
+
+def test_threads_started_after_a_profile_are_not_profiled(tmp_path: Path) -> None:
+    import gc
+    import threading
+    import weakref
+
+    hook = threading.getprofile()
+    was_enabled = gc.isenabled()
+    gc.disable()  # only reference counting may free the tracer
+    try:
+        with mf.profile(tmp_path / "p.json") as tracer:
+            mf.count(str(tmp_path))
+        assert threading.getprofile() is hook
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(sys.getprofile()))
+        thread.start()
+        thread.join()
+        assert seen == [None]
+        alive = weakref.ref(tracer)
+        del tracer
+        assert alive() is None
+    finally:
+        if was_enabled:
+            gc.enable()

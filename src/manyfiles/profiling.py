@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,9 +59,11 @@ def profile(output_file: str | os.PathLike = "manyfiles-profile.json",
         raise ManyfilesError(f"{os.fsdecode(output_file)}: No such file or directory")
     options = {"verbose": 0, **viztracer_options}
     scratch = tempfile.mkdtemp(prefix="manyfiles-profile-")
+    thread_hook = threading.getprofile()  # VizTracer() replaces it (Python < 3.12)
     try:
         tracer = VizTracer(output_file=os.path.join(scratch, "main.json"), **options)
     except BaseException:
+        threading.setprofile(thread_hook)
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     saved = {k: os.environ.get(k) for k in (ENV_DIR, ENV_OPTIONS)}
@@ -83,7 +86,7 @@ def profile(output_file: str | os.PathLike = "manyfiles-profile.json",
             tracer.save(os.path.join(scratch, "main.json"))
             _combine(scratch, out)
         finally:
-            _unregister(tracer)
+            _release(tracer, thread_hook)
             shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -110,11 +113,27 @@ def _jsonable(options: dict[str, Any]) -> dict[str, Any]:
     return keep
 
 
-def _unregister(tracer: Any) -> None:
+def _release(tracer: Any, thread_hook: Any = None) -> None:
+    """Drop every reference viztracer keeps to a stopped tracer, so that it is freed when its
+    user drops it rather than at interpreter exit.
+
+    On Python < 3.12, creating a VizTracer sets ``threading.setprofile`` to one of its methods:
+    every thread started later, long after the profile, would still be profiled, and the hook
+    keeps the tracer alive until exit.  There, its C dealloc calls ``threading.setprofile(None)``
+    through a module pointer that shutdown has already cleared and leaves the SystemError set;
+    CPython then blames the next object its exit GC clears ("Exception ignored in m_clear of
+    module manyfiles._dents").  The tracer and its plugin manager also refer to each other, a
+    cycle that only a full collection (often none before exit) would free.
+    """
     import builtins
 
     if builtins.__dict__.get("__viz_tracer__") is tracer:
         del builtins.__dict__["__viz_tracer__"]
+    if getattr(threading.getprofile(), "__self__", None) is tracer:
+        threading.setprofile(thread_hook)
+    plugins = getattr(tracer, "_plugin_manager", None)
+    if getattr(plugins, "_tracer", None) is tracer:
+        plugins._tracer = None
 
 
 def start_worker() -> Any:
@@ -151,4 +170,4 @@ def stop_worker(tracer: Any) -> None:
     if scratch and os.path.isdir(scratch):
         with contextlib.suppress(OSError):
             tracer.save(os.path.join(scratch, f"worker-{os.getpid()}.json"))
-    _unregister(tracer)
+    _release(tracer)
