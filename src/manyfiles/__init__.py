@@ -11,7 +11,7 @@ Example:
 
 from __future__ import annotations
 
-import importlib
+from manyfiles._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -59,17 +59,4 @@ _SUBMODULES = ("cache", "errors", "listing", "remove", "s3", "shard", "table", "
 
 __all__ = [*sorted(_EXPORTS), *_SUBMODULES, "__version__"]
 
-
-def __getattr__(name: str) -> object:  # (no typing import: it is ~7 ms of fastls' start-up)
-    if name in _SUBMODULES:
-        return importlib.import_module(f"manyfiles.{name}")  # the import sets the attribute
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'manyfiles' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS, _SUBMODULES)
