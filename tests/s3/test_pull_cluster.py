@@ -98,6 +98,18 @@ def test_missing_bucket_on_the_cluster_creates_nothing(settings, s3_cluster, tmp
 
 
 
+@pytest.mark.parametrize(("option", "message"), [({"strategy": "fastest"}, "unknown strategy"),
+                                                 ({"concurrency": 0}, "concurrency must be"),
+                                                 ({"no_such_option": 1}, "unknown option")])
+def test_cluster_options_are_checked_before_anything(tmp_path, option, message) -> None:
+    """As without a cluster: a bad option is a UsageError on the client, before the listing and
+    before DEST exists (the cluster address is never reached)."""
+    from manyfiles.errors import UsageError
+
+    with pytest.raises(UsageError, match=message):
+        pull("s3://bucket/x/", str(tmp_path / "d"), cluster="tcp://127.0.0.1:1", **option)
+    assert not (tmp_path / "d").exists()
+
 def test_a_worker_killed_mid_slice_loses_nothing(bucket, settings, s3_cluster, wait_for_two,
                                                  tmp_path) -> None:
     name, put = bucket
