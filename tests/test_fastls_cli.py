@@ -12,6 +12,7 @@ import pytest
 
 from manyfiles import _fastls_main
 from manyfiles.fastls import ListRequest, decode_json_path
+from terminal import stderr_on_a_terminal
 
 ODD_NAMES = [b"plain", b"with\nnewline", b"bad\xff\xfebytes", b"-dash", b"x" * 255, b"tab\there"]
 
@@ -248,29 +249,6 @@ def test_library_run_returns_the_shared_report(odd: Path, tmp_path: Path, recurs
     assert flat.ok and flat.to_dict()["entries"] == len(ODD_NAMES) + 2
 
 
-def _stderr_on_a_terminal(argv: list[str]) -> bytes:
-    """Run ``argv`` with stderr on a pseudo-terminal (stdout to /dev/null); what it drew there."""
-    import pty
-    import select
-
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(argv, stderr=slave, stdout=subprocess.DEVNULL,
-                            env={**os.environ, "COLUMNS": "120"})
-    os.close(slave)
-    seen = b""
-    while select.select([master], [], [], 60)[0]:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.close(master)
-    assert proc.wait(timeout=60) == 0
-    return seen
-
-
 def test_progress_on_a_terminal_uses_the_shared_display(tmp_path: Path) -> None:
     """The shared rich bar (manyfiles._progress) on a terminal, by default (stdout elsewhere) or
     with --progress; --no-progress: none; not a terminal: none by default, log lines with --progress."""
@@ -285,6 +263,6 @@ def test_progress_on_a_terminal_uses_the_shared_display(tmp_path: Path) -> None:
     assert (logged.returncode, logged.stdout) == (0, b"630\n")
     assert logged.stderr.decode().splitlines()[-1].endswith("[done]"), logged.stderr
     for flags in (["--progress"], []):     # [] = the fast form, handed to click for the bar
-        seen = _stderr_on_a_terminal([fastls, "-r", *flags, str(tmp_path / "t")])
+        seen = stderr_on_a_terminal([fastls, "-r", *flags, str(tmp_path / "t")])
         assert b"fastls" in seen and b"630 entries" in seen, (flags, seen)
-    assert _stderr_on_a_terminal([fastls, "-r", "--no-progress", str(tmp_path / "t")]) == b""
+    assert stderr_on_a_terminal([fastls, "-r", "--no-progress", str(tmp_path / "t")]) == b""

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import pty
-import select
 import shutil
 import signal
 import subprocess
@@ -15,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from globcases import PATTERNS, make_files
+from terminal import stderr_on_a_terminal
 
 try:  # tests/ is a rootdir-less pytest folder, not a package
     from test_remove import all_paths, make_tree, not_root_cmd, table_selection
@@ -154,28 +153,7 @@ def test_progress_only_on_a_terminal(run_cli, tmp_path: Path) -> None:
     assert r.returncode == 0 and r.stderr.endswith(b"[done]\n")  # asked for in a log: plain lines
     files, dirs = make_tree(tmp_path / "b", 200)
     total = files + dirs + 1
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(
-        [str(BIN / "fastrm"), "--progress", str(tmp_path / "b")],
-        stderr=slave,
-        stdout=subprocess.DEVNULL,
-        env={**os.environ, "COLUMNS": "120"},
-    )
-    os.close(slave)
-    seen = b""
-    while True:
-        ready, _, _ = select.select([master], [], [], 60)
-        if not ready:
-            break
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.close(master)
-    assert proc.wait(timeout=60) == 0
+    seen = stderr_on_a_terminal([str(BIN / "fastrm"), "--progress", str(tmp_path / "b")])
     # the shared rich display: done/total, rate, elapsed and remaining time
     assert f"{total}/{total} entries".encode() in seen and b"/s" in seen and b"0:00:0" in seen
     assert not (tmp_path / "b").exists()

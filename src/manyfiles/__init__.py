@@ -60,6 +60,8 @@ _SUBMODULES = ("cache", "errors", "listing", "remove", "s3", "shard", "table", "
 __all__ = [*sorted(_EXPORTS), *_SUBMODULES, "__version__"]
 
 
+# The same pair as manyfiles._lazy.lazy_exports builds for the subpackages, written out here:
+# importing that helper module too costs ~0.25 ms of every fastls start-up.
 def __getattr__(name: str) -> object:  # (no typing import: it is ~7 ms of fastls' start-up)
     if name in _SUBMODULES:
         return importlib.import_module(f"manyfiles.{name}")  # the import sets the attribute

@@ -10,24 +10,13 @@ import sys
 
 import cloudpickle
 import pytest
-from s3util import CREDS, blob
+from s3util import CREDS, blob, files_under
 
 from manyfiles.s3 import pull
 from manyfiles.s3.keys import STATE_DIR
 from manyfiles.scale.executor import ClusterReport
 
 KiB = 1024
-
-
-def files_under(root) -> dict[str, bytes]:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != STATE_DIR]
-        for f in filenames:
-            p = os.path.join(dirpath, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, root)] = fh.read()
-    return out
 
 
 def _set_environ(env: dict[str, str]) -> None:
@@ -107,6 +96,19 @@ def test_missing_bucket_on_the_cluster_creates_nothing(settings, s3_cluster, tmp
         pull("s3://no-such-bucket-here/x/", str(tmp_path / "d"), settings=settings, cluster=s3_cluster)
     assert not (tmp_path / "d").exists()
 
+
+
+@pytest.mark.parametrize(("option", "message"), [({"strategy": "fastest"}, "unknown strategy"),
+                                                 ({"concurrency": 0}, "concurrency must be"),
+                                                 ({"no_such_option": 1}, "unknown option")])
+def test_cluster_options_are_checked_before_anything(tmp_path, option, message) -> None:
+    """As without a cluster: a bad option is a UsageError on the client, before the listing and
+    before DEST exists (the cluster address is never reached)."""
+    from manyfiles.errors import UsageError
+
+    with pytest.raises(UsageError, match=message):
+        pull("s3://bucket/x/", str(tmp_path / "d"), cluster="tcp://127.0.0.1:1", **option)
+    assert not (tmp_path / "d").exists()
 
 def test_a_worker_killed_mid_slice_loses_nothing(bucket, settings, s3_cluster, wait_for_two,
                                                  tmp_path) -> None:

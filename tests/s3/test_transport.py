@@ -64,11 +64,10 @@ def aws_env(monkeypatch):
 
 
 @pytest.fixture
-def edge(moto_direct):
-    """An S3 edge of our own in front of moto (signatures checked), set up by the test."""
-    e = FaultProxy(moto_direct, secrets=SECRETS)
-    yield e
-    e.close()
+def edge(proxy):
+    """An S3 edge of our own in front of moto (signatures checked), set up by the test: the
+    conftest's fault proxy, under the name these tests give it."""
+    return proxy
 
 
 @pytest.fixture(scope="module")

@@ -71,6 +71,19 @@ def test_flipped_missing_changed_and_symlinked_files_are_failures(pulled, tmp_pa
     assert state_snapshot(dest) == before                # verify writes nothing
 
 
+
+def test_records_without_a_check_get_the_one_their_etag_allows(pulled):
+    """State records written before checks were recorded (no "m"): the ETag's check is used."""
+    _, dest, _ = pulled
+    state = dest / STATE_DIR / "state.jsonl"
+    records = [json.loads(line) for line in state.read_text().splitlines() if line.strip()]
+    assert records and all("m" in r for r in records)
+    state.write_text("".join(json.dumps({k: r[k] for k in ("k", "s", "e", "r", "i", "t") if k in r}) + "\n"
+                             for r in records))
+    assert verify(dest).verified == {"md5": 3, "size-only": 1}    # multipart: no part layout recorded
+    flip_byte(dest / "a" / "md5.bin", 0)
+    assert [(f.path, f.code) for f in verify(dest).failures] == [("v/a/md5.bin", "integrity")]
+
 def test_truncated_file_and_size_only_records(bucket, settings, tmp_path):
     name, put = bucket
     put("s/x.bin", blob(4000, "x"))

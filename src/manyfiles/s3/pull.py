@@ -668,7 +668,7 @@ def pull_on_cluster(source: str, dest: str | os.PathLike, *, cluster: ClusterArg
     if config.get("strategy") == "processes":
         raise UsageError("--strategy processes: not with a cluster (Dask's workers are the processes)")
     url = parse_url(source)
-    cfg = PullConfig(**config)
+    cfg = _config(**config)
     settings = (settings or ClientSettings()).resolved()
     if manifest is None:
         # the first listing request before DEST exists: no bucket, no credentials -> nothing created

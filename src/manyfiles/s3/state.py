@@ -27,7 +27,7 @@ import threading
 import time
 
 from manyfiles.errors import IntegrityError, ManyfilesError, from_oserror
-from manyfiles.s3.integrity import SIZE_ONLY, Claim, claim_for, rehash_file
+from manyfiles.s3.integrity import SIZE_ONLY, Claim, rehash_file
 from manyfiles.s3.keys import STATE_DIR
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -195,7 +195,7 @@ class State:
         unchanged = rec.get("i") == st.st_ino and rec.get("t") == st.st_mtime_ns
         if unchanged and not verify:
             return True
-        claim = Claim.from_record(rec) if "m" in rec else claim_for(rec.get("e"), {}, size, None)
+        claim = Claim.from_record(rec)
         if claim.method == SIZE_ONLY:
             return unchanged
         try:

@@ -19,7 +19,7 @@ import time
 from manyfiles._pool import Pool
 from manyfiles._progress import ProgressArg, check_progress, progress_for
 from manyfiles.errors import IntegrityError, NotFound, UsageError
-from manyfiles.s3.integrity import SIZE_ONLY, Claim, claim_for, rehash_file
+from manyfiles.s3.integrity import SIZE_ONLY, Claim, rehash_file
 from manyfiles.s3.keys import STATE_DIR
 from manyfiles.s3.report import VerifyReport
 from manyfiles.s3.state import State
@@ -113,7 +113,7 @@ def _check_file(real_root: str, rec: dict) -> str:
             raise _Bad("changed", "not a regular file any more")
         if st.st_size != size:
             raise _Bad("changed", f"{st.st_size:,} bytes, {size:,} recorded")
-        claim = Claim.from_record(rec) if "m" in rec else claim_for(rec.get("e"), {}, size, None)
+        claim = Claim.from_record(rec)
         if claim.method == SIZE_ONLY:
             return SIZE_ONLY
         try:

@@ -21,32 +21,20 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from manyfiles._lazy import lazy_exports
 
 _EXPORTS = {
-    "ClusterReport": "executor",
-    "Executor": "executor",
-    "InProcessExecutor": "executor",
-    "Job": "executor",
-    "ShardResult": "executor",
-    "WorkerStats": "executor",
-    "connect": "executor",
-    "parse_cluster": "executor",
-    "run_job": "executor",
+    "ClusterReport": ".executor",
+    "Executor": ".executor",
+    "InProcessExecutor": ".executor",
+    "Job": ".executor",
+    "ShardResult": ".executor",
+    "WorkerStats": ".executor",
+    "connect": ".executor",
+    "parse_cluster": ".executor",
+    "run_job": ".executor",
 }
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'manyfiles.scale' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"manyfiles.scale.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

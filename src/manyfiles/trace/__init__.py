@@ -14,32 +14,20 @@ Names are loaded lazily so that starting a trace imports only the format module.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from manyfiles._lazy import lazy_exports
 
 _EXPORTS = {
-    "export_chrome": "chrome",
-    "to_chrome": "chrome",
-    "Record": "reader",
-    "TraceSet": "reader",
-    "load": "reader",
-    "worker_files": "reader",
-    "OpStats": "summary",
-    "Summary": "summary",
-    "summarize": "summary",
+    "export_chrome": ".chrome",
+    "to_chrome": ".chrome",
+    "Record": ".reader",
+    "TraceSet": ".reader",
+    "load": ".reader",
+    "worker_files": ".reader",
+    "OpStats": ".summary",
+    "Summary": ".summary",
+    "summarize": ".summary",
 }
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'manyfiles.trace' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"manyfiles.trace.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

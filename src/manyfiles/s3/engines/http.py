@@ -26,7 +26,7 @@ from manyfiles.s3.http1 import (
     request_target,
 )
 from manyfiles.s3.integrity import apart_layout
-from manyfiles.s3.retry import TransferError, classify, tls_refusal
+from manyfiles.s3.retry import TransferError, classify
 from manyfiles.s3.sigv4 import Endpoint, Route, uri_path
 from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, needs_layout
 
@@ -122,7 +122,7 @@ def _classified(exc: BaseException) -> TransferError:
         return exc
     if isinstance(exc, asyncio.TimeoutError):
         return TransferError("timed out", retryable=True)
-    return tls_refusal(exc) or classify(exc)
+    return classify(exc)   # a TLS certificate refusal included (retry.tls_refusal)
 
 
 async def ahead_lean(conn: _Conn, job: Job, part_number: int | None, timeout: float) -> dict:
