@@ -65,11 +65,13 @@ def test_apply_verify_revert_20k_files_on_the_cluster(tmp_path: Path, dask_clien
 def test_a_worker_killed_mid_bucket_loses_nothing(tmp_path: Path, dask_client, wait_for_two) -> None:
     root = tmp_path / "flat"
     want = fill(root, N)
-    # One worker SIGKILLs itself right after its 150th rename: in the middle of its first shard
-    # (32 top buckets of ~78 files each).  Dask re-runs that shard on a live worker.
+    # One worker SIGKILLs itself right after its 1000th rename: in the middle of its first shard
+    # (32 top buckets of ~78 files each).  Dask re-runs that shard on a live worker.  (At the 150th
+    # rename, on a loaded machine, the worker could die before its event loop had sent the shard's
+    # "started" event, and the re-run was then not counted.)
     victim = sorted(dask_client.nthreads())[0]
     pid = dask_client.run(os.getpid, workers=[victim])[victim]
-    dask_client.run(_testing.configure, "kill_at=move:150", workers=[victim])
+    dask_client.run(_testing.configure, "kill_at=move:1000", workers=[victim])
     report = shard.apply(root, cluster=dask_client)
     wait_for_two()
     assert pid not in dask_client.run(os.getpid).values()          # it really died
