@@ -61,16 +61,7 @@ def retrying(fn: Callable[[], T], policy: RetryPolicy, *, classify: Callable[[Ex
         try:
             return fn()
         except Exception as exc:
-            err = classify(exc)
-            if not getattr(err, "retryable", False) or attempt + 1 >= policy.attempts:
-                if err is exc:
-                    raise
-                raise err from exc
-            if on_retry is not None:
-                on_retry(err)
-            if reset is not None:
-                reset()
-            time.sleep(policy.delay(attempt))
+            time.sleep(_next_attempt(exc, attempt, policy, classify, on_retry, reset))
     raise AssertionError("unreachable")
 
 
@@ -83,17 +74,27 @@ async def aretrying(fn: Callable[[], Awaitable[T]], policy: RetryPolicy, *,
         try:
             return await fn()
         except Exception as exc:
-            err = classify(exc)
-            if not getattr(err, "retryable", False) or attempt + 1 >= policy.attempts:
-                if err is exc:
-                    raise
-                raise err from exc
-            if on_retry is not None:
-                on_retry(err)
-            if reset is not None:
-                reset()
-            await asyncio.sleep(policy.delay(attempt))
+            await asyncio.sleep(_next_attempt(exc, attempt, policy, classify, on_retry, reset))
     raise AssertionError("unreachable")
+
+
+def _next_attempt(exc: Exception, attempt: int, policy: RetryPolicy,
+                  classify: Callable[[Exception], Exception],
+                  on_retry: Callable[[Exception], None] | None,
+                  reset: Callable[[], None] | None) -> float:
+    """After a failed attempt: raise the classified error if it is final, else tell ``on_retry``,
+    run ``reset`` and return the delay before the next attempt.  One decision for both twins, so
+    they cannot drift apart (issue 10: the async twin once retried any exception)."""
+    err = classify(exc)
+    if not getattr(err, "retryable", False) or attempt + 1 >= policy.attempts:
+        if err is exc:
+            raise exc
+        raise err from exc
+    if on_retry is not None:
+        on_retry(err)
+    if reset is not None:
+        reset()
+    return policy.delay(attempt)
 
 
 __all__ = ["RetryPolicy", "Retryable", "aretrying", "retrying"]
