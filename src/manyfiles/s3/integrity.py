@@ -194,33 +194,42 @@ def part_layout(size: int, etag: str | None,
 
     One HEAD when the parts are uniform (every uploader's case); one per part otherwise.
     """
-    n = etag_parts(etag)
-    if n <= 1:
-        return (size,) if n == 1 else ()
-    h1 = head_part(1)
-    count = int(h1.get("x-amz-mp-parts-count") or n)
-    first = int(h1.get("content-length") or 0)
-    if count != n or first <= 0:
-        return ()
-    if -(-size // first) == n:
-        return tuple(uniform_parts(size, first))
-    sizes = [first] + [int(head_part(i).get("content-length") or 0) for i in range(2, n + 1)]
-    return tuple(sizes) if sum(sizes) == size else ()
+    steps = _layout_steps(size, etag)
+    try:
+        part = next(steps)
+        while True:
+            part = steps.send(head_part(part))
+    except StopIteration as done:
+        return done.value
 
 
 async def apart_layout(size: int, etag: str | None, head_part) -> tuple[int, ...]:
     """The coroutine twin of :func:`part_layout` (``head_part(n)`` returns an awaitable)."""
+    steps = _layout_steps(size, etag)
+    try:
+        part = next(steps)
+        while True:
+            part = steps.send(await head_part(part))
+    except StopIteration as done:
+        return done.value
+
+
+def _layout_steps(size: int, etag: str | None):
+    """The layout decision of both twins, without I/O: yields the part numbers to HEAD, is sent
+    their headers, and returns the part sizes (``()``: unknown)."""
     n = etag_parts(etag)
     if n <= 1:
         return (size,) if n == 1 else ()
-    h1 = await head_part(1)
+    h1 = yield 1
     count = int(h1.get("x-amz-mp-parts-count") or n)
     first = int(h1.get("content-length") or 0)
     if count != n or first <= 0:
         return ()
     if -(-size // first) == n:
         return tuple(uniform_parts(size, first))
-    sizes = [first] + [int((await head_part(i)).get("content-length") or 0) for i in range(2, n + 1)]
+    sizes = [first]
+    for i in range(2, n + 1):
+        sizes.append(int((yield i).get("content-length") or 0))
     return tuple(sizes) if sum(sizes) == size else ()
 
 
