@@ -22,6 +22,7 @@ from manyfiles import errors as _errors
 from manyfiles._progress import Progress, ProgressArg, check_progress, progress_for
 from manyfiles._report import Report
 from manyfiles.errors import ManyfilesError, UsageError
+from manyfiles.scale.lease import NO_LEASE, Attempt, guarded, running
 
 Publish = Callable[[int, int, int], None]
 """``publish(done, bytes, failures)``: a shard's running totals (absolute, not deltas)."""
@@ -48,7 +49,13 @@ class Job:
         raise NotImplementedError
 
     def run(self, shard: Any, publish: Publish) -> ShardResult:
-        """Do one shard (on a worker); must be idempotent.  Per-item failures go in the report."""
+        """Do one shard (on a worker); must be idempotent.  Per-item failures go in the report.
+
+        Call ``publish`` between objects, on the thread that runs the shard: it is also where
+        the shard finds that its lease lapsed (it raises :class:`~manyfiles.scale.lease.LeaseLapsed`;
+        stop as on Ctrl-C).  :func:`manyfiles.scale.lease.current` is this attempt (what earlier
+        attempts of the shard noted, for counting their work).
+        """
         raise NotImplementedError
 
     def new_report(self) -> Report:
@@ -227,12 +234,15 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def execute_shard(job: Job, shard: Any, publish: Publish) -> ShardResult:
-    """Run ``job.run(shard)``, timed and labelled; an exception becomes ``ShardResult.error``
-    (our exceptions do not all survive pickling, their class name and message do)."""
+def execute_shard(job: Job, shard: Any, publish: Publish, attempt: Attempt = NO_LEASE) -> ShardResult:
+    """Run ``job.run(shard)`` as ``attempt`` (:func:`manyfiles.scale.lease.current` in the job),
+    timed and labelled, its ``publish`` checking the lease; an exception becomes
+    ``ShardResult.error`` (our exceptions do not all survive pickling, their class name and
+    message do)."""
     t0 = time.monotonic()
     try:
-        result = job.run(shard, publish)
+        with running(attempt):
+            result = job.run(shard, guarded(publish, attempt))
     except Exception as exc:
         result = ShardResult(error=(type(exc).__name__, str(exc) or repr(exc)))
     failures = getattr(result.report, "failures", None)
