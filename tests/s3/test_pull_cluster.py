@@ -6,7 +6,9 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import subprocess
 import sys
+import time
 
 import cloudpickle
 import pytest
@@ -153,3 +155,63 @@ def test_s3pull_cli_cluster(bucket, cli_env, run_cli, tmp_path) -> None:
     proc = run_cli("s3pull", f"s3://{name}/data/", str(dest), "--cluster", "local:1", "--dry-run",
                    env=cli_env)
     assert proc.returncode == 2 and "not with a cluster" in proc.stderr.decode()
+
+
+# -- the lease: a killed client leaves no shard writing -------------------------------------------
+
+LEASE = 3.0          # MANYFILES_CLUSTER_LEASE of the killed client
+STOP_BOUND = 20.0    # seconds past the lease within which its shards must have stopped
+
+
+def _running_keys(dask_worker) -> list[str]:
+    """The keys of the tasks running on a worker (including those Dask cancelled but whose thread runs)."""
+    return [str(ts.key) for ts in dask_worker.state.executing | dask_worker.state.long_running]
+
+
+def _wait_for(condition, timeout: float, what: str) -> float:
+    """Poll ``condition`` until true; returns the seconds it took (fails after ``timeout``)."""
+    t0 = time.monotonic()
+    while not condition():
+        assert time.monotonic() - t0 < timeout, f"{what}: not within {timeout:.0f} s"
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def test_a_killed_client_leaves_no_shard_writing_into_dest(bucket, proxy, settings, s3_cluster,
+                                                            tmp_path) -> None:
+    """The client SIGKILLed once the first object is on disk: within the lease (plus a bound) no
+    shard of it runs any more, so nothing else lands in DEST, and a local rerun completes it.
+    Each slice of 200 objects would take >= 40 s (one connection, 0.2 s per GET through the proxy):
+    without the lease, the running ones went on long after the bound."""
+    name, put = bucket
+    want = seed(put, 600)
+    proxy.delay = 0.2
+    dest = tmp_path / "dest"
+    code = ("import sys\n"
+            "from manyfiles.s3 import ClientSettings, pull\n"
+            f"pull({f's3://{name}/data/'!r}, {str(dest)!r}, cluster={s3_cluster.scheduler.address!r},\n"
+            f"     settings=ClientSettings(endpoint_url={proxy.url!r}, region='us-east-1'),\n"
+            "     slice_keys=200, concurrency=1)\n")
+    env = {**os.environ, **CREDS, "MANYFILES_CLUSTER_LEASE": str(LEASE)}
+    client = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
+    try:
+        _wait_for(lambda: files_under(dest) if dest.exists() else False, 120, "the first object")
+    finally:
+        client.kill()
+    client.wait()
+    assert client.returncode == -signal.SIGKILL, client.stderr.read()
+
+    def shards_running() -> bool:
+        return any(k.startswith("s3pull-") for keys in s3_cluster.run(_running_keys).values() for k in keys)
+
+    took = _wait_for(lambda: not shards_running(), LEASE + STOP_BOUND, "the killed client's shards stopping")
+    stopped = files_under(dest)
+    assert 0 < len(stopped) < len(want), took                        # they stopped mid-job
+    assert all(want[k] == v for k, v in stopped.items())             # nothing half-written under a final name
+    assert files_under(dest) == stopped                              # nothing arrives any more
+
+    local = pull(f"s3://{name}/data/", str(dest), settings=settings)
+    assert local.ok, local.failures
+    assert files_under(dest) == want
+    assert local.done + local.skipped == len(want)
+    assert os.listdir(dest / STATE_DIR / "tmp") == []
