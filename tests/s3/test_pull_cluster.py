@@ -130,14 +130,19 @@ def test_a_worker_killed_mid_slice_loses_nothing(bucket, settings, s3_cluster, w
             killed.append(pid)
 
     report = pull(f"s3://{name}/data/", str(dest), settings=settings, cluster=s3_cluster, slice_keys=100,
-                  progress=kill_when_downloading)
+                  part_size=64 * KiB, ranged_min=128 * KiB, progress=kill_when_downloading)
     wait_for_two()
     assert killed, "the job ended before a worker could be killed"
     assert killed[0] not in s3_cluster.run(os.getpid).values()
     assert report.ok, report.failures
     assert report.reruns >= 1
     assert files_under(dest) == want                                    # every object, byte for byte
-    assert report.done + report.skipped == 600                          # each counted once
+    # the summary is what happened on disk: every object installed by this run, each counted once
+    # (those the lost worker installed too), and their bytes (the large ones' resumed parts too)
+    assert (report.done, report.skipped) == (600, 0)
+    assert report.bytes == sum(map(len, want.values())) == sum(t.bytes for t in report.engines.values())
+    assert report.items == 600
+    assert os.listdir(dest / STATE_DIR / "tmp") == []                  # the lost worker's temps too
     # and a rerun finds everything installed (the killed attempt's records or the re-run's)
     again = pull(f"s3://{name}/data/", str(dest), settings=settings, cluster=s3_cluster, slice_keys=100)
     assert (again.done, again.skipped) == (0, 600)
