@@ -86,6 +86,7 @@ class ShardResult:
     seconds: float = 0.0
     failures_not_listed: int = 0
     error: tuple[str, str] | None = None      # (exception class name, message): the job stops
+    attempts: int = 1                         # runs of this shard in this job (a worker died: > 1)
 
 
 @dataclass
@@ -113,7 +114,7 @@ class ClusterReport(Report):
     cluster: str = ""
     result: Report | None = None
     shards: int = 0
-    reruns: int = 0                  # shards started again after their worker was lost
+    reruns: int = 0                  # shard runs again after their worker was lost (attempts - 1)
     items: int = 0
     bytes: int = 0
     workers: dict[str, WorkerStats] = field(default_factory=dict)
@@ -150,6 +151,7 @@ class ClusterReport(Report):
     def add(self, part: ShardResult) -> None:
         """Merge one shard's result (on the client)."""
         self.shards += 1
+        self.reruns += part.attempts - 1
         self.items += part.items
         self.bytes += part.bytes
         self.failures_not_listed += part.failures_not_listed
@@ -181,8 +183,9 @@ def merge_report(into: Any, part: Any) -> None:
     """Add ``part`` (a report dataclass) into ``into``, field by field.
 
     Numbers add up, lists are concatenated (``notes``-like lists of text skip repeats), dicts
-    merge key by key (recursively), nested dataclasses merge the same way, booleans OR, text
-    keeps the first non-empty value.  ``seconds`` is the caller's wall time, not a sum.
+    merge key by key (recursively), nested (mutable) dataclasses merge the same way -- two equal
+    tallies add up too --, booleans OR, text and frozen values (a layout) keep the first non-empty
+    one.  ``seconds`` is the caller's wall time, not a sum.
     """
     for f in dataclasses.fields(into):
         if f.name in WALL_TIME:
@@ -191,6 +194,9 @@ def merge_report(into: Any, part: Any) -> None:
 
 
 def _merged(a: Any, b: Any) -> Any:
+    if dataclasses.is_dataclass(a) and type(a) is type(b) and not type(a).__dataclass_params__.frozen:
+        merge_report(a, b)              # a tally (objects and bytes of an engine...): even when equal
+        return a
     if type(a) is type(b) and not isinstance(a, (int, float, list, dict)) and a == b:
         return a                        # the same layout, root, operation name...
     if isinstance(a, bool) or isinstance(b, bool):
@@ -206,9 +212,6 @@ def _merged(a: Any, b: Any) -> Any:
     if isinstance(a, dict) and isinstance(b, dict):
         for k, v in b.items():
             a[k] = _merged(a[k], v) if k in a else v
-        return a
-    if dataclasses.is_dataclass(a) and type(a) is type(b):
-        merge_report(a, b)
         return a
     return a if a not in (None, "") else b
 
@@ -251,6 +254,7 @@ def execute_shard(job: Job, shard: Any, publish: Publish, attempt: Attempt = NO_
         del failures[MAX_FAILURES_PER_SHARD:]
     result.worker = worker_name()
     result.seconds = time.monotonic() - t0
+    result.attempts = len(attempt.earlier) + 1
     return result
 
 
@@ -320,8 +324,8 @@ _END = object()
 
 class LiveCounts:
     """The cluster total shown by the progress display: finished shards' final counters plus the
-    latest counters of running ones.  A shard seen from a second attempt (its worker died) counts
-    as a re-run, and only its newest attempt's counters count."""
+    latest counters of running ones (of a shard run again after its worker died: the newest
+    attempt's)."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
@@ -329,21 +333,14 @@ class LiveCounts:
         self.final = [0, 0, 0]
         self.running: dict[int, tuple[str, int, int, int]] = {}
         self.finished: set[int] = set()
-        self.attempts: dict[int, set[str]] = {}
-
-    @property
-    def reruns(self) -> int:
-        with self.lock:
-            return sum(len(t) - 1 for t in self.attempts.values() if len(t) > 1)
 
     def update(self, sid: int, attempt: str, done: int, nbytes: int, failures: int) -> None:
-        """A shard's running totals (called from whichever thread receives them)."""
+        """A shard's running totals (called from whichever thread receives them: Dask's event loop)."""
         with self.lock:
             if sid in self.finished:
                 return
-            self.attempts.setdefault(sid, set()).add(attempt)
             self.running[sid] = (attempt, done, nbytes, failures)
-            self._show()
+        self._show()
 
     def finish(self, sid: int, result: ShardResult) -> None:
         with self.lock:
@@ -352,14 +349,17 @@ class LiveCounts:
             self.final[0] += result.items
             self.final[1] += result.bytes
             self.final[2] += len(getattr(result.report, "failures", ()) or ()) + result.failures_not_listed
-            self._show()
+        self._show()
 
     def _show(self) -> None:
+        # Rendered without the lock: the renderer is the caller's progress callback, which may ask
+        # Dask something, and Dask's event loop delivers update() -- it must never wait for us.
         if not self.progress:
             return
-        done, nbytes, failures = self.final
-        for _, d, b, f in self.running.values():
-            done, nbytes, failures = done + d, nbytes + b, failures + f
+        with self.lock:
+            done, nbytes, failures = self.final
+            for _, d, b, f in self.running.values():
+                done, nbytes, failures = done + d, nbytes + b, failures + f
         self.progress.set(done=done, bytes=nbytes, failures=failures)
 
 
@@ -386,7 +386,6 @@ class Executor:
         with progress_for(progress, job.name, unit=job.unit) as p:
             live = LiveCounts(p)
             self._run(job, ShardQueue(job, shards), report, live)
-            report.reruns = live.reruns
         report.seconds = time.monotonic() - t0
         if report.result is not None:
             for f in dataclasses.fields(report.result):
