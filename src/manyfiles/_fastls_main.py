@@ -83,4 +83,4 @@ def main() -> None:
         sys.exit(130)
     for line in fastls.failure_lines(report):
         print(line, file=sys.stderr)
-    sys.exit(1 if report.failures else 0)
+    sys.exit(fastls.exit_code(report, request.paths))
