@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from manyfiles.cli._common import echo_json, json_option, run_main
+from manyfiles._testing import killpoint
+from manyfiles.cli._common import GROUP_OPTIONS, echo_json, json_option, run_main
 
 if TYPE_CHECKING:
     from manyfiles.trace import Summary
@@ -26,7 +27,7 @@ COLUMNS = ("op", "count", "errors", "entries", "bytes", "ops/s", "throughput", "
            "busy")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(**GROUP_OPTIONS)
 def command() -> None:
     """Summarize or export I/O traces written with --trace."""
 
@@ -39,6 +40,7 @@ def summary(files: tuple[str, ...], as_json: bool, no_workers: bool) -> int:
     """Per-operation counts, bytes, throughput and latency percentiles of FILE(s)."""
     from manyfiles.trace import load, summarize
 
+    killpoint("command")  # tests hold every command here (manyfiles._testing.hold_at)
     s = summarize(load(files, workers=not no_workers))
     if as_json:
         echo_json(s.to_dict())
@@ -60,6 +62,7 @@ def export(files: tuple[str, ...], chrome: bool, output: str | None, merge: str 
     """Write FILE(s) as Chrome-trace JSON (async events; opens in Perfetto)."""
     from manyfiles.trace import export_chrome, load
 
+    killpoint("command")
     traces = load(files, workers=not no_workers)
     out = output or merge or f"{files[0]}.json"
     n = export_chrome(traces, out, merge=merge)
