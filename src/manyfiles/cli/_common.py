@@ -320,9 +320,10 @@ def run_main(command: click.Command, prog: str) -> None:
 
     _testing.apply_environ()  # the one bridge for subprocess tests (kill points); unset in production
     try:
-        # standalone_mode=False returns the callback's value (our commands return
-        # their exit code) or the code of a click Exit.
-        code = command.main(prog_name=prog, standalone_mode=False)
+        # click's main() without its error handling (which prints usage blocks, and a blank line
+        # before an Abort): the callback's value is our commands' exit code
+        with command.make_context(prog, sys.argv[1:]) as ctx:
+            code = command.invoke(ctx)
     except BrokenPipeError:
         # `fastls | head`: the reader went away; that is not an error of ours.
         _quiet_exit(EXIT_OK)

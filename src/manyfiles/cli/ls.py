@@ -45,7 +45,7 @@ any other file (see 'shard --help').
 
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @version_option("fastls")
-@click.argument("paths", nargs=-1, type=click.Path(path_type=str))
+@click.argument("paths", nargs=-1, type=click.Path(path_type=str, readable=False))  # unreadable: exit 1
 @click.option("-r", "--recursive", is_flag=True, help="List subdirectories too (in parallel).")
 @click.option("--max-depth", type=click.IntRange(min=0), default=None, help="With -r: how deep to go.")
 @click.option("-L", "--follow", is_flag=True, help="Follow symlinks to directories (cycles are detected).")

@@ -24,8 +24,6 @@ from typing import BinaryIO
 
 import click
 
-from manyfiles.errors import FailureLines
-
 from manyfiles.cli._common import (
     cluster_option,
     dry_run_option,
@@ -44,6 +42,7 @@ from manyfiles.cli._common import (
     run_main,
     version_option,
 )
+from manyfiles.errors import FailureLines
 
 
 def _show(path: str) -> str:

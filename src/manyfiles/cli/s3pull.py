@@ -27,6 +27,7 @@ from manyfiles.cli._common import (
     instrumented,
     jobs_option,
     json_option,
+    prog_name,
     progress_option,
     quiet_option,
     resolve_progress,
@@ -160,7 +161,7 @@ def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
         if as_json:
             view.summary(report)
         filters = " and the --include/--exclude filters" if include or exclude else ""
-        click.echo(f"s3pull: {source}: no object matched{filters}; nothing "
+        click.echo(f"{prog_name()}: {source}: no object matched{filters}; nothing "
                    f"{'would be ' if dry_run else ''}downloaded", err=True)
         return EXIT_FAILED
     view.summary(report)

@@ -27,13 +27,17 @@ COLUMNS = ("op", "count", "errors", "entries", "bytes", "ops/s", "throughput", "
            "busy")
 
 
+# a directory: usage error (exit 2); missing or unreadable: found when read (exit 1), as every path
+_TRACE_FILE = click.Path(dir_okay=False, readable=False)
+
+
 @click.group(**GROUP_OPTIONS)
 def command() -> None:
     """Summarize or export I/O traces written with --trace."""
 
 
 @command.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=_TRACE_FILE)
 @json_option("Print the summary as one JSON line.")
 @click.option("--no-workers", is_flag=True, help="Do not merge FILE.worker-* files.")
 def summary(files: tuple[str, ...], as_json: bool, no_workers: bool) -> int:
@@ -50,7 +54,7 @@ def summary(files: tuple[str, ...], as_json: bool, no_workers: bool) -> int:
 
 
 @command.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=_TRACE_FILE)
 @click.option("--chrome", is_flag=True, default=True, help="Chrome trace-event JSON (the default format).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Output file (default: FIRST_FILE.json, or the --merge profile itself).")
