@@ -60,7 +60,7 @@ def instrumented(fn: Callable[..., Any]) -> Callable[..., Any]:
         type=click.Path(dir_okay=False),
         default=None,
         metavar="FILE",
-        help="Log every I/O operation to FILE (see `manyfiles trace summary`).",
+        help="Log every I/O operation to FILE (read it with: manyfiles trace summary FILE).",
     )
     @functools.wraps(fn)
     def wrapper(*args: Any, profile_file: str | None, trace_file: str | None, **kwargs: Any) -> Any:
