@@ -229,6 +229,8 @@ def test_exit_code_and_one_line(verb: str, condition: str, place: Path, request,
     argv, env, _ = _case(verb, condition, place, s3, tmp_path)
     r = subprocess.run(argv, capture_output=True, env=_env(env, s3, tmp_path), timeout=120, cwd=tmp_path)
     _check(verb, condition, r.returncode, r.stderr)
+    if CODES[condition] == 2:
+        assert r.stdout == b"", r.stdout    # refused before anything ran: no summary (cache warm printed one)
     if condition == "missing-extra":
         hidden = "profile" if "HIDE" in env and "viztracer" in env["HIDE"] else "s3"
         assert f'pip install "manyfiles[{hidden}]"' in r.stderr.decode()
@@ -268,3 +270,15 @@ def test_ctrl_c_exits_130_with_one_line(verb: str, place: Path, tmp_path: Path) 
             proc.kill()
     _check(verb, "interrupted", proc.returncode, err)
     assert err.decode().strip().endswith(": interrupted")
+
+
+@pytest.mark.parametrize("verb", sorted(S3_VERBS))
+def test_an_unknown_aws_profile_named_on_the_command_line_is_one_line(verb: str, place: Path, s3,
+                                                                      tmp_path: Path) -> None:
+    """``--aws-profile nosuch`` (the AWS_PROFILE=nosuch rows are in the table): issue 17 saw a 61-line
+    ProfileNotFound traceback."""
+    argv, _, _ = _case(verb, "usage", place, s3, tmp_path)
+    argv[-1:] = ["--aws-profile", "nosuch"]           # in place of the bad option
+    r = subprocess.run(argv, capture_output=True, env=_env({}, s3, tmp_path), timeout=120, cwd=tmp_path)
+    _check(verb, "aws-profile", r.returncode, r.stderr)
+    assert "AWS profile 'nosuch' (--aws-profile)" in r.stderr.decode() and r.stdout == b""
