@@ -31,6 +31,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "demo": ("moto", "flask"),
     "arrow": ("pyarrow",),
     "notebooks": ("ipykernel", "nbclient", "matplotlib", "pandas"),
+    "fsspec": ("fsspec",),
 }
 
 
