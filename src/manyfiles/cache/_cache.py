@@ -228,6 +228,8 @@ class Cache:
         import multiprocessing.util
 
         multiprocessing.util.register_after_fork(self, Cache._in_multiprocessing_child)
+        if multiprocessing.parent_process() is not None:    # opened in a (spawned) worker itself
+            self._in_multiprocessing_child()
 
     def _in_multiprocessing_child(self) -> None:
         import multiprocessing.util
@@ -385,14 +387,19 @@ class Cache:
         origin = self.origin(src)
         v = self._validated(origin, S3Origin.validator(etag, size), size, time.time())
         store, nblocks = self._store, -(-size // self.block_size)
-        fds: list[int] = []
+        fds: list = []     # a block file's descriptor, or a block still queued for writing
         try:
             for i in range(nblocks):
                 fd = store.open_block(v.objid, i, store.block_length(size, i))
                 if fd is None:
-                    return False
+                    fd = store.queued_block(v.objid, i)     # fetched a moment ago, not on disk yet
+                    if fd is None:
+                        return False
                 fds.append(fd)
             for i, fd in enumerate(fds):
+                if not isinstance(fd, int):
+                    write(bytes(fd))
+                    continue
                 data = os.pread(fd, store.block_length(size, i), fmt.HEADER_SIZE)
                 if len(data) != store.block_length(size, i):
                     store.discard(v.objid, i, fd)
@@ -400,7 +407,8 @@ class Cache:
                 write(data)
         finally:
             for fd in fds:
-                os.close(fd)
+                if isinstance(fd, int):
+                    os.close(fd)
         store.note_access(v.objid, v.validated_at)
         store.count(hits=nblocks, hit_bytes=size, object_hits=1)
         return True
