@@ -6,12 +6,15 @@ of 32 indexes dealt round-robin to a persistent pool; the worker receives the ba
 as a training step that decodes in the worker would). Peers:
 
 * ``mf.Dataset`` (default settings: validated by its listing) and ``mf.IterableDataset``;
-* a plain boto3 loop (one ``get_object`` per item, a client per worker);
-* s3fs + fsspec ``filecache`` (``cat_file`` per item, a cache directory shared by the workers);
+* a plain boto3 loop (one ``get_object`` per item, a client per worker; the first
+  ``--boto3-objects``);
+* s3fs + fsspec ``filecache`` (``cat_file`` per item, a cache directory shared by the workers; the
+  first ``--filecache-objects``: its cost per object grows with the files it holds);
 * the same files read from local disk (``open().read()``);
 * s3torchconnector: only if installed (it needs torch).
 
-Then a pyarrow Parquet scan (``pq.read_table``) through the manyfiles fsspec filesystem against
+Rates are objects per second, so peers that read a subset compare per object.  Then a pyarrow
+Parquet scan (``pq.read_table``) through the manyfiles fsspec filesystem against
 s3fs, first read and reread.  Medians of ``--repeat`` runs (epoch 1 on an empty cache each time).
 
     flock /work/bench.lock .venv/bin/python benchmarks/ml.py [--objects 20000] [--size 100K]
@@ -187,8 +190,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--rows", type=int, default=4_000_000, help="rows of the Parquet table")
-    ap.add_argument("--filecache-objects", type=int, default=2_000,
+    ap.add_argument("--filecache-objects", type=int, default=1_000,
                     help="objects s3fs+filecache reads (its cost per object grows with the files it holds)")
+    ap.add_argument("--boto3-objects", type=int, default=4_000, help="objects the boto3 loop reads")
     args = ap.parse_args()
     from manyfiles._units import parse_size
 
@@ -226,7 +230,7 @@ def run(args, size: int, endpoint: str) -> None:
         "mf.Dataset": lambda: mf.Dataset(f"s3://{BUCKET}/train/", cache=fresh("mf"), settings=settings),
         "mf.IterableDataset": lambda: mf.IterableDataset(f"s3://{BUCKET}/train/", cache=fresh("mfi"),
                                                          settings=settings),
-        "boto3 loop": lambda: Boto3Reader(endpoint, keys),
+        "boto3 loop": lambda: Boto3Reader(endpoint, keys[:args.boto3_objects]),
         "s3fs + filecache": lambda: FilecacheReader(endpoint, keys[:args.filecache_objects],
                                                     fresh("filecache")),
         "local disk": lambda: LocalReader(paths),
