@@ -222,8 +222,9 @@ def run(args, size: int, endpoint: str) -> None:
 
     def fresh(name: str) -> str:
         d = scratch / name
-        shutil.rmtree(d, ignore_errors=True)
-        d.mkdir(parents=True)
+        if (d / "cache").exists():
+            shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True, exist_ok=True)
         return str(d / "cache")
 
     peers = {
@@ -242,6 +243,8 @@ def run(args, size: int, endpoint: str) -> None:
         print("s3torchconnector: not installed (it needs torch; not in this environment)")
     for rep in range(args.repeat):
         for name, make in peers.items():
+            for d in ("mf", "mfi", "filecache"):       # not timed: removing the last run's cache
+                fresh(d)
             t1 = time.perf_counter()
             ds = make()
             listing = time.perf_counter() - t1

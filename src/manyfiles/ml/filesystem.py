@@ -22,6 +22,7 @@ PermissionError: write to the origin.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat as _stat
@@ -180,7 +181,10 @@ class ManyfilesFileSystem(_FsBase):
     def ls(self, path: str, detail: bool = True, refresh: bool = False, **kwargs: Any) -> list:
         url = self._url(path)
         key = self._name(url)
-        entries = None if refresh else self._ls_from_cache(key)
+        entries = None
+        if not refresh:
+            with contextlib.suppress(KeyError):     # (fsspec's DirCache expires entries itself)
+                entries = self.dircache[key]
         if entries is None:
             if url.startswith(_S3):
                 entries, found = self._s3_list(url, delimiter="/")
