@@ -31,6 +31,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "demo": ("moto", "flask"),
     "arrow": ("pyarrow",),
     "notebooks": ("ipykernel", "nbclient", "matplotlib", "pandas"),
+    "fsspec": ("fsspec",),
 }
 
 
@@ -51,9 +52,15 @@ def require(extra: str, module: str, feature: str) -> ModuleType:
 
 def require_installed(extra: str, module: str, feature: str) -> None:
     """Like :func:`require` without importing ``module`` (a cheap up-front check)."""
+    if module in _FOUND:      # found once: hot paths (every cache open of an S3 URL) ask again
+        return
     _check_extra(extra)
     if importlib.util.find_spec(module) is None:
         raise MissingExtra(extra, feature, module)
+    _FOUND.add(module)
+
+
+_FOUND: set[str] = set()
 
 
 def _check_extra(extra: str) -> None:
