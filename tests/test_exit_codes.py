@@ -97,21 +97,14 @@ def s3():
     from manyfiles.s3.localserver import local_s3
 
     bucket = f"exit-{uuid.uuid4().hex[:10]}"
-    saved = {k: os.environ.get(k) for k in CREDS}
-    os.environ.update(CREDS)
-    try:
-        with local_s3(small=0, medium=0, large=0, bucket=bucket) as srv:
-            import boto3
+    with pytest.MonkeyPatch.context() as env, local_s3(small=0, medium=0, large=0, bucket=bucket) as srv:
+        for k, v in CREDS.items():
+            env.setenv(k, v)
+        import boto3
 
-            boto3.client("s3", endpoint_url=srv.endpoint_url, region_name="us-east-1").put_object(
-                Bucket=bucket, Key="p/one", Body=b"1")
-            yield srv.endpoint_url, bucket
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        boto3.client("s3", endpoint_url=srv.endpoint_url, region_name="us-east-1").put_object(
+            Bucket=bucket, Key="p/one", Body=b"1")
+        yield srv.endpoint_url, bucket
 
 
 @pytest.fixture
