@@ -39,7 +39,7 @@ def require(extra: str, module: str, feature: str) -> ModuleType:
     """Import ``module`` (e.g. ``"botocore.config"``), or raise MissingExtra naming ``extra``.
 
     ``feature`` is what the user asked for, as they would name it ("S3 access",
-    "--profile"); the message reads ``FEATURE needs the [EXTRA] extra (MODULE is not
+    "--profile-out"); the message reads ``FEATURE needs the [EXTRA] extra (MODULE is not
     installed): pip install "manyfiles[EXTRA]"``.
     """
     _check_extra(extra)
