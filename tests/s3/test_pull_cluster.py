@@ -8,12 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import cloudpickle
 import pytest
 from s3util import CREDS, blob, files_under
 
+from clusterutil import shards_running, wait_for
 from manyfiles.s3 import pull
 from manyfiles.s3.keys import STATE_DIR
 from manyfiles.scale.executor import ClusterReport
@@ -168,20 +168,6 @@ LEASE = 3.0          # MANYFILES_CLUSTER_LEASE of the killed client
 STOP_BOUND = 20.0    # seconds past the lease within which its shards must have stopped
 
 
-def _running_keys(dask_worker) -> list[str]:
-    """The keys of the tasks running on a worker (including those Dask cancelled but whose thread runs)."""
-    return [str(ts.key) for ts in dask_worker.state.executing | dask_worker.state.long_running]
-
-
-def _wait_for(condition, timeout: float, what: str) -> float:
-    """Poll ``condition`` until true; returns the seconds it took (fails after ``timeout``)."""
-    t0 = time.monotonic()
-    while not condition():
-        assert time.monotonic() - t0 < timeout, f"{what}: not within {timeout:.0f} s"
-        time.sleep(0.05)
-    return time.monotonic() - t0
-
-
 def test_a_killed_client_leaves_no_shard_writing_into_dest(bucket, proxy, settings, s3_cluster,
                                                             tmp_path) -> None:
     """The client SIGKILLed once the first object is on disk: within the lease (plus a bound) no
@@ -200,16 +186,14 @@ def test_a_killed_client_leaves_no_shard_writing_into_dest(bucket, proxy, settin
     env = {**os.environ, **CREDS, "MANYFILES_CLUSTER_LEASE": str(LEASE)}
     client = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
     try:
-        _wait_for(lambda: files_under(dest) if dest.exists() else False, 120, "the first object")
+        wait_for(lambda: files_under(dest) if dest.exists() else False, 120, "the first object")
     finally:
         client.kill()
     client.wait()
     assert client.returncode == -signal.SIGKILL, client.stderr.read()
 
-    def shards_running() -> bool:
-        return any(k.startswith("s3pull-") for keys in s3_cluster.run(_running_keys).values() for k in keys)
-
-    took = _wait_for(lambda: not shards_running(), LEASE + STOP_BOUND, "the killed client's shards stopping")
+    took = wait_for(lambda: not shards_running(s3_cluster, "s3pull"), LEASE + STOP_BOUND,
+                    "the killed client's shards stopping")
     stopped = files_under(dest)
     assert 0 < len(stopped) < len(want), took                        # they stopped mid-job
     assert all(want[k] == v for k, v in stopped.items())             # nothing half-written under a final name

@@ -8,12 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from leasejobs import TickJob
 
+from clusterutil import shards_running, wait_for
 from manyfiles.errors import UsageError
 from manyfiles.scale import lease
 from manyfiles.scale.executor import InProcessExecutor, NoopJob, run_job
@@ -21,18 +21,6 @@ from manyfiles.scale.executor import InProcessExecutor, NoopJob, run_job
 HERE = Path(__file__).resolve().parent
 LEASE = 3.0
 STOP_BOUND = 20.0     # seconds past the lease within which the shards must have stopped
-
-
-def _running_keys(dask_worker) -> list[str]:
-    return [str(ts.key) for ts in dask_worker.state.executing | dask_worker.state.long_running]
-
-
-def _wait_for(condition, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while not condition():
-        assert time.monotonic() - t0 < timeout, f"{what}: not within {timeout:.0f} s"
-        time.sleep(0.05)
-    return time.monotonic() - t0
 
 
 def _start_client(address: str, folder: Path) -> subprocess.Popen:
@@ -57,21 +45,17 @@ def _both_shards_started(folder: Path, client: subprocess.Popen) -> bool:
     return any(n.startswith("0-") for n in names) and any(n.startswith("1-") for n in names)
 
 
-def _ticks_running(client) -> bool:
-    return any(k.startswith("ticks-") for keys in client.run(_running_keys).values() for k in keys)
-
-
 def test_the_shards_of_a_killed_client_stop(tmp_path: Path, dask_client) -> None:
     client = _start_client(dask_client.scheduler.address, tmp_path)
     try:
-        _wait_for(lambda: _both_shards_started(tmp_path, client), 120, "both shards started")
+        wait_for(lambda: _both_shards_started(tmp_path, client), 120, "both shards started")
     finally:
         client.kill()
     client.wait()
-    took = _wait_for(lambda: not _ticks_running(dask_client), LEASE + STOP_BOUND, "the shards stopping")
+    took = wait_for(lambda: not shards_running(dask_client, "ticks"), LEASE + STOP_BOUND, "shards stopping")
     written = set(os.listdir(tmp_path))
     assert len(written) < 2 * 2000, took                   # they stopped long before their end
-    assert not _ticks_running(dask_client) and set(os.listdir(tmp_path)) == written
+    assert not shards_running(dask_client, "ticks") and set(os.listdir(tmp_path)) == written
 
 
 def test_the_shards_of_a_frozen_client_stop_when_its_lease_lapses(tmp_path: Path, dask_client) -> None:
@@ -79,9 +63,10 @@ def test_the_shards_of_a_frozen_client_stop_when_its_lease_lapses(tmp_path: Path
     lapse after the lease.  Continued, the client learns it and fails with one line."""
     client = _start_client(dask_client.scheduler.address, tmp_path)
     try:
-        _wait_for(lambda: _both_shards_started(tmp_path, client), 120, "both shards started")
+        wait_for(lambda: _both_shards_started(tmp_path, client), 120, "both shards started")
         client.send_signal(signal.SIGSTOP)
-        took = _wait_for(lambda: not _ticks_running(dask_client), LEASE + STOP_BOUND, "the shards stopping")
+        took = wait_for(lambda: not shards_running(dask_client, "ticks"), LEASE + STOP_BOUND,
+                        "shards stopping")
         written = len(os.listdir(tmp_path))
         assert written < 2 * 2000, took
         client.send_signal(signal.SIGCONT)
