@@ -226,13 +226,19 @@ def attempt_on_worker(lease: LeaseTerms, key: str, attempt: str) -> LeasedAttemp
     after the lease check: the task of a client that is gone is forgotten, and metadata written
     under its key then would stay on the scheduler.
     """
-    client = distributed.get_client()
+    try:
+        client = distributed.get_client()
+    except Exception as exc:          # (a timeout of a loaded scheduler): do nothing unconfirmed
+        raise LeaseLapsed(f"the scheduler could not confirm the job's lease ({exc}): shard not run") from exc
     leased = LeasedAttempt(lease, read=lambda: client.get_metadata([lease.key], default=None),
                            write=lambda value: client.set_metadata([key, "attempts", attempt], value),
                            earlier={})
     leased.check()
-    leased.earlier = dict(client.get_metadata([key, "attempts"], default=None) or {})
-    leased.note(None)
+    try:
+        leased.earlier = dict(client.get_metadata([key, "attempts"], default=None) or {})
+        leased.note(None)
+    except Exception as exc:
+        raise LeaseLapsed(f"the scheduler could not register the attempt ({exc}): shard not run") from exc
     return leased
 
 
