@@ -164,7 +164,7 @@ def test_s3pull_cli_cluster(bucket, cli_env, run_cli, tmp_path) -> None:
 
 # -- the lease: a killed client leaves no shard writing -------------------------------------------
 
-LEASE = 3.0          # MANYFILES_CLUSTER_LEASE of the killed client
+LEASE = 5.0          # MANYFILES_CLUSTER_LEASE of the killed client
 STOP_BOUND = 20.0    # seconds past the lease within which its shards must have stopped
 
 

@@ -19,7 +19,7 @@ from manyfiles.scale import lease
 from manyfiles.scale.executor import InProcessExecutor, NoopJob, run_job
 
 HERE = Path(__file__).resolve().parent
-LEASE = 3.0
+LEASE = 5.0
 STOP_BOUND = 20.0     # seconds past the lease within which the shards must have stopped
 
 
