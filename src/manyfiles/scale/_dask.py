@@ -50,7 +50,7 @@ from manyfiles.scale._seam import (
     raise_shard_error,
     worker_name,
 )
-from manyfiles.scale.lease import LeasedAttempt, LeaseLapsed, LeaseTerms, lease_seconds
+from manyfiles.scale.lease import LeasedAttempt, LeaseLapsed, LeaseTerms, LeaseWatch, lease_seconds
 
 distributed = require("dask", "distributed", CLUSTER_FEATURE)
 dask = require("dask", "dask", CLUSTER_FEATURE)
@@ -215,31 +215,37 @@ def run_on_worker(job: Job, sid: int, shard: Any, topic: str, lease: LeaseTerms,
         leased = attempt_on_worker(lease, key, attempt)
     except LeaseLapsed as exc:     # the client went away before this shard could start
         return ShardResult(error=(type(exc).__name__, str(exc)), worker=worker_name())
-    with leased:
+    with leased.watch.used():
         return execute_shard(job, shard, publish, leased)
 
 
-def attempt_on_worker(lease: LeaseTerms, key: str, attempt: str) -> LeasedAttempt:
-    """This attempt, registered under its task's ``key`` once the lease is confirmed.
+_WATCHES: dict[str, LeaseWatch] = {}      # lease key -> this worker process's watch of it
+_WATCHES_LOCK = threading.Lock()
 
-    Through the worker's client (``get_client``, one per worker process).  The registration goes
-    after the lease check: the task of a client that is gone is forgotten, and metadata written
-    under its key then would stay on the scheduler.
+
+def attempt_on_worker(lease: LeaseTerms, key: str, attempt: str) -> LeasedAttempt:
+    """This attempt, under the process's watch of the job's lease (the first attempt of the job on
+    this process makes it: one request; the next ones only read its clocks).
+
+    Requests go through the worker's client (``get_client``, one per worker process).  The
+    attempt registers under its task's ``key`` only if its job asks (see LeasedAttempt), and only
+    after the lease is confirmed: the task of a client that is gone is forgotten, and metadata
+    written under its key then would stay on the scheduler.
     """
     try:
         client = distributed.get_client()
+        with _WATCHES_LOCK:
+            watch = _WATCHES.get(lease.key)
+            if watch is None or not watch.alive:
+                for gone in [k for k, w in _WATCHES.items() if not w.alive]:
+                    del _WATCHES[gone]
+                watch = _WATCHES[lease.key] = LeaseWatch(
+                    lease, read=lambda: client.get_metadata([lease.key], default=None))
     except Exception as exc:          # (a timeout of a loaded scheduler): do nothing unconfirmed
         raise LeaseLapsed(f"the scheduler could not confirm the job's lease ({exc}): shard not run") from exc
-    leased = LeasedAttempt(lease, read=lambda: client.get_metadata([lease.key], default=None),
-                           write=lambda value: client.set_metadata([key, "attempts", attempt], value),
-                           earlier={})
-    leased.check()
-    try:
-        leased.earlier = dict(client.get_metadata([key, "attempts"], default=None) or {})
-        leased.note(None)
-    except Exception as exc:
-        raise LeaseLapsed(f"the scheduler could not register the attempt ({exc}): shard not run") from exc
-    return leased
+    watch.check()
+    return LeasedAttempt(watch, attempts=lambda: client.get_metadata([key, "attempts"], default=None),
+                         write=lambda value: client.set_metadata([key, "attempts", attempt], value))
 
 
 def _anchor() -> None:

@@ -86,7 +86,7 @@ class ShardResult:
     seconds: float = 0.0
     failures_not_listed: int = 0
     error: tuple[str, str] | None = None      # (exception class name, message): the job stops
-    attempts: int = 1                         # runs of this shard in this job (a worker died: > 1)
+    attempts: int = 1                         # runs of this shard known to this attempt (> 1: a worker died)
 
 
 @dataclass
@@ -151,7 +151,6 @@ class ClusterReport(Report):
     def add(self, part: ShardResult) -> None:
         """Merge one shard's result (on the client)."""
         self.shards += 1
-        self.reruns += part.attempts - 1
         self.items += part.items
         self.bytes += part.bytes
         self.failures_not_listed += part.failures_not_listed
@@ -254,7 +253,8 @@ def execute_shard(job: Job, shard: Any, publish: Publish, attempt: Attempt = NO_
         del failures[MAX_FAILURES_PER_SHARD:]
     result.worker = worker_name()
     result.seconds = time.monotonic() - t0
-    result.attempts = len(attempt.earlier) + 1
+    if attempt.registered:          # else the client counts re-runs from their "started" events
+        result.attempts = len(attempt.earlier) + 1
     return result
 
 
@@ -325,7 +325,8 @@ _END = object()
 class LiveCounts:
     """The cluster total shown by the progress display: finished shards' final counters plus the
     latest counters of running ones (of a shard run again after its worker died: the newest
-    attempt's)."""
+    attempt's), and the re-runs: attempts seen starting, or registered (``ShardResult.attempts``:
+    a worker may die before its "started" event leaves)."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
@@ -333,6 +334,8 @@ class LiveCounts:
         self.final = [0, 0, 0]
         self.running: dict[int, tuple[str, int, int, int]] = {}
         self.finished: set[int] = set()
+        self.attempts: dict[int, set[str]] = {}
+        self.reruns = 0
 
     def update(self, sid: int, attempt: str, done: int, nbytes: int, failures: int) -> None:
         """A shard's running totals (called from whichever thread receives them: Dask's event loop)."""
@@ -340,12 +343,14 @@ class LiveCounts:
             if sid in self.finished:
                 return
             self.running[sid] = (attempt, done, nbytes, failures)
+            self.attempts.setdefault(sid, set()).add(attempt)
         self._show()
 
     def finish(self, sid: int, result: ShardResult) -> None:
         with self.lock:
             self.finished.add(sid)
             self.running.pop(sid, None)
+            self.reruns += max(len(self.attempts.pop(sid, ())), result.attempts) - 1
             self.final[0] += result.items
             self.final[1] += result.bytes
             self.final[2] += len(getattr(result.report, "failures", ()) or ()) + result.failures_not_listed
@@ -386,6 +391,7 @@ class Executor:
         with progress_for(progress, job.name, unit=job.unit) as p:
             live = LiveCounts(p)
             self._run(job, ShardQueue(job, shards), report, live)
+            report.reruns = live.reruns
         report.seconds = time.monotonic() - t0
         if report.result is not None:
             for f in dataclasses.fields(report.result):

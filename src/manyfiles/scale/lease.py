@@ -91,6 +91,8 @@ class Attempt:
     #: True where a shard can be run again after its worker died (a cluster): a job that counts
     #: the work of earlier attempts only prepares for it (:meth:`note`) there.
     rerun_possible = False
+    #: True once this attempt told the scheduler it runs (see :class:`LeasedAttempt`).
+    registered = False
 
     def __init__(self) -> None:
         self.earlier: dict[str, Any] = {}      # attempt id -> its note, oldest first
@@ -148,41 +150,35 @@ def guarded(publish: Callable[[int, int, int], None], attempt: Attempt) -> Calla
     return checked
 
 
-class LeasedAttempt(Attempt):
-    """An attempt on a cluster: holds the lease while it sees the beat change.
+class LeaseWatch:
+    """A worker process's view of one job's lease, shared by the attempts it runs.
 
     ``read()`` returns the anchor's metadata (a dict with ``"beat"``), None when the anchor is
-    gone, or raises when the scheduler cannot be asked; ``write(value)`` records this attempt's
-    note.  Neither is called on the shard's thread after the start: the watcher thread polls,
-    and :meth:`check` only compares clocks, so a hung request cannot keep a shard working.
+    gone, or raises when the scheduler cannot be asked.  The first look is made by the caller
+    (the first attempt of the job here); then a watcher thread looks every ``poll_every`` s, until
+    the lease ends, or until no attempt has used it for ``seconds`` (the next one starts another).
+    :meth:`check` only compares clocks: a hung request cannot keep a shard working.
     """
 
-    rerun_possible = True
-
-    def __init__(self, terms: LeaseTerms, read: Callable[[], Any], write: Callable[[Any], None],
-                 earlier: dict[str, Any]) -> None:
-        super().__init__()
+    def __init__(self, terms: LeaseTerms, read: Callable[[], Any]) -> None:
         self.terms = terms
-        self.earlier = earlier
         self._read = read
-        self._write = write
         self._beat: Any = None
         self._confirmed = time.monotonic()
         self._gone = ""
-        self._stop = threading.Event()
-        self._watcher: threading.Thread | None = None
+        self._users = 0
+        self._used = time.monotonic()
+        self._lock = threading.Lock()
         self._look()
         if not self._gone and self._beat is None:
             self._gone = "the scheduler could not confirm it"
+        self._thread = threading.Thread(target=self._watch, name="manyfiles-lease", daemon=True)
+        self._thread.start()
 
-    def __enter__(self) -> LeasedAttempt:
-        self.check()
-        self._watcher = threading.Thread(target=self._watch, name="manyfiles-lease", daemon=True)
-        self._watcher.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()      # the watcher may be in a request: it ends on its own, never joined
+    @property
+    def alive(self) -> bool:
+        """Still watching (a new attempt may use it)."""
+        return self._thread.is_alive() and not self._gone
 
     def _look(self) -> None:
         try:
@@ -196,8 +192,24 @@ class LeasedAttempt(Attempt):
             self._confirmed = time.monotonic()
 
     def _watch(self) -> None:
-        while not self._stop.wait(self.terms.poll_every) and not self._gone:
+        while not self._gone:
+            time.sleep(self.terms.poll_every)
+            with self._lock:
+                if not self._users and time.monotonic() - self._used > self.terms.seconds:
+                    return
             self._look()
+
+    @contextlib.contextmanager
+    def used(self) -> Iterator[LeaseWatch]:
+        """The block of an attempt (keeps the watcher going)."""
+        with self._lock:
+            self._users += 1
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._users -= 1
+                self._used = time.monotonic()
 
     @property
     def lapsed(self) -> bool:
@@ -211,9 +223,55 @@ class LeasedAttempt(Attempt):
             raise LeaseLapsed(f"the job's lease lapsed (not renewed for {idle:.0f} s, lease "
                               f"{self.terms.seconds:g} s: ${LEASE_ENV}): shard stopped")
 
+
+class LeasedAttempt(Attempt):
+    """An attempt on a cluster: its lease is the process's :class:`LeaseWatch` of the job.
+
+    It registers with the scheduler only when the job asks for :attr:`earlier` or calls
+    :meth:`note` (a job that never counts lost work pays no request per shard): ``attempts()``
+    returns the registrations of this shard's attempts so far (id -> note), ``write(value)``
+    records this one's.
+    """
+
+    rerun_possible = True
+
+    def __init__(self, watch: LeaseWatch, attempts: Callable[[], dict[str, Any]],
+                 write: Callable[[Any], None]) -> None:
+        super().__init__()
+        self.watch = watch
+        self._attempts = attempts
+        self._write = write
+        self._registered = False
+
+    @property  # type: ignore[override]
+    def earlier(self) -> dict[str, Any]:
+        """What the attempts of this shard before this one noted (registering this one first
+        fetches them: a later attempt will see this one)."""
+        if not self._registered:
+            self.note(None)
+        return self._earlier
+
+    @earlier.setter
+    def earlier(self, value: dict[str, Any]) -> None:
+        self._earlier = value
+
+    @property
+    def registered(self) -> bool:
+        return self._registered
+
+    @property
+    def lapsed(self) -> bool:
+        return self.watch.lapsed
+
+    def check(self) -> None:
+        self.watch.check()
+
     def note(self, value: Any) -> None:
+        if not self._registered:
+            self._earlier = dict(self._attempts() or {})
         self._write(value)
+        self._registered = True
 
 
 __all__ = ["DEFAULT_SECONDS", "LEASE_ENV", "NO_LEASE", "Attempt", "LeaseLapsed", "LeaseTerms",
-           "LeasedAttempt", "current", "guarded", "lease_seconds", "running"]
+           "LeaseWatch", "LeasedAttempt", "current", "guarded", "lease_seconds", "running"]
