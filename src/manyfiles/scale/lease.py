@@ -9,9 +9,10 @@ How it works (the Dask side is in :mod:`manyfiles.scale._dask`):
 * the client holds a **lease anchor**: a tiny Dask task of its own (``manyfiles-lease-<token>``),
   submitted before the first shard and released after the last one.  The anchor's scheduler-side
   metadata holds a beat counter, which the client renews every ``seconds / 6``;
-* every shard attempt reads that metadata when it starts (no anchor: it does nothing) and then
-  every ``min(seconds / 10, 2 s)`` from a watcher thread, and **holds the lease while it sees the
-  beat change**;
+* each worker process watches the lease of a job it runs (:class:`LeaseWatch`): the first attempt
+  there reads that metadata (no anchor: it does nothing), then a watcher thread reads it every
+  ``min(seconds / 10, 2 s)`` for all the job's attempts on the process; an attempt **holds the
+  lease while the beat keeps changing**;
 * the lease **lapses** when the anchor is gone -- the client released it (the job ended, failed
   or was interrupted) or the scheduler dropped it because the client disconnected (a SIGKILLed
   client's connection closes at once: its shards stop within one poll) -- or when the beat has
@@ -26,8 +27,9 @@ The lease is ``MANYFILES_CLUSTER_LEASE`` seconds (default 30); it only bounds ho
 client that hangs without disconnecting go on.
 
 An attempt also learns what **earlier attempts of the same shard** (in this run: their worker died
-and Dask ran the shard again) recorded when they started (:meth:`Attempt.note`), so a re-run can
-count the work those attempts did and it cannot see any more (the files fastrm removed, the
+and Dask ran the shard again) noted before they worked (:meth:`Attempt.note`,
+:attr:`Attempt.earlier`: registering costs two requests, only for the jobs that ask), so a re-run
+can count the work those attempts did and it cannot see any more (the files fastrm removed, the
 objects s3pull installed): every summary counts what happened, once.
 """
 
