@@ -129,7 +129,7 @@ def test_random_reads_fetch_only_the_blocks_touched_then_one_get_checks_the_obje
     data = s3.put("big.bin", blob(64 * BS, "r"))
     touched = set()
     with mf.open(s3.url("big.bin"), cache=cache, buffering=0) as f:
-        for pos in random.Random(3).sample(range(1, len(data) - 4096), 6):
+        for pos in random.Random(3).sample(range(6 * BS, len(data) - 4096), 6):   # past the stream's start
             f.seek(pos)
             assert f.read(4096) == data[pos:pos + 4096]
             touched.update({pos // BS, (pos + 4095) // BS})
@@ -137,11 +137,13 @@ def test_random_reads_fetch_only_the_blocks_touched_then_one_get_checks_the_obje
     # the first open of an object never seen gets its version from a whole-object GET (dropped at
     # the first seek); then one ranged GET per block touched; the blocks, which nothing could
     # check, are kept unverified until one whole-object GET in the background checked the object
+    # (reads after that GET installed the object's whole file read it from there)
     first, *rest = s3.gets()
     assert first[2] is None
     ranged = [r[2] for r in rest if r[2]]
-    assert sorted(ranged) == sorted(f"bytes={i * BS}-{(i + 1) * BS - 1}" for i in touched)
-    assert [r for r in rest if not r[2]] == [rest[-1]], "one background GET of the whole object"
+    assert ranged and len(set(ranged)) == len(ranged)
+    assert set(ranged) <= {f"bytes={i * BS}-{(i + 1) * BS - 1}" for i in touched}
+    assert len([r for r in rest if not r[2]]) == 1, "one background GET of the whole object"
     assert not s3.heads()
     assert cache.verify().verified == 1
     with mf.open(s3.url("big.bin"), cache=cache, buffering=0) as f:     # known now: a HEAD, no GET
@@ -340,14 +342,15 @@ def test_verify_counts_whole_checks_and_warm_checks_every_object(tmp_path: Path,
 
 def test_a_seek_in_the_middle_of_the_stream_drops_it_and_the_reads_stay_right(s3, small_whole: Cache):
     cache = small_whole
-    data = _put_kind(s3, "md5", "s/seek.bin")
+    data = blob(20 * BS + 5, "seek")          # longer than the stream reads ahead of the reader
+    _plain_client(s3).put_object(Bucket=s3.bucket, Key="s/seek.bin", Body=data)
     with mf.open(s3.url("s/seek.bin"), cache=cache, buffering=0) as f:
         assert f.read(2 * BS + 100) == data[:2 * BS + 100]          # from the one stream
         f.seek(BS // 2)
         assert f.read() == data[BS // 2:]
     cache.flush()                    # the blocks read by range were checked by one more whole GET
     gets = s3.gets()
-    assert gets[0][2] is None and all(r[2] for r in gets[1:-1]) and gets[-1][2] is None
+    assert gets[0][2] is None and len([r for r in gets[1:] if r[2] is None]) == 1, gets
     assert cache.get_bytes(s3.url("s/seek.bin")) == data
     v = cache.verify()
     assert (v.entries, v.verified, v.unverified, v.corrupt) == (1, 1, 0, 0)

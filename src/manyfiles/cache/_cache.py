@@ -43,7 +43,14 @@ from manyfiles.cache._reader import CachedReader, MemoryFile, whole_file
 from manyfiles.cache._reports import CacheStats, EvictReport, VerifyReport, WarmReport
 from manyfiles.cache._store import BlockStore
 from manyfiles.cache._write import WriteThrough
-from manyfiles.errors import ManyfilesError, UsageError, from_oserror
+from manyfiles.errors import (
+    AccessDenied,
+    CredentialsError,
+    ManyfilesError,
+    NotFound,
+    UsageError,
+    from_oserror,
+)
 
 DEFAULT_BUFFER = io.DEFAULT_BUFFER_SIZE     # as open(): small random reads stay cheap
 FETCH_THREADS = 32
@@ -199,8 +206,13 @@ class Cache:
             if not asked:
                 known = self._store.index.latest(origin.source)
             if known is not None:
-                head = origin.stat()
-                if head.validator == known.validator:
+                try:
+                    head = origin.stat()
+                except (NotFound, AccessDenied, CredentialsError):
+                    raise
+                except ManyfilesError:      # a HEAD that contradicts itself: only a GET can tell
+                    head = None
+                if head is not None and head.validator == known.validator:
                     return self.validated(origin, head, now), head, None
             stream = origin.open_whole(None)
             return self.validated(origin, stream.head, now), stream.head, stream

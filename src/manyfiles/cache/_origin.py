@@ -252,6 +252,7 @@ class S3Origin:
 
     def stat(self, known: Head | None = None) -> Head:
         """HEAD the object (``known``: pinned to that version, whose claim and parts it learns)."""
+        t0 = time.monotonic_ns()
         try:
             if known is None:
                 info = self.client.head(self.bucket, self.key)
@@ -259,7 +260,10 @@ class S3Origin:
                 info = self.client.head(self.bucket, self.key, etag=self.etag_of(known.validator),
                                         size=known.size)
         except Exception as exc:
-            raise self.error(exc) from exc
+            err = self.error(exc)
+            _trace("s3.head", f"{self.bucket}/{self.key}", 0, 0, t0, getattr(err, "status", 0) or -1)
+            raise err from exc
+        _trace("s3.head", f"{self.bucket}/{self.key}", 0, 0, t0, 200)
         return self._head_of(info)
 
     def open_whole(self, head: Head | None) -> WholeRead:
