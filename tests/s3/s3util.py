@@ -103,7 +103,8 @@ class FaultProxy:
     ``faults`` is a list of ``(predicate, kind)``; the first entry whose predicate matches a
     request (``method``, ``path``, ``headers``) is consumed and applied.  ``random_faults =
     (p, kinds, predicate)`` applies one of ``kinds`` to each matching request with probability
-    ``p`` (seeded, never consumed).  Kinds:
+    ``p`` (seeded, never consumed); a list of such rules applies the first whose predicate
+    matches the request (e.g. lying HEADs and flipped GETs at once).  Kinds:
 
     * "503" (SlowDown), "reset" (RST after half the body), "truncate" (close after half the body);
     * "ignore-range" (alias "200"): answer a ranged GET with the whole object and status 200;
@@ -382,12 +383,15 @@ class FaultProxy:
                         del self.faults[i]
                     self.applied.append(kind)
                     return kind
-            if self.random_faults is not None:
-                p, kinds, pred = self.random_faults
-                if pred(method, path, headers) and self.rng.random() < p:
-                    kind = kinds[self.rng.randrange(len(kinds))] if isinstance(kinds, tuple) else kinds
-                    self.applied.append(kind)
-                    return kind
+            rules = self.random_faults
+            for p, kinds, pred in (rules if isinstance(rules, list) else [rules] if rules else []):
+                if not pred(method, path, headers):
+                    continue
+                if self.rng.random() >= p:
+                    return None
+                kind = kinds[self.rng.randrange(len(kinds))] if isinstance(kinds, tuple) else kinds
+                self.applied.append(kind)
+                return kind
         return None
 
     def close(self) -> None:
