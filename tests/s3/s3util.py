@@ -94,6 +94,7 @@ Refusal = tuple[int, str, dict[str, str], bytes]    # status, S3 error code, hea
 # What each fault kind does to one request (the proxy stays a real HTTP/1.1 server in front of moto).
 CONTENT_FAULTS = ("flip", "wrong-range", "wrong-range-honest", "other-body")
 TRANSPORT_FAULTS = ("503", "reset", "truncate", "ignore-range")
+HEAD_FAULTS = ("head-zero", "head-size", "head-parts-count")
 
 
 class FaultProxy:
@@ -102,7 +103,8 @@ class FaultProxy:
     ``faults`` is a list of ``(predicate, kind)``; the first entry whose predicate matches a
     request (``method``, ``path``, ``headers``) is consumed and applied.  ``random_faults =
     (p, kinds, predicate)`` applies one of ``kinds`` to each matching request with probability
-    ``p`` (seeded, never consumed).  Kinds:
+    ``p`` (seeded, never consumed); a list of such rules applies the first whose predicate
+    matches the request (e.g. lying HEADs and flipped GETs at once).  Kinds:
 
     * "503" (SlowDown), "reset" (RST after half the body), "truncate" (close after half the body);
     * "ignore-range" (alias "200"): answer a ranged GET with the whole object and status 200;
@@ -111,7 +113,11 @@ class FaultProxy:
       still naming the range asked for (a lying server); a whole GET gets its body rotated;
     * "wrong-range-honest": the bytes of another offset with a Content-Range saying so;
     * "other-body": status 200 with the body of ``decoy_path`` (another object);
-    * "500-always" and "403-always" (not consumed).
+    * "500-always" and "403-always" (not consumed);
+    * lying HEADs, as a broken gateway answers them (``HEAD_FAULTS``): "head-zero" (``Content-Length:
+      0``), "head-size" (``Content-Length`` 1 MiB more than the truth: a wrong object size, or a
+      plausible but wrong part size for ``?partNumber=N``), "head-parts-count"
+      (``x-amz-mp-parts-count`` one more than the truth).
 
     ``sse_kms = True`` makes every object look KMS-encrypted, as S3 shows it: the
     ``x-amz-server-side-encryption: aws:kms`` header and an ETag that is not the MD5 of the body,
@@ -227,8 +233,14 @@ class FaultProxy:
                 for k, v in resp_headers:
                     lk = k.lower()
                     if lk == "content-length" and self.command == "HEAD":
+                        if fault == "head-zero":
+                            v = "0"
+                        elif fault == "head-size":
+                            v = str(int(v) + (1 << 20))
                         self.send_header(k, v)
                         continue
+                    if lk == "x-amz-mp-parts-count" and fault == "head-parts-count":
+                        v = str(int(v) + 1)
                     if lk in ("content-length", "transfer-encoding", "connection", "server", "date"):
                         continue
                     if lk == "content-range" and fault in ("other-body", "ignore-range", "200"):
@@ -435,12 +447,15 @@ class FaultProxy:
                         del self.faults[i]
                     self.applied.append(kind)
                     return kind
-            if self.random_faults is not None:
-                p, kinds, pred = self.random_faults
-                if pred(method, path, headers) and self.rng.random() < p:
-                    kind = kinds[self.rng.randrange(len(kinds))] if isinstance(kinds, tuple) else kinds
-                    self.applied.append(kind)
-                    return kind
+            rules = self.random_faults
+            for p, kinds, pred in (rules if isinstance(rules, list) else [rules] if rules else []):
+                if not pred(method, path, headers):
+                    continue
+                if self.rng.random() >= p:
+                    return None
+                kind = kinds[self.rng.randrange(len(kinds))] if isinstance(kinds, tuple) else kinds
+                self.applied.append(kind)
+                return kind
         return None
 
     def close(self) -> None:
