@@ -46,20 +46,26 @@ class Completed(NamedTuple):
 
 
 def complete(store: BlockStore, origin: Any, version: Version, policy: RetryPolicy, *,
-             stream: WholeRead | None = None, cancel: threading.Event | None = None) -> Completed:
+             stream: WholeRead | None = None, cancel: threading.Event | None = None,
+             opened: Callable[[WholeRead | None], None] | None = None) -> Completed:
     """Fetch ``version`` of ``origin`` whole, check it, install its whole file (see the module docs).
 
-    ``stream``: a whole read already open (its first attempt).  Raises what the last attempt
-    raised (IntegrityError, ObjectChanged, TransferError...); the caller drops the blocks."""
+    ``stream``: a whole read already open (its first attempt).  ``opened(stream)`` is told of each
+    read opened (and of None when it ends), so that a canceller can close it.  Raises what the last
+    attempt raised (IntegrityError, ObjectChanged, TransferError...); the caller drops the blocks."""
     head = Head(version.validator, version.size)
     first = [stream]
 
     def attempt() -> Completed:
         s = first.pop() if first and first[0] is not None else origin.open_whole(head)
         first.clear()
+        if opened is not None:
+            opened(s)
         try:
             return _fill(store, s, version, cancel)
         finally:
+            if opened is not None:
+                opened(None)
             s.close()
 
     return retrying(attempt, policy, classify=lambda exc: exc)
@@ -83,6 +89,8 @@ def _fill(store: BlockStore, stream: WholeRead, version: Version,
                 wrong += 1
         if version.size == 0:
             stream.read(bs)
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(f"{version.source.decode(errors='replace')}: the cache was closed")
         writer.seal(stream.method, stream.claim)
     except BaseException:
         writer.abort()
@@ -100,12 +108,14 @@ class Completions:
         self._policy = policy
         self._lock = threading.Lock()
         self._running: dict[bytes, tuple[Future, Any, Version]] = {}
+        self._streams: dict[bytes, WholeRead] = {}     # the GET each running completion reads
         self._cancel = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
 
     def after_fork(self) -> None:
         self._lock = threading.Lock()
         self._running = {}
+        self._streams = {}
         self._cancel = threading.Event()
         self._pool = None
 
@@ -123,7 +133,8 @@ class Completions:
         store = self._store
         try:
             if not store.has_whole(version.objid):
-                done = complete(store, origin, version, self._policy(), cancel=self._cancel)
+                done = complete(store, origin, version, self._policy(), cancel=self._cancel,
+                                opened=lambda s: self._opened(version.objid, s))
                 if done.wrong_blocks:
                     warnings.warn(f"{origin.display}: {done.wrong_blocks} cached blocks did not match the "
                                   "object checked whole; replaced", RuntimeWarning, stacklevel=1)
@@ -138,6 +149,15 @@ class Completions:
             with self._lock:
                 self._running.pop(version.objid, None)
 
+    def _opened(self, objid: bytes, stream: WholeRead | None) -> None:
+        with self._lock:
+            if stream is None:
+                self._streams.pop(objid, None)
+            else:
+                self._streams[objid] = stream
+                if self._cancel.is_set():
+                    stream.close()
+
     def wait(self) -> None:
         """Until every completion scheduled so far has ended."""
         while True:
@@ -149,10 +169,14 @@ class Completions:
                 f.exception()
 
     def cancel(self) -> None:
-        """Stop: completions still running give up, and their objects' unverified blocks are dropped."""
+        """Stop: completions still running give up (their GETs are closed under them: a stalled
+        server does not hold ``close()`` up), and their objects' unverified blocks are dropped."""
         self._cancel.set()
         with self._lock:
             pool = self._pool
+            streams = list(self._streams.values())
+        for s in streams:
+            s.close()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:

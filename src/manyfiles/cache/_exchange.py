@@ -76,7 +76,7 @@ def import_file(store: BlockStore, v: Version, path: bytes, claim: Any) -> None:
 
     if claim is None:
         claim = claim_for(S3Origin.etag_of(v.validator), {}, v.size, None)
-    if claim.method == SIZE_ONLY or getattr(claim, "pending", False):
+    if claim.method == SIZE_ONLY or claim.pending:
         return
     writer = store.fills.writer(v)
     try:

@@ -343,7 +343,7 @@ class _S3Reader:
         claim = info.claim
         if not (claim.composite and claim.parts and max(claim.parts) <= max_part):
             return None
-        if not getattr(self.origin.client, "part_gets", True):
+        if not self.origin.client.part_gets:
             return None
         return claim.parts
 
