@@ -30,7 +30,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 from manyfiles import iotrace
 from manyfiles._progress import ProgressArg, check_progress, progress_for
@@ -129,6 +129,8 @@ class Cache:
         import multiprocessing.util
 
         multiprocessing.util.register_after_fork(self, Cache._in_multiprocessing_child)
+        if multiprocessing.parent_process() is not None:    # opened in a (spawned) worker itself
+            self._in_multiprocessing_child()
 
     def _in_multiprocessing_child(self) -> None:
         import multiprocessing.util
@@ -183,23 +185,32 @@ class Cache:
         """The version of ``origin`` to read: trusted within ``ttl``, else asked of the origin."""
         return self._resolve(origin, revalidate=revalidate, whole=False)[0]
 
-    def _resolve(self, origin: FileOrigin | S3Origin, *, revalidate: bool = False,
-                 whole: bool = True) -> tuple[Version, Head | None, WholeRead | None]:
+    def _resolve(self, origin: FileOrigin | S3Origin, *, revalidate: bool = False, whole: bool = True,
+                 ttl: float | None = None, listed: Listed | None = None
+                 ) -> tuple[Version, Head | None, WholeRead | None]:
         """(version, what the validation learnt, the whole read it opened if that was the way).
 
         ``whole``: an S3 object the cache holds nothing of is opened by its GET (``whole``), whose
         answer is the version: a miss costs one round trip, not a HEAD and a GET.  A HEAD whose
         answer contradicts the cached entry does the same: the object changed (or the HEAD lies),
-        and only the GET's answer says what is there.
+        and only the GET's answer says what is there.  ``listed``: the version a listing gave (no
+        request at all); ``ttl``: this call's instead of the cache's.
         """
+        if listed is not None:
+            if not isinstance(origin, S3Origin):
+                raise UsageError(f"{origin.display}: etag= is for s3:// objects (a listing's ETag)")
+            head = Head(S3Origin.validator(listed.etag, listed.size), listed.size)
+            at = time.time() if listed.at is None else listed.at
+            return self.validated(origin, head, at, ttl), None, None
         now = time.time()
+        ttl = self.ttl if ttl is None else float(ttl)
         known = None
         asked = False
-        if self.ttl > 0 and not revalidate:
+        if ttl > 0 and not revalidate:
             known = self._memo.get(origin.source)
-            if known is None or now - known.validated_at >= self.ttl:
+            if known is None or now - known.validated_at >= ttl:
                 known, asked = self._store.index.latest(origin.source), True
-            if known is not None and now - known.validated_at < self.ttl:
+            if known is not None and now - known.validated_at < ttl:
                 self._memo[origin.source] = known
                 return known, None, None
         if isinstance(origin, S3Origin) and whole:
@@ -213,17 +224,18 @@ class Cache:
                 except ManyfilesError:      # a HEAD that contradicts itself: only a GET can tell
                     head = None
                 if head is not None and head.validator == known.validator:
-                    return self.validated(origin, head, now), head, None
+                    return self.validated(origin, head, now, ttl), head, None
             stream = origin.open_whole(None)
-            return self.validated(origin, stream.head, now), stream.head, stream
+            return self.validated(origin, stream.head, now, ttl), stream.head, stream
         head = origin.stat()
-        return self.validated(origin, head, now), head, None
+        return self.validated(origin, head, now, ttl), head, None
 
-    def validated(self, origin: FileOrigin | S3Origin, head: Head, now: float | None = None) -> Version:
-        """The version ``head`` names, validated now (remembered within ``ttl``)."""
+    def validated(self, origin: FileOrigin | S3Origin, head: Head, now: float | None = None,
+                  ttl: float | None = None) -> Version:
+        """The version ``head`` names, validated ``now`` (remembered within ``ttl``)."""
         v = Version(fmt.object_id(origin.source, head.validator), origin.source, head.validator, head.size,
                     time.time() if now is None else now)
-        if self.ttl > 0:
+        if (self.ttl if ttl is None else ttl) > 0:
             self._memo[origin.source] = v
         return v
 
@@ -245,11 +257,14 @@ class Cache:
 
     # -- reading -----------------------------------------------------------------------------------
 
-    def reader(self, src: Source, *, settings: Any = None, strict: bool | None = None) -> Any:
+    def reader(self, src: Source, *, settings: Any = None, strict: bool | None = None,
+               ttl: float | None = None, etag: str | None = None, size: int | None = None,
+               listed_at: float | None = None) -> Any:
         """The raw reader of ``src`` (what :meth:`open` wraps in a BufferedReader): an ``io.FileIO``
-        on its whole file, a :class:`MemoryFile` or a :class:`CachedReader`."""
+        on its whole file, a :class:`MemoryFile` or a :class:`CachedReader` (``ttl``, ``etag``,
+        ``size``, ``listed_at``: as for :meth:`open`)."""
         origin = self.origin(src, settings)
-        v, head, stream = self._resolve(origin)
+        v, head, stream = self._resolve(origin, ttl=ttl, listed=_listed(etag, size, listed_at))
         return self._open_version(origin, v, head, stream, self.strict if strict is None else strict)
 
     def _open_version(self, origin: FileOrigin | S3Origin, v: Version, head: Head | None,
@@ -265,6 +280,7 @@ class Cache:
             if queued is not None:
                 if stream is not None:
                     stream.close()
+                store.count(hits=store.nblocks(v.size), hit_bytes=v.size, object_hits=1)
                 return MemoryFile(queued, origin.display)
             return MemoryFile(self._read_whole(origin, v, stream), origin.display)
         if stream is None and isinstance(origin, FileOrigin) and store.index.entry(v.objid) is None:
@@ -287,7 +303,7 @@ class Cache:
         """A hit on a whole file: accounted (and traced) once, at the open; its reads are the stdlib's."""
         store = self._store
         store.note_access(v.objid, v.validated_at)
-        store.count(hits=store.nblocks(v.size) if v.size else 0, hit_bytes=v.size)
+        store.count(hits=store.nblocks(v.size) if v.size else 0, hit_bytes=v.size, object_hits=1)
         if iotrace.TRACER is not None:
             iotrace.TRACER.record("cache.hit", v.source, 0, v.size, time.monotonic_ns(), 0, 0)
         return whole_file(fd, origin.display, v.size)
@@ -315,8 +331,7 @@ class Cache:
         store = self._store
         store.fills.whole(v, data, got[-1].method or fmt.SIZE_ONLY, got[-1].claim or {})
         store.note_access(v.objid, v.validated_at)
-        if v.size:
-            store.count(misses=store.nblocks(v.size), miss_bytes=v.size)
+        store.count(misses=store.nblocks(v.size) if v.size else 0, miss_bytes=v.size, object_misses=1)
         return data
 
     def _complete_now(self, origin: FileOrigin | S3Origin, v: Version, stream: WholeRead | None) -> None:
@@ -326,23 +341,33 @@ class Cache:
         except OSError as exc:
             raise ManyfilesError(f"{self.dir}: cannot write to the cache: {exc.strerror or exc}") from exc
 
-    def open(self, src: Source, mode: str = "rb", *, buffering: int = -1, settings: Any = None) -> Any:
+    def open(self, src: Source, mode: str = "rb", *, buffering: int = -1, settings: Any = None,
+             ttl: float | None = None, etag: str | None = None, size: int | None = None,
+             listed_at: float | None = None) -> Any:
         """``src`` as a binary file object: a seekable reader (``"rb"``) or a write-through writer
-        (``"wb"``: the origin is written on close, then this cache's entry is invalidated)."""
+        (``"wb"``: the origin is written on close, then this cache's entry is invalidated).
+
+        ``ttl``: this open's instead of the cache's.  ``etag`` and ``size``: the version of an S3
+        object that a listing gave (``manyfiles.s3.list``, ``list_objects``), taken at ``listed_at``
+        (default: now): no HEAD; that version is read, from the cache or by GETs pinned to the ETag
+        (``If-Match``: an object changed since raises ObjectChanged, never mixes versions).
+        """
         _check_mode(mode)
         if mode == "wb":
             origin = self.origin(src, settings)
             return WriteThrough(origin, on_commit=lambda: self.invalidate(origin))
-        raw = self.reader(src, settings=settings)
+        raw = self.reader(src, settings=settings, ttl=ttl, etag=etag, size=size, listed_at=listed_at)
         if buffering == 0 or isinstance(raw, MemoryFile):
             return raw
         if buffering < 0:      # as open() chooses: the file's block size
             buffering = os.fstat(raw.fileno()).st_blksize if isinstance(raw, io.FileIO) else DEFAULT_BUFFER
         return io.BufferedReader(raw, buffer_size=buffering)
 
-    def get_bytes(self, src: Source, *, settings: Any = None) -> bytes:
-        """The whole content of ``src``, through the cache."""
-        raw = self.reader(src, settings=settings)
+    def get_bytes(self, src: Source, *, settings: Any = None, ttl: float | None = None,
+                  etag: str | None = None, size: int | None = None, listed_at: float | None = None) -> bytes:
+        """The whole content of ``src``, through the cache (``ttl``, ``etag``, ``size``, ``listed_at``:
+        as for :meth:`open`)."""
+        raw = self.reader(src, settings=settings, ttl=ttl, etag=etag, size=size, listed_at=listed_at)
         try:
             if isinstance(raw, MemoryFile):
                 return raw.getvalue()
@@ -365,6 +390,32 @@ class Cache:
         from manyfiles.cache._exchange import export
 
         return export(self, src, etag, size, write)
+
+    def fill(self, src: Source, data: bytes, *, etag: str, checked: str | None = None,
+             listed_at: float | None = None, settings: Any = None) -> None:
+        """Keep ``data``: the whole content of the S3 object ``src`` at version ``etag``, which the
+        caller fetched itself for a read that missed the cache (counted as one).  ``checked``: how
+        the caller checked the whole object against its claim ("md5", "crc32c"... as s3pull's
+        engines report it): it is then kept as its whole file (a CRC-32 computed here protects it
+        at rest).  Unchecked, it is kept as unverified blocks and checked whole in the background,
+        like any range no check covered.  Written in the background, like any fill (dropped, and
+        counted, when the fill queue is full)."""
+        import zlib
+
+        from manyfiles.cache._origin import crc_claim
+
+        origin = self.origin(src, settings)
+        v = self._resolve(origin, listed=_listed(etag, len(data), listed_at))[0]
+        store, bs = self._store, self.block_size
+        if checked is not None:
+            store.fills.whole(v, data, checked, crc_claim(zlib.crc32(data)))
+        elif data:
+            view = memoryview(data)
+            for i in range(store.nblocks(len(data))):
+                store.fills.block(v, i, bytes(view[i * bs:(i + 1) * bs]), checked=False)
+            self._completions.schedule(origin, v)
+        store.note_access(v.objid, v.validated_at)
+        store.count(misses=store.nblocks(len(data)) if data else 0, miss_bytes=len(data), object_misses=1)
 
     def import_file(self, src: Source | S3Origin, etag: str, size: int, path: str | os.PathLike, *,
                     claim: Any = None) -> None:
@@ -421,7 +472,7 @@ class Cache:
         except OSError:
             free = 0
         names = ("hits", "misses", "hit_bytes", "miss_bytes", "fills", "fill_bytes", "fills_dropped",
-                 "evictions", "evicted_bytes", "corrupt")
+                 "evictions", "evicted_bytes", "corrupt", "object_hits", "object_misses")
         return CacheStats(self.dir, c.get("entries", 0), c.get("bytes", 0), self.block_size, store.max_size,
                           store.min_free, free, **{n: c.get(n, 0) for n in names})
 
@@ -496,6 +547,23 @@ class Cache:
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+
+class Listed(NamedTuple):
+    """The version of an S3 object as a listing gave it (``at``: when; None: now)."""
+
+    etag: str
+    size: int
+    at: float | None = None
+
+
+def _listed(etag: str | None, size: int | None, at: float | None) -> Listed | None:
+    if etag is None and size is None:
+        return None
+    if not etag or size is None or isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise UsageError(f"etag={etag!r}, size={size!r}: a listed version needs both, "
+                         "an ETag and a size >= 0")
+    return Listed(etag.strip('"'), size, at)
+
 
 class _TrackedPool(ThreadPoolExecutor):
     """The fetch threads, knowing how many fetches are still running (see :meth:`Cache.flush`)."""
@@ -575,14 +643,16 @@ def _passthrough_pool() -> ThreadPoolExecutor:
 
 
 def open(src: Source, mode: str = "rb", *, cache: Cache | str | os.PathLike | None = None,
-         settings: Any = None, buffering: int = -1) -> Any:
+         settings: Any = None, buffering: int = -1, ttl: float | None = None) -> Any:
     """Open a local/NFS path or an ``s3://bucket/key`` URL as a binary file object.
 
     ``"rb"`` gives a seekable reader (``read``, ``readinto``, ``seek``/``tell``, context
     manager); with ``cache`` (a :class:`Cache` or a cache directory) it reads through that
     cache.  ``"wb"`` writes through to the origin: a local file is replaced atomically on
     close, an S3 object is uploaded on close; the cached entry is then invalidated.
-    ``settings`` is a :class:`manyfiles.s3.ClientSettings` for S3 URLs.
+    ``settings`` is a :class:`manyfiles.s3.ClientSettings` for S3 URLs.  ``ttl`` (with
+    ``cache``): seconds a validation of ``src`` stays trusted for this open (default: the
+    cache's, 0: a ``stat`` or ``HEAD`` per open), as ``Cache(dir, ttl=...)``.
 
     Example:
         >>> import manyfiles as mf
@@ -594,7 +664,9 @@ def open(src: Source, mode: str = "rb", *, cache: Cache | str | os.PathLike | No
     if cache is not None:
         if not isinstance(cache, Cache):
             cache = shared_cache(cache)
-        return cache.open(src, mode, buffering=buffering, settings=settings)
+        return cache.open(src, mode, buffering=buffering, settings=settings, ttl=ttl)
+    if ttl is not None:
+        raise UsageError("ttl= is for reads through a cache (give cache=DIR too)")
     origin = parse_source(src, settings)
     if mode == "wb":
         return WriteThrough(origin)

@@ -37,10 +37,14 @@ def export(cache: Any, src: Any, etag: str, size: int, write: Callable[[bytes], 
                 pos += len(data)
         finally:
             os.close(fd)
-    elif not _export_blocks(store, origin, v, write):
-        return False
+    else:
+        queued = store.fills.queued_whole(v.objid)         # checked, not on disk yet
+        if queued is not None:
+            write(bytes(queued))
+        elif not _export_blocks(store, origin, v, write):
+            return False
     store.note_access(v.objid, v.validated_at)
-    store.count(hits=store.nblocks(size) if size else 0, hit_bytes=size)
+    store.count(hits=store.nblocks(size) if size else 0, hit_bytes=size, object_hits=1)
     return True
 
 

@@ -219,7 +219,7 @@ class Fills:
 
     def account(self, fill: Fill | Whole) -> None:
         """Queue the accounting of a file already renamed into place."""
-        self._start()
+        self.start()
         self._accounting.put([(fill, next(self._seq))])
 
     def count_dropped(self, n: int) -> None:
@@ -251,22 +251,25 @@ class Fills:
         bytes until they are on disk."""
         store, n = self.store, len(data)
         with self._lock:
-            if self._closed or store.degraded() or self._queued_bytes + n > self.queue_bytes:
-                store.count(fills_dropped=store.nblocks(n) if kind == "whole" else 1)
-                return False
-            self._queued_bytes += n
-            if key is not None:
-                self._inflight[key] = (data, checked)
-            elif kind == "whole":
-                self._inflight_whole[target.version.objid] = data
-            if self._queued_bytes > BACKLOG * self.queue_bytes:
-                self._backlog.set()
-            seq = next(self._seq)
-        self._start()
+            dropped = self._closed or store.degraded() or self._queued_bytes + n > self.queue_bytes
+            if not dropped:
+                self._queued_bytes += n
+                if key is not None:
+                    self._inflight[key] = (data, checked)
+                elif kind == "whole":
+                    self._inflight_whole[target.version.objid] = data
+                if self._queued_bytes > BACKLOG * self.queue_bytes:
+                    self._backlog.set()
+                seq = next(self._seq)
+        if dropped:        # (counted outside the lock: counting may start the threads, which takes it)
+            store.count(fills_dropped=store.nblocks(n) if kind == "whole" else 1)
+            return False
+        self.start()
         self._queue.put((kind, target, at, data, seq, checked, key))
         return True
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the writer and accounting threads (once per process)."""
         if not self._threads:
             with self._lock:
                 if not self._threads and not self._closed:

@@ -55,7 +55,7 @@ _MIGRATE_1_TO_2 = ("ALTER TABLE entries ADD COLUMN whole INTEGER NOT NULL DEFAUL
                    "ALTER TABLE verified ADD COLUMN claim TEXT")
 
 COUNTERS = ("hits", "misses", "hit_bytes", "miss_bytes", "fills", "fill_bytes", "fills_dropped",
-            "evictions", "evicted_bytes", "corrupt")
+            "evictions", "evicted_bytes", "corrupt", "object_hits", "object_misses")
 
 
 class Version(NamedTuple):

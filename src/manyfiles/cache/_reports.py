@@ -93,15 +93,44 @@ class CacheStats:
     fills_dropped: int     # blocks not cached: queue full or cache disk failing
     evictions: int         # entries evicted by the watermarks or `evict`
     evicted_bytes: int
-    corrupt: int           # blocks found corrupt and removed
+    corrupt: int           # files found corrupt and removed
+    object_hits: int = 0   # object reads served whole from the cache (get_bytes, a reader closed)
+    object_misses: int = 0  # object reads that fetched at least one block from the origin
 
     @property
     def hit_ratio(self) -> float:
         total = self.hits + self.misses
         return self.hits / total if total else 0.0
 
+    @property
+    def object_hit_ratio(self) -> float:
+        total = self.object_hits + self.object_misses
+        return self.object_hits / total if total else 0.0
+
+    def _repr_html_(self) -> str:
+        import html
+
+        cap = format_size(self.max_size) if self.max_size is not None else "unlimited"
+        rows = [
+            ("objects read", f"{self.object_hits + self.object_misses:,}: {self.object_hits:,} hits, "
+                             f"{self.object_misses:,} misses ({self.object_hit_ratio:.1%} hits)"),
+            ("blocks read", f"{self.hits:,} hits ({format_size(self.hit_bytes)}), {self.misses:,} misses "
+                            f"({format_size(self.miss_bytes)}); {self.hit_ratio:.1%} hits"),
+            ("entries", f"{self.entries:,} ({format_size(self.bytes)} of {cap}; "
+                        f"{format_size(self.free_bytes)} free, keeps {format_size(self.min_free)})"),
+            ("fills", f"{self.fills:,} blocks ({format_size(self.fill_bytes)}), "
+                      f"{self.fills_dropped:,} dropped"),
+            ("evictions", f"{self.evictions:,} entries ({format_size(self.evicted_bytes)})"),
+            ("corrupt", f"{self.corrupt:,} files removed"),
+        ]
+        body = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+                       f"<td style='text-align:left'>{html.escape(v)}</td></tr>" for k, v in rows)
+        return (f"<div><b>CacheStats</b>: {html.escape(self.dir)} (block size "
+                f"{format_size(self.block_size)})<table>{body}</table></div>")
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "hit_ratio": round(self.hit_ratio, 6)}
+        return {**asdict(self), "hit_ratio": round(self.hit_ratio, 6),
+                "object_hit_ratio": round(self.object_hit_ratio, 6)}
 
     def __str__(self) -> str:
         cap = format_size(self.max_size) if self.max_size is not None else "unlimited"
@@ -110,12 +139,14 @@ class CacheStats:
             f"entries     {self.entries:,}",
             f"size        {format_size(self.bytes)} (max {cap}, keep {format_size(self.min_free)} free; "
             f"{format_size(self.free_bytes)} free)",
+            f"objects     {self.object_hits:,} hits, {self.object_misses:,} misses "
+            f"({self.object_hit_ratio:.1%} hits)",
             f"hits        {self.hits:,} blocks ({format_size(self.hit_bytes)})",
             f"misses      {self.misses:,} blocks ({format_size(self.miss_bytes)})",
             f"hit ratio   {self.hit_ratio:.1%}",
             f"fills       {self.fills:,} ({format_size(self.fill_bytes)}), {self.fills_dropped:,} dropped",
             f"evictions   {self.evictions:,} entries ({format_size(self.evicted_bytes)})",
-            f"corrupt     {self.corrupt:,} blocks removed",
+            f"corrupt     {self.corrupt:,} files removed",
         ])
 
 
