@@ -234,6 +234,7 @@ def seed_runs(origin: str, args, srcs: list[str], size: int, settings, endpoint:
               nocache_open: Callable, nocache_random: Callable, methods: tuple[str, ...] = METHODS) -> None:
     total = size * len(srcs)
     threads = len(srcs)
+    methods = tuple(m for m in methods if m in args.methods.split(","))
     first: dict[str, list[float]] = {m: [] for m in methods}
     reread: dict[str, list[float]] = {m: [] for m in methods}
     dropped: dict[str, list[float]] = {m: [] for m in methods}
@@ -251,6 +252,7 @@ def seed_runs(origin: str, args, srcs: list[str], size: int, settings, endpoint:
                 assert n == total, (name, n, total)
                 first[name].append(total / secs / MiB)
                 between()                    # not timed: e.g. a new Cache object, as a new process would
+                os.sync()                    # the first read's writes on disk: no writeback under the reread
                 # a pass over a warm cache takes ~0.1 s: time several, so one stall does not decide
                 secs = 0.0
                 for _ in range(args.reread_passes):
@@ -498,6 +500,7 @@ def main() -> int:
     p.add_argument("--latency", type=int, default=20, help="ms added to every S3 response / sshfs round trip")
     p.add_argument("--reads", type=int, default=3000, help="random reads per thread on a cache")
     p.add_argument("--reread-passes", type=int, default=5, help="seed: timed passes of the reread")
+    p.add_argument("--methods", default=",".join(METHODS), help="seed: the methods to run (comma-separated)")
     p.add_argument("--page-cache", choices=["warm", "cold"], default="warm",
                    help="seed: the first read with the page cache as it is (warm) or dropped before it")
     p.add_argument("--nocache-reads", type=int, default=100, help="random reads per thread without a cache")
