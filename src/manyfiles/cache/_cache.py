@@ -283,8 +283,9 @@ class Cache:
                 store.count(hits=store.nblocks(v.size), hit_bytes=v.size, object_hits=1)
                 return MemoryFile(queued, origin.display)
             return MemoryFile(self._read_whole(origin, v, stream), origin.display)
+        open_stream = None
         if stream is None and isinstance(origin, FileOrigin) and store.index.entry(v.objid) is None:
-            stream = origin.open_whole(head)        # a cold file is streamed into its whole file too
+            open_stream = lambda: origin.open_whole(head)   # noqa: E731 - a cold file read from its start
         reader = origin.reader(head if head is not None else Head(v.validator, v.size))
         if strict and isinstance(origin, S3Origin) and reader.part_spans(PART_MAX) is None:
             self._complete_now(origin, v, stream)
@@ -297,7 +298,7 @@ class Cache:
                             origin_reader=reader, prefetch=self.prefetch, stream=stream, strict=strict,
                             max_part=PART_MAX,
                             on_unverified=lambda ver: self._completions.schedule(origin, ver),
-                            complete_now=lambda: self._complete_now(origin, v, None))
+                            complete_now=lambda: self._complete_now(origin, v, None), open_stream=open_stream)
 
     def _whole_file(self, origin: FileOrigin | S3Origin, v: Version, fd: int) -> io.FileIO:
         """A hit on a whole file: accounted (and traced) once, at the open; its reads are the stdlib's."""

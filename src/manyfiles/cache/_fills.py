@@ -35,7 +35,8 @@ FILLERS = 4                          # writer threads per process
 # run at normal priority, since a dropped fill costs a fetch again later.
 FILLER_NICE = 10
 BACKLOG = 0.75
-FLUSH_INTERVAL = 1.0                 # seconds between flushes of accesses and counters
+FLUSH_INTERVAL = 1.0                 # seconds between flushes of accesses and counters while reads go on
+QUIET = 0.05                         # ... and once reads paused this long (a worker between batches)
 _O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
 
@@ -380,7 +381,8 @@ class Fills:
         evicts past the watermarks."""
         while True:
             try:
-                items = [self._accounting.get(timeout=FLUSH_INTERVAL)]
+                wait = QUIET if self.store.counts_pending() else FLUSH_INTERVAL
+                items = [self._accounting.get(timeout=wait)]
             except queue.Empty:
                 items = []
             while items and items[-1] is not None:
@@ -424,7 +426,9 @@ class Fills:
             for objid, size in {(f.version.objid, f.version.size) for f, seq in items
                                 if self.rejected(f.version.objid, seq)}:
                 store.remove_object(objid, size)
-        if fills or time.monotonic() - store.last_flush >= FLUSH_INTERVAL:
+        now = time.monotonic()
+        if fills or now - store.last_flush >= FLUSH_INTERVAL or (store.counts_pending()
+                                                                 and now - store.last_count >= QUIET):
             store.flush_counters()
             store.evict_to_watermarks()
 

@@ -63,7 +63,8 @@ class CachedReader(io.RawIOBase):
     """Seekable raw binary reader of one version of one source (wrap in io.BufferedReader).
 
     ``origin_reader``: ranged reads of this version (``fetch``; ``part_spans`` for S3);
-    ``stream``: the whole-object read a cold open started (its first bytes unread);
+    ``stream``: the whole-object read a cold open started (its first bytes unread); ``open_stream``:
+    how to start one if the first read is at the start (a cold local file);
     ``on_unverified(version)``: called once when an unverified block was kept (the cache then
     completes the object in the background); ``complete_now()``: a strict reader's way to
     unverified bytes it must not hand out (the object checked whole, then read from its file).
@@ -73,7 +74,8 @@ class CachedReader(io.RawIOBase):
                  pool: Executor, origin_reader: Any, prefetch: int = 4, stream: Any = None,
                  strict: bool = False, max_part: int = 0,
                  on_unverified: Callable[[Version], None] | None = None,
-                 complete_now: Callable[[], None] | None = None) -> None:
+                 complete_now: Callable[[], None] | None = None,
+                 open_stream: Callable[[], Any] | None = None) -> None:
         super().__init__()
         self.name = origin.display
         self.size = version.size
@@ -100,15 +102,19 @@ class CachedReader(io.RawIOBase):
         self._ahead_from = 0        # blocks below this were already considered for prefetch
         self._hits = self._misses = self._hit_bytes = self._miss_bytes = 0
         self._pump: _Pump | None = None
+        self._open_stream = open_stream
         if stream is not None:
-            if store is not None and self._nblocks > 0 and not strict:
-                futures = {j: Future() for j in range(self._nblocks)}
-                self._pending.update(futures)
-                self._pump = _Pump(stream, store, version, futures, block_size, max(1, self._max_ahead))
-            else:
-                stream.close()
+            self._start_pump(stream)
         if store is not None:
             store.note_access(version.objid, version.validated_at)
+
+    def _start_pump(self, stream: Any) -> None:
+        if self._store is not None and self._nblocks > 0 and not self._strict:
+            futures = {j: Future() for j in range(self._nblocks)}
+            self._pending.update(futures)
+            self._pump = _Pump(stream, self._store, self._v, futures, self._bs, max(1, self._max_ahead))
+        else:
+            stream.close()
 
     # -- io.RawIOBase ------------------------------------------------------------------------------
 
@@ -142,6 +148,10 @@ class CachedReader(io.RawIOBase):
             raise ValueError("read of closed file")
         view = memoryview(b).cast("B")
         pos, size, bs = self._pos, self.size, self._bs
+        if self._open_stream is not None:       # a cold file: streamed if read from its start
+            opener, self._open_stream = self._open_stream, None
+            if pos == 0:
+                self._start_pump(opener())
         sequential = pos == self._seq_end
         fd = self._fds.get(pos // bs) if sequential else None
         if fd is not None and iotrace.TRACER is None:

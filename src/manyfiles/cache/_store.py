@@ -98,7 +98,7 @@ class BlockStore:
         self._lock = threading.Lock()
         self._accesses: dict[bytes, tuple[float, float]] = {}
         self._counts: dict[str, int] = {}
-        self.last_flush = time.monotonic()
+        self.last_flush = self.last_count = time.monotonic()
         self._evicting = threading.Lock()
 
     def after_fork(self) -> None:
@@ -270,6 +270,7 @@ class BlockStore:
             c = self._counts
             for k, n in counts.items():
                 c[k] = c.get(k, 0) + n
+            self.last_count = time.monotonic()
         # a process that only hits (epoch 2) fills nothing: its accounting thread still writes the
         # counters within a second of the reads, not only at exit
         self.fills.start()
@@ -375,6 +376,9 @@ class BlockStore:
         warnings.warn(f"{self.root}: {why}; reading through without caching", RuntimeWarning, stacklevel=2)
 
     # -- counters -----------------------------------------------------------------------------------
+
+    def counts_pending(self) -> bool:
+        return bool(self._counts or self._accesses)
 
     def flush_counters(self) -> None:
         """Write batched accesses and counters to the index (the accounting thread does it every second)."""
