@@ -94,6 +94,7 @@ Refusal = tuple[int, str, dict[str, str], bytes]    # status, S3 error code, hea
 # What each fault kind does to one request (the proxy stays a real HTTP/1.1 server in front of moto).
 CONTENT_FAULTS = ("flip", "wrong-range", "wrong-range-honest", "other-body")
 TRANSPORT_FAULTS = ("503", "reset", "truncate", "ignore-range")
+HEAD_FAULTS = ("head-zero", "head-size", "head-parts-count")
 
 
 class FaultProxy:
@@ -102,7 +103,8 @@ class FaultProxy:
     ``faults`` is a list of ``(predicate, kind)``; the first entry whose predicate matches a
     request (``method``, ``path``, ``headers``) is consumed and applied.  ``random_faults =
     (p, kinds, predicate)`` applies one of ``kinds`` to each matching request with probability
-    ``p`` (seeded, never consumed).  Kinds:
+    ``p`` (seeded, never consumed); a list of such rules applies the first whose predicate
+    matches the request (e.g. lying HEADs and flipped GETs at once).  Kinds:
 
     * "503" (SlowDown), "reset" (RST after half the body), "truncate" (close after half the body);
     * "ignore-range" (alias "200"): answer a ranged GET with the whole object and status 200;
@@ -111,7 +113,11 @@ class FaultProxy:
       still naming the range asked for (a lying server); a whole GET gets its body rotated;
     * "wrong-range-honest": the bytes of another offset with a Content-Range saying so;
     * "other-body": status 200 with the body of ``decoy_path`` (another object);
-    * "500-always" and "403-always" (not consumed).
+    * "500-always" and "403-always" (not consumed);
+    * lying HEADs, as a broken gateway answers them (``HEAD_FAULTS``): "head-zero" (``Content-Length:
+      0``), "head-size" (``Content-Length`` 1 MiB more than the truth: a wrong object size, or a
+      plausible but wrong part size for ``?partNumber=N``), "head-parts-count"
+      (``x-amz-mp-parts-count`` one more than the truth).
 
     ``sse_kms = True`` makes every object look KMS-encrypted, as S3 shows it: the
     ``x-amz-server-side-encryption: aws:kms`` header and an ETag that is not the MD5 of the body,
@@ -127,6 +133,14 @@ class FaultProxy:
     ``secrets`` (access key -> secret) makes it check every signed request's SigV4 signature,
     as received and before any fault touches it (botocore's S3SigV4Auth recomputes it), and
     answer 403 SignatureDoesNotMatch / InvalidAccessKeyId otherwise, as S3 would.
+
+    More kinds: "flip@N" flips the byte at offset N of the body (a fault at a known place);
+    "head-etag" answers a HEAD with another ETag (a gateway that lies about the version);
+    "stall" holds the answer back until the proxy closes (a request that never ends).
+    ``parts_as_s3 = True`` answers ``GET ?partNumber=N`` as S3 does (moto answers it with the
+    whole object): 206 with that part's bytes, its Content-Range, ``x-amz-mp-parts-count`` and,
+    for an object uploaded with checksums, the part's own checksum (computed here from moto's
+    bytes, before any fault touches them).
     """
 
     def __init__(self, upstream: str, seed: int = 1234, tls=None,
@@ -140,6 +154,8 @@ class FaultProxy:
         self.decoy_path: str | None = None
         self.sse_kms = False
         self.head_as_s3 = False   # HEAD names a composite checksum with the "-N" S3 gives it
+        self.parts_as_s3 = False  # GET ?partNumber=N answered with that part (see above)
+        self.closing = threading.Event()
         self.delay = 0.0          # seconds added to every object GET
         self.clock_offset: float | None = None
         self.bucket_region: str | None = None
@@ -198,7 +214,14 @@ class FaultProxy:
                     a, b = (int(x) for x in rng_hdr.split("=")[1].split("-"))
                     shift = (b - a + 1) // 2 + 1 if a == 0 else -min(a, (b - a + 1) // 2 + 1)
                     headers["Range"] = f"bytes={a + shift}-{b + shift}"
-                status, resp_headers, data = self._upstream(self.command, self.path, body, headers)
+                if fault == "stall":
+                    proxy.closing.wait()
+                    self.close_connection = True
+                    return
+                if proxy.parts_as_s3 and self.command == "GET" and "partNumber=" in self.path:
+                    status, resp_headers, data = proxy._s3_part(self._upstream, self.path, headers)
+                else:
+                    status, resp_headers, data = self._upstream(self.command, self.path, body, headers)
                 if fault == "other-body" and proxy.decoy_path and status in (200, 206):
                     dh = {k: v for k, v in headers.items() if k.lower() not in ("range", "if-match")}
                     _, _, data = self._upstream("GET", proxy.decoy_path, None, dh)
@@ -210,8 +233,14 @@ class FaultProxy:
                 for k, v in resp_headers:
                     lk = k.lower()
                     if lk == "content-length" and self.command == "HEAD":
+                        if fault == "head-zero":
+                            v = "0"
+                        elif fault == "head-size":
+                            v = str(int(v) + (1 << 20))
                         self.send_header(k, v)
                         continue
+                    if lk == "x-amz-mp-parts-count" and fault == "head-parts-count":
+                        v = str(int(v) + 1)
                     if lk in ("content-length", "transfer-encoding", "connection", "server", "date"):
                         continue
                     if lk == "content-range" and fault in ("other-body", "ignore-range", "200"):
@@ -222,6 +251,8 @@ class FaultProxy:
                         v = proxy._fake_etag(v)
                     if lk.startswith("x-amz-checksum-") and proxy.head_as_s3 and self.command == "HEAD":
                         v = proxy._as_s3(v, resp_headers)
+                    if lk == "etag" and fault == "head-etag" and self.command == "HEAD":
+                        v = '"' + hashlib.md5(b"lie:" + v.encode()).hexdigest() + '"'
                     self.send_header(k, v)
                 an_object = self.command in ("GET", "HEAD") and "list-type" not in self.path
                 if proxy.sse_kms == "sse-c" and an_object:
@@ -239,6 +270,9 @@ class FaultProxy:
                 self.end_headers()
                 if fault in ("corrupt", "flip") and data:
                     i = proxy.rng.randrange(len(data))
+                    data = data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1:]
+                if fault and fault.startswith("flip@") and data:
+                    i = int(fault[5:]) % len(data)
                     data = data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1:]
                 if fault in ("reset", "truncate") and len(data) > 1:
                     self.wfile.write(data[: len(data) // 2])
@@ -363,6 +397,48 @@ class FaultProxy:
         want = signer.signature(signer.string_to_sign(req, signer.canonical_request(req)), req)
         return None if hmac.compare_digest(want, signature) else "SignatureDoesNotMatch"
 
+    def _s3_part(self, upstream, path: str, headers: dict):
+        """``GET ?partNumber=N`` as S3 answers it: (status, headers, body) of that part."""
+        import base64
+        import zlib
+        from urllib.parse import parse_qs
+
+        base, _, query = path.partition("?")
+        n = int(parse_qs(query)["partNumber"][0])
+        status, head, _ = upstream("HEAD", base, None, {"x-amz-checksum-mode": "ENABLED"})
+        if status != 200:
+            return upstream("GET", path, None, headers)
+        head = {k.lower(): v for k, v in head}
+        sizes = []
+        for i in range(1, n + 1):
+            _, part_head, _ = upstream("HEAD", f"{base}?partNumber={i}", None, {})
+            part_head = {k.lower(): v for k, v in part_head}
+            sizes.append(int(part_head["content-length"]))
+        total, start = int(head["content-length"]), sum(sizes[:-1])
+        end = start + sizes[-1] - 1
+        ranged = {k: v for k, v in headers.items() if k.lower() != "x-amz-checksum-mode"}
+        ranged["Range"] = f"bytes={start}-{end}"
+        status, resp_headers, data = upstream("GET", base, None, ranged)
+        if status != 206:
+            return status, resp_headers, data
+        out = [(k, v) for k, v in resp_headers if not k.lower().startswith("x-amz-checksum")
+               and k.lower() != "content-range"]
+        out += [("Content-Range", f"bytes {start}-{end}/{total}"),
+                ("x-amz-mp-parts-count", part_head.get("x-amz-mp-parts-count", "1"))]
+        alg = head.get("x-amz-checksum-algorithm", "").lower()
+        if alg and any(k.lower() == "x-amz-checksum-mode" for k in headers):
+            if alg == "crc32":
+                digest = zlib.crc32(data).to_bytes(4, "big")
+            elif alg == "crc32c":
+                import crc32c
+
+                digest = crc32c.crc32c(data).to_bytes(4, "big")
+            else:
+                digest = hashlib.new(alg, data).digest()
+            out += [(f"x-amz-checksum-{alg}", base64.b64encode(digest).decode()),
+                    ("x-amz-checksum-type", "COMPOSITE")]
+        return 206, out, data
+
     def _take(self, method, path, headers) -> str | None:
         with self.lock:
             for i, (pred, kind) in enumerate(self.faults):
@@ -371,15 +447,19 @@ class FaultProxy:
                         del self.faults[i]
                     self.applied.append(kind)
                     return kind
-            if self.random_faults is not None:
-                p, kinds, pred = self.random_faults
-                if pred(method, path, headers) and self.rng.random() < p:
-                    kind = kinds[self.rng.randrange(len(kinds))] if isinstance(kinds, tuple) else kinds
-                    self.applied.append(kind)
-                    return kind
+            rules = self.random_faults
+            for p, kinds, pred in (rules if isinstance(rules, list) else [rules] if rules else []):
+                if not pred(method, path, headers):
+                    continue
+                if self.rng.random() >= p:
+                    return None
+                kind = kinds[self.rng.randrange(len(kinds))] if isinstance(kinds, tuple) else kinds
+                self.applied.append(kind)
+                return kind
         return None
 
     def close(self) -> None:
+        self.closing.set()
         self.server.shutdown()
         self.server.server_close()
 

@@ -19,8 +19,9 @@ import urllib.request
 import uuid
 
 import pytest
-from s3util import blob, files_under, free_port, put_multipart
+from s3util import CREDS, blob, files_under, free_port, put_multipart
 
+from manyfiles.errors import CredentialsError
 from manyfiles.s3 import ClientSettings, RetryPolicy, pull
 from manyfiles.s3.routing import STRATEGIES
 from manyfiles.s3.sigv4 import Signer, query_string, uri_path
@@ -230,6 +231,44 @@ def test_credential_process_tokens_are_used_and_refreshed_by_every_engine(strate
     assert tokens and all(t and t.startswith("token-") for t in tokens), tokens
     if strategy != "processes":       # the workers of `processes` keep the class default
         assert len(set(tokens)) > 1, tokens
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_keys_changed_or_removed_between_two_pulls_in_one_process(strategy, bucket, proxy, tmp_path,
+                                                                   monkeypatch):
+    """Credentials are resolved for each pull: after the keys in the environment are replaced (and
+    the old key revoked at the edge), the next pull in the same process signs with the new ones;
+    after they are removed, the next pull fails with one CredentialsError and signs nothing."""
+    name, put = bucket
+    data = {f"k/{i}.bin": put(f"k/{i}.bin", blob(700 + i, f"k{i}")) for i in range(3)}
+    data["k/big.bin"] = put("k/big.bin", blob(3 << 20, "kbig"))
+    old_key = CREDS["AWS_ACCESS_KEY_ID"]
+    proxy.secrets = {old_key: CREDS["AWS_SECRET_ACCESS_KEY"], "rotated": "rotated-secret"}
+    keys: list[str] = []
+    proxy.faults.append((lambda m, p, h: keys.append((h.get("Authorization") or "").split("/")[0]) and False,
+                         "never"))
+    via = ClientSettings(endpoint_url=proxy.url, region="us-east-1")
+    kw = {"strategy": strategy, "settings": via, "ranged_min": 1 << 20, "part_size": 1 << 20, "retry": FAST,
+          "processes": 2, "concurrency": 4}
+    first = pull(f"s3://{name}/k/", str(tmp_path / "a"), **kw)
+    assert first.failures == [] and set(keys) == {f"AWS4-HMAC-SHA256 Credential={old_key}"}
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "rotated")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "rotated-secret")
+    del proxy.secrets[old_key]           # revoked: a request signed with it is refused
+    keys.clear()
+    second = pull(f"s3://{name}/k/", str(tmp_path / "b"), **kw)
+    assert second.failures == [] and proxy.refused == []
+    assert set(keys) == {"AWS4-HMAC-SHA256 Credential=rotated"}
+    assert files_under(tmp_path / "b") == {k[2:]: v for k, v in data.items()}
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    keys.clear()
+    with pytest.raises(CredentialsError):
+        pull(f"s3://{name}/k/", str(tmp_path / "c"), **kw)
+    assert keys == [] and proxy.refused == [] and not (tmp_path / "c").exists()
 
 
 def test_ipv6_endpoint(bucket, tmp_path):

@@ -80,9 +80,32 @@ def test_records_without_a_check_get_the_one_their_etag_allows(pulled):
     assert records and all("m" in r for r in records)
     state.write_text("".join(json.dumps({k: r[k] for k in ("k", "s", "e", "r", "i", "t") if k in r}) + "\n"
                              for r in records))
-    assert verify(dest).verified == {"md5": 3, "size-only": 1}    # multipart: no part layout recorded
+    # multipart: no part layout recorded, so its part sizes are searched (never a size-only "ok")
+    assert verify(dest).verified == {"md5": 3, "multipart-md5-searched": 1}
     flip_byte(dest / "a" / "md5.bin", 0)
     assert [(f.path, f.code) for f in verify(dest).failures] == [("v/a/md5.bin", "integrity")]
+
+def test_size_only_records_an_older_s3pull_wrote_are_never_ok(pulled, settings):
+    """Records that say size-only without a reason (an older s3pull could not learn a multipart
+    layout, installed what came and reported "ok"): verify searches a multipart ETag's part sizes in
+    the file and fails anything it cannot check as ``weak-check``; a re-run fetches those again."""
+    name, dest, data = pulled
+    state = dest / STATE_DIR / "state.jsonl"
+    records = [json.loads(line) for line in state.read_text().splitlines() if line.strip()]
+    weak = [{"k": r["k"], "s": r["s"], "e": r["e"], "r": r["r"], "i": r["i"], "t": r["t"], "m": "size-only"}
+            for r in records]
+    state.write_text("".join(json.dumps(r) + "\n" for r in weak))
+    report = verify(dest)
+    assert report.verified == {"multipart-md5-searched": 1}
+    assert {f.path: f.code for f in report.failures} == {k: "weak-check" for k in ("v/crc.bin", "v/a/md5.bin",
+                                                                                   "v/ranged.bin")}
+    flip_byte(dest / "multi.bin", 5 * MiB + 3)     # what the old bug installed: caught
+    assert {f.path: f.code for f in verify(dest).failures}["v/multi.bin"] == "weak-check"
+    again = pull(f"s3://{name}/v/", str(dest), settings=settings, ranged_min=128 * KiB, part_size=64 * KiB,
+                 retry=FAST_RETRY)
+    assert again.done == 4 and again.skipped == 0 and files_under(dest) == data
+    assert verify(dest).verified == {"crc32": 1, "md5": 2, "multipart-md5": 1}
+
 
 def test_truncated_file_and_size_only_records(bucket, settings, tmp_path):
     name, put = bucket

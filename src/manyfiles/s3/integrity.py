@@ -11,12 +11,18 @@ method             expected value
 ``md5``            the ETag of a single-part, non-KMS, non-SSE-C object
 ``multipart-md5``  the ETag ``md5(md5(part 1) + ... + md5(part N))-N``
 ``sha256``/``sha1``  ``x-amz-checksum-sha256`` / ``-sha1``, full object or composite
-``size-only``      nothing else applies (SSE-KMS/SSE-C object without a checksum, or --no-verify)
+``size-only``      only for SSE-KMS/SSE-C objects without a checksum, or --no-checksum (``why``)
 =================  ==========================================================================
 
 The cheapest available check wins (CRCs cost a few percent of MD5's CPU); every method covers
 every byte.  Per-part methods (multipart ETags, composite checksums) need the part sizes, which
-one ``HEAD ?partNumber=1`` gives (:func:`part_layout`).
+one ``HEAD ?partNumber=1`` gives (:func:`part_layout`).  :func:`object_claim` is the one rule
+every reader applies: it never falls back to a size check silently.  A multipart ETag whose part
+sizes cannot be learned gets a *pending* claim (``layout_searched``, no parts): the whole object
+is hashed at the part sizes uploaders use (:func:`candidate_part_sizes`, :class:`LayoutSearch`)
+and passes only if one of them reproduces the ETag (method ``multipart-md5``, counted as
+``multipart-md5-searched``).  An object that allows no check at all (no checksum, an ETag that
+is neither an MD5 nor a multipart ETag, not encrypted) is refused (:class:`Unverifiable`).
 
 :class:`Digest` hashes what was *written*: engines report each byte range after every byte of
 it reached the target.  Ranges may finish in any order (ranged GETs on several threads).  CRCs
@@ -37,11 +43,17 @@ import re
 import threading
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from manyfiles.errors import IntegrityError
 
 SIZE_ONLY = "size-only"
+SEARCHED = "-searched"       # suffix of the kind of a multipart check whose part sizes were searched
+# Why an object may be checked by size only (recorded; anything else is a weaker check than promised)
+NO_CHECKSUM = "no-checksum"  # the caller asked for no content check (--no-checksum, verify=False)
+ENCRYPTED = "encrypted"      # SSE-KMS / SSE-C without a checksum: the ETag is not an MD5
+SIZE_ONLY_REASONS = (NO_CHECKSUM, ENCRYPTED)
+MiB = 1 << 20
 _MD5 = re.compile(r"^[0-9a-f]{32}$")
 _MULTIPART = re.compile(r"^[0-9a-f]{32}-(\d+)$")
 _CHECKSUMS = ("crc64nvme", "crc32c", "crc32", "sha256", "sha1")
@@ -108,6 +120,31 @@ class Claim:
     parts: tuple[int, ...] = ()
     composite: bool = False
     note: str = ""
+    why: str = ""                   # size-only: why that is all (NO_CHECKSUM, ENCRYPTED)
+    layout_searched: bool = False   # multipart-md5 whose part sizes are (to be) found by a search
+
+    @property
+    def kind(self) -> str:
+        """What reports count: the method, ``multipart-md5-searched`` for the layout search."""
+        return self.method + SEARCHED if self.layout_searched else self.method
+
+    @property
+    def pending(self) -> bool:
+        """A layout search that has not run yet: the bytes are hashed by a :class:`LayoutSearch`."""
+        return self.layout_searched and not self.parts
+
+    def strengthened(self, etag: str | None) -> Claim:
+        """A weak record's check as it should have been: a layout search for a multipart ETag
+        (its bytes are on disk to search), else itself."""
+        if self.weak and etag_parts(etag) > 1:
+            return Claim("multipart-md5", etag, (), layout_searched=True)
+        return self
+
+    @property
+    def weak(self) -> bool:
+        """A size-only check without a reason that allows one (what older runs recorded for an
+        object whose multipart layout they could not learn): weaker than promised."""
+        return self.method == SIZE_ONLY and self.why not in SIZE_ONLY_REASONS
 
     def to_record(self) -> dict:
         rec: dict = {"m": self.method}
@@ -119,6 +156,10 @@ class Claim:
             rec["u"] = len(set(self.parts[:-1])) <= 1
         if self.composite:
             rec["x"] = 1
+        if self.why:
+            rec["w"] = self.why
+        if self.layout_searched:
+            rec["f"] = 1
         return rec
 
     @classmethod
@@ -131,7 +172,8 @@ class Claim:
         p = rec.get("p")
         if p:
             parts = tuple(uniform_parts(p[2], p[0])) if rec.get("u") else tuple(p)
-        return cls(rec["m"], rec.get("c"), parts, bool(rec.get("x")))
+        return cls(rec["m"], rec.get("c"), parts, bool(rec.get("x")), why=rec.get("w", ""),
+                   layout_searched=bool(rec.get("f")))
 
 
 def uniform_parts(size: int, part_size: int) -> list[int]:
@@ -188,6 +230,73 @@ def claim_for(etag: str | None, headers: Mapping[str, str], size: int | None,
     return Claim(SIZE_ONLY, None, (), False, note)
 
 
+class Unverifiable(IntegrityError):
+    """An object whose bytes nothing can check (no checksum; an ETag that is neither an MD5 nor a
+    multipart ETag; not encrypted): refused rather than installed on a size check."""
+
+    code = "unverifiable"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
+def object_claim(etag: str | None, headers: Mapping[str, str], size: int | None,
+                 layout: tuple[int, ...] | None, *, verify: bool = True) -> Claim:
+    """The check an object's bytes must pass: the one rule of every reader (s3pull's engines, the cache).
+
+    :func:`claim_for` on the answer's headers; then size-only only when the caller asked for no
+    check (``verify=False``) or the object is SSE-KMS/SSE-C without a checksum; a multipart ETag
+    without its part sizes (``layout`` None or ``()``: unknown or unusable) gets a pending layout
+    search; anything else raises :class:`Unverifiable`.
+    """
+    if not verify:
+        return Claim(SIZE_ONLY, why=NO_CHECKSUM)
+    claim = claim_for(etag, headers, size, layout or None)
+    if claim.method != SIZE_ONLY:
+        return claim
+    if encrypted(headers):
+        return Claim(SIZE_ONLY, note=claim.note, why=ENCRYPTED)
+    n = etag_parts(etag)
+    if n > 1 and size is not None:
+        return Claim("multipart-md5", etag, (), note=claim.note, layout_searched=True)
+    if n == 1 and size is not None:      # a one-part upload: that part is the whole object
+        return Claim("multipart-md5", etag, (size,), note=claim.note)
+    raise Unverifiable(f"nothing to check the bytes against: no checksum and the ETag {etag!r} is neither an "
+                       "MD5 nor a multipart ETag (--no-checksum accepts a size check)")
+
+
+# Part sizes uploaders use: rclone 5 MiB, aws cli / boto3 8 MiB (doubled past 10,000 parts), mc 16 MiB,
+# s5cmd 50 MiB, and the usual round sizes.
+UPLOADER_PART_SIZES = tuple(m * MiB for m in (5, 8, 10, 15, 16, 25, 32, 50, 64, 100, 128, 256, 512))
+MAX_CANDIDATES = 16
+
+
+def candidate_part_sizes(size: int, n: int) -> list[int]:
+    """Uniform part sizes that cut ``size`` bytes into exactly ``n`` parts, most common first: the
+    sizes uploaders use, those doubled (s3transfer past 10,000 parts), and sizes derived from the
+    object size and part count (``ceil(size/n)`` as is and rounded up to 1, 5 and 16 MiB; the AWS
+    Go SDK's ``size/10000 + 1``; minio-go's ``ceil(size/10000)`` rounded up to 16 MiB)."""
+    if n < 2 or size < n:
+        return []
+    base = -(-size // n)
+    out = list(UPLOADER_PART_SIZES)
+    for start in (5 * MiB, 8 * MiB):
+        p = start
+        while p <= size:
+            p *= 2
+            out.append(p)
+    minio = -(-size // 10_000)
+    out += [base, size // 10_000 + 1, -(-minio // (16 * MiB)) * 16 * MiB]
+    out += [-(-base // unit) * unit for unit in (MiB, 5 * MiB, 16 * MiB)]
+    seen: set[int] = set()
+    fits = []
+    for p in out:
+        if p > 0 and p not in seen and -(-size // p) == n:
+            seen.add(p)
+            fits.append(p)
+    return fits[:MAX_CANDIDATES]
+
+
 def part_layout(size: int, etag: str | None,
                 head_part: Callable[[int], Mapping[str, str]]) -> tuple[int, ...]:
     """Part sizes of a multipart object from ``head_part(n)`` (headers of ``HEAD ?partNumber=n``).
@@ -221,16 +330,27 @@ def _layout_steps(size: int, etag: str | None):
     if n <= 1:
         return (size,) if n == 1 else ()
     h1 = yield 1
-    count = int(h1.get("x-amz-mp-parts-count") or n)
-    first = int(h1.get("content-length") or 0)
-    if count != n or first <= 0:
+    count = _header_int(h1, "x-amz-mp-parts-count", n)
+    first = _header_int(h1, "content-length", 0)
+    if count != n or first <= 0 or first >= size:
         return ()
     if -(-size // first) == n:
         return tuple(uniform_parts(size, first))
     sizes = [first]
     for i in range(2, n + 1):
-        sizes.append(int((yield i).get("content-length") or 0))
-    return tuple(sizes) if sum(sizes) == size else ()
+        sizes.append(_header_int((yield i), "content-length", 0))
+    return tuple(sizes) if sum(sizes) == size and min(sizes) > 0 else ()
+
+
+def _header_int(headers: Mapping[str, str], name: str, default: int) -> int:
+    """An integer header; a missing one is ``default``, a garbled one -1 (never a usable size)."""
+    value = headers.get(name)
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        return -1
 
 
 class _Unit:
@@ -414,11 +534,98 @@ class Digest:
         return c.method
 
 
-def rehash_file(fd: int, size: int, claim: Claim) -> None:
-    """Check an installed file (open ``fd``) against a recorded claim; raises IntegrityError."""
+class LayoutSearch:
+    """Hashes a multipart object streamed in order at every candidate part size at once; its
+    :meth:`check` passes when one reproduces the ETag, and :attr:`claim` is then the found layout.
+
+    The fallback for a multipart object whose layout cannot be learned (``HEAD ?partNumber=1``
+    unusable, or contradicting the listing): the same interface as a sequential :class:`Digest`.
+    """
+
+    active = True
+
+    def __init__(self, claim: Claim, size: int | None) -> None:
+        self.claim, self.size = claim, size
+        self.n = etag_parts(claim.value)
+        self._cands = [[p, 0, hashlib.md5(usedforsecurity=False), []]
+                       for p in candidate_part_sizes(size or 0, self.n)]
+        self._pos = 0
+
+    def stream(self, data) -> None:
+        mv = memoryview(data)
+        self._pos += len(mv)
+        for cand in self._cands:
+            p, filled, h, digests = cand
+            view = mv
+            while len(view):
+                take = view[: p - filled]
+                h.update(take)
+                filled += len(take)
+                view = view[len(take):]
+                if filled == p:
+                    digests.append(h.digest())
+                    h, filled = hashlib.md5(usedforsecurity=False), 0
+            cand[1], cand[2] = filled, h
+
+    def check(self) -> str:
+        """Raise IntegrityError unless a candidate layout reproduces the ETag; returns the method."""
+        if self.size is not None and self._pos != self.size:
+            raise IntegrityError(f"hashed {self._pos} of {self.size} bytes")
+        for p, filled, h, digests in self._cands:
+            parts = [*digests, h.digest()] if filled else digests
+            if len(parts) == self.n and hashlib.md5(b"".join(parts), usedforsecurity=False).hexdigest() \
+                    + f"-{self.n}" == self.claim.value:
+                self.claim = Claim("multipart-md5", self.claim.value, tuple(uniform_parts(self._pos, p)),
+                                   note=self.claim.note, layout_searched=True)
+                return self.claim.method
+        tried = ", ".join(f"{p / MiB:g}" for p, *_ in self._cands) or "none fits"
+        raise IntegrityError(f"multipart ETag not reproduced at any known part size (MiB: {tried}); its "
+                             "part sizes could not be learned (HEAD ?partNumber=1)")
+
+
+def digest_for(claim: Claim, size: int | None, read_back: Callable[[int, int], bytes] | None = None):
+    """The hasher of ``claim``: a :class:`LayoutSearch` for a pending one, else a :class:`Digest`
+    (both: ``stream``, ``check``, ``claim`` after the check)."""
+    return LayoutSearch(claim, size) if claim.pending else Digest(claim, size, read_back)
+
+
+def search_layout(claim: Claim, size: int, read_back: Callable[[int, int], bytes]) -> Claim:
+    """Run a layout search over bytes already written (read back in order); returns the found claim."""
+    search = LayoutSearch(claim, size)
+    pos = 0
+    while pos < size:
+        data = read_back(pos, min(READ_BACK, size - pos))
+        if not data:
+            break
+        search.stream(data)
+        pos += len(data)
+    search.check()
+    return search.claim
+
+
+def check_or_search(digest, size: int, read_back: Callable[[int, int], bytes] | None) -> Claim:
+    """``digest.check()``, and the claim that passed.  When a multipart ETag fails at the part sizes
+    a HEAD gave, the HEAD may be what lied: the bytes (read back) are searched at the part sizes
+    uploaders use, and pass if one reproduces the ETag; otherwise the first failure is raised."""
+    try:
+        digest.check()
+        return digest.claim
+    except IntegrityError as failed:
+        claim = digest.claim
+        if claim.method != "multipart-md5" or claim.layout_searched or read_back is None:
+            raise
+        try:
+            return search_layout(replace(claim, parts=(), layout_searched=True), size, read_back)
+        except (IntegrityError, OSError):
+            raise failed from None
+
+
+def rehash_file(fd: int, size: int, claim: Claim) -> Claim:
+    """Check an installed file (open ``fd``) against a recorded claim (a pending one: a layout
+    search); returns the claim it passed, raises IntegrityError."""
     import os
 
-    d = Digest(claim, size, lambda off, n: os.pread(fd, n, off))
+    d = digest_for(claim, size, lambda off, n: os.pread(fd, n, off))
     pos = 0
     while True:
         data = os.pread(fd, READ_BACK, pos)
@@ -429,3 +636,4 @@ def rehash_file(fd: int, size: int, claim: Claim) -> None:
     if pos != size:
         raise IntegrityError(f"file has {pos} bytes, {size} expected")
     d.check()
+    return d.claim

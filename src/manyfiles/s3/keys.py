@@ -49,19 +49,24 @@ class S3Url:
         return self.pattern is None or _glob.compile(self.pattern).match(key, rel=key)
 
 
-def parse_url(url: str) -> S3Url:
-    """Parse ``s3://bucket[/prefix]``; raises UsageError for anything else."""
-    if not url.startswith("s3://"):
+def _split(url: str) -> tuple[str, str]:
+    """``s3://bucket/rest`` -> (bucket, rest); UsageError for anything else."""
+    if not isinstance(url, str) or not url.startswith("s3://"):
         raise UsageError(f"{url}: not an s3:// URL")
     try:
         url.encode("utf-8")
     except UnicodeEncodeError:   # bytes from argv that are not UTF-8 (os.fsdecode surrogates)
         shown = url.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         raise UsageError(f"{shown}: not UTF-8 (S3 keys are UTF-8 text)") from None
-    rest = url[5:]
-    bucket, _, path = rest.partition("/")
+    bucket, _, path = url[5:].partition("/")
     if not bucket or _WILDCARD.search(bucket):
         raise UsageError(f"{url}: missing or invalid bucket name")
+    return bucket, path
+
+
+def parse_url(url: str) -> S3Url:
+    """Parse ``s3://bucket[/prefix]``; raises UsageError for anything else."""
+    bucket, path = _split(url)
     m = _WILDCARD.search(path)
     if m is None:
         prefix, pattern = path, None
@@ -69,6 +74,20 @@ def parse_url(url: str) -> S3Url:
         prefix, pattern = path[: m.start()], path
     base = prefix[: prefix.rfind("/") + 1]
     return S3Url(bucket, prefix, pattern, base)
+
+
+def parse_object_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/key`` -> ``(bucket, key)`` for one object: the key is taken as it is (no
+    wildcards); UsageError when it is empty or a folder (ends with ``/``).
+
+    Example:
+        >>> parse_object_url("s3://bucket/data/a*.json")
+        ('bucket', 'data/a*.json')
+    """
+    bucket, key = _split(url)
+    if not key or key.endswith("/"):
+        raise UsageError(f"{url}: not an object key")
+    return bucket, key
 
 
 def local_relpath(key: str, base: str = "") -> str:

@@ -25,7 +25,7 @@ from manyfiles.errors import IntegrityError, ManyfilesError, PartialFailure, Usa
 from manyfiles.s3 import routing as _plan
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.engines.base import Ctx, Done, Engine, Failed, Options
-from manyfiles.s3.integrity import SIZE_ONLY, Claim, Digest, claim_for
+from manyfiles.s3.integrity import digest_for, object_claim
 from manyfiles.s3.keys import STATE_DIR, S3Url, UnsafeKey, local_relpath, make_filter, parse_url
 from manyfiles.s3.listing import ObjectInfo, list_objects_lean, read_manifest
 from manyfiles.s3.report import PullReport
@@ -291,7 +291,7 @@ def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings
             elif kind == "done":
                 outcome: Done = value
                 slots.release()
-                report.add_done(outcome.engine, outcome.size, outcome.claim.method, outcome.claim.note,
+                report.add_done(outcome.engine, outcome.size, outcome.claim.kind, outcome.claim.note,
                                 outcome.resumed_parts)
                 if state is not None:
                     state.record(job.key, outcome.size, job.etag, outcome.claim.to_record(),
@@ -365,18 +365,20 @@ def _from_cache(cfg: PullConfig, sink: Any, url: S3Url, job: Job) -> Done | None
         target = sink.target(job.key, job.rel, job.size, job.etag)
     except (UnsafeKey, OSError):
         return None                # the engine reports it
-    claim = claim_for(job.etag, {}, job.size, None) if cfg.verify else Claim(SIZE_ONLY)
-    digest = Digest(claim, job.size, target.read)
-
-    def write(data: bytes) -> None:
-        target.append(data)
-        digest.stream(data)
-
     try:
+        # the listing's ETag decides (a multipart one: its part sizes searched); no headers here, so
+        # an SSE-KMS object's ETag fails its check and the engines fetch it
+        claim = object_claim(job.etag, {}, job.size, None, verify=cfg.verify)
+        digest = digest_for(claim, job.size, target.read)
+
+        def write(data: bytes) -> None:
+            target.append(data)
+            digest.stream(data)
+
         if cfg.cache.export(f"s3://{url.bucket}/{job.key}", job.etag, job.size, write):
             digest.check()
             target.commit()
-            return Done("cache", job.size, claim)
+            return Done("cache", job.size, digest.claim)
     except (UnsafeKey, OSError, IntegrityError):
         pass
     target.abort()

@@ -43,9 +43,10 @@ class PullReport(Report):
 
     ``done``/``skipped`` (already there)/``failures`` per object; ``bytes`` downloaded;
     ``engines`` and ``planned``: objects and bytes per engine (fetched, and chosen by the
-    plan); ``verified``: objects per check method (``md5``, ``multipart-md5``, ``crc64nvme``...,
-    ``size-only`` when the content could not be checked); ``notes``: why a better check was
-    not possible.
+    plan); ``verified``: objects per check kind (``md5``, ``multipart-md5``, ``crc64nvme``...;
+    ``multipart-md5-searched`` when the part sizes were found by the layout search, ``size-only``
+    for SSE-KMS/SSE-C objects without a checksum or ``--no-checksum``); ``notes``: why a better
+    check was not possible.
     """
 
     listed: int = 0
@@ -118,7 +119,7 @@ class VerifyReport(Report):
     ``verified``: files per check method that passed (``size-only``: the record holds no
     content check, only the size was compared); failures have the codes ``missing``,
     ``changed`` (size or type differs, or a symlink on the way), ``integrity`` (the bytes do
-    not match) or an errno name.
+    not match), ``weak-check`` (a size-only record its object did not allow) or an errno name.
     """
 
     dest: str = ""

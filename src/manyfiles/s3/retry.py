@@ -7,7 +7,8 @@ permission errors, missing buckets/keys, an object that changed under us
 
 Every failure gets a short ``code`` for reports (:func:`failure_code`): the S3 error code
 (``NoSuchKey``, ``AccessDenied``, ``SlowDown``...), the errno name of a local error
-(``ENOSPC``), or one of ``integrity``, ``changed``, ``unsafe-key``, ``cancelled``, ``transfer``.
+(``ENOSPC``), or one of ``integrity``, ``unverifiable``, ``inconsistent``, ``changed``, ``unsafe-key``,
+``cancelled``, ``transfer``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,17 @@ def coded(err: TransferError, code: str) -> TransferError:
     """``err`` with its failure code (the S3 error code, or one of ours)."""
     err.code = code  # type: ignore[attr-defined]
     return err
+
+
+class Inconsistent(TransferError):
+    """An answer that contradicts the listing or itself (a HEAD with another size or ETag,
+    ``Content-Length: 0`` for an object whose ETag is not an empty one's, an unusable part
+    layout): retried, since a correct answer is what the object pinned by its ETag must give."""
+
+    code = "inconsistent"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=True)
 
 
 class LocalError(TransferError):
@@ -186,6 +198,6 @@ def classify(exc: BaseException) -> TransferError:
     return TransferError(f"{name}: {exc}".rstrip(": "), retryable=True)
 
 
-__all__ = ["CREDENTIAL_CODES", "FATAL_CODES", "RETRYABLE_CODES", "LocalError", "ObjectChanged", "RetryPolicy",
-           "TransferError", "classify", "coded", "failure_code", "listing_error", "stopping_error",
-           "tls_refusal"]
+__all__ = ["CREDENTIAL_CODES", "FATAL_CODES", "RETRYABLE_CODES", "Inconsistent", "LocalError",
+           "ObjectChanged", "RetryPolicy", "TransferError", "classify", "coded", "failure_code",
+           "listing_error", "stopping_error", "tls_refusal"]

@@ -16,6 +16,7 @@ import calendar
 import email.utils
 import hashlib
 import hmac
+import os
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -55,29 +56,56 @@ class AwsConfig:
 
 
 _sessions: dict = {}
+_AWS_FILES = (("AWS_CONFIG_FILE", "~/.aws/config"), ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"))
+
+
+_PROXY_VARS = frozenset({"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY"})
+
+
+def environment_key() -> tuple:
+    """What the configuration is resolved from besides our settings: every ``AWS_*`` variable, the
+    proxy variables, and the config and credentials files (path, size, mtime).  A change to any of
+    them is a new configuration."""
+    env = tuple(sorted((k, v) for k, v in os.environ.items()
+                       if k.startswith("AWS_") or k.upper() in _PROXY_VARS))
+    files = []
+    for var, default in _AWS_FILES:
+        path = os.path.expanduser(os.environ.get(var) or default)
+        try:
+            st = os.stat(path)
+            files.append((path, st.st_size, st.st_mtime_ns))
+        except OSError:
+            files.append((path, -1, -1))
+    return env + tuple(files)
 
 
 def botocore_session(settings: ClientSettings):
-    """The botocore session for the profile (one per profile, shared).  A profile that is not
-    configured (``--aws-profile NAME``, or ``AWS_PROFILE``) is a UsageError (exit 2) here, the one
-    place every S3 entry point passes, not a botocore traceback later."""
-    sess = _sessions.get(settings.profile)
-    if sess is None:
-        require("s3", "botocore.session", S3_FEATURE)
-        import botocore.session
-        from botocore.exceptions import ProfileNotFound
+    """The botocore session for the profile, as the environment and the AWS files are now.
 
-        sess = botocore.session.Session(profile=settings.profile)
-        try:
-            sess.get_scoped_config()
-        except ProfileNotFound as exc:
-            import os
+    Shared while they stay the same (a session caches the credentials it found); a change to an
+    ``AWS_*`` variable or to the config/credentials files between two calls makes a new one, so
+    keys that were changed or removed are never used again.  A profile that is not configured
+    (``--aws-profile NAME``, or ``AWS_PROFILE``) is a UsageError (exit 2) here, the one place every
+    S3 entry point passes, not a botocore traceback later."""
+    env = environment_key()
+    cached = _sessions.get(settings.profile)
+    if cached is not None and cached[0] == env:
+        return cached[1]
+    require("s3", "botocore.session", S3_FEATURE)
+    import botocore.session
+    from botocore.exceptions import ProfileNotFound
 
-            source = "--aws-profile" if settings.profile else "AWS_PROFILE"
-            name = settings.profile or os.environ.get("AWS_PROFILE", "")
-            raise UsageError(f"AWS profile {name!r} ({source}) is not in the AWS config or credentials "
-                             "files") from exc
-        _sessions[settings.profile] = sess
+    sess = botocore.session.Session(profile=settings.profile)
+    try:
+        sess.get_scoped_config()
+    except ProfileNotFound as exc:
+        import os
+
+        source = "--aws-profile" if settings.profile else "AWS_PROFILE"
+        name = settings.profile or os.environ.get("AWS_PROFILE", "")
+        raise UsageError(f"AWS profile {name!r} ({source}) is not in the AWS config or credentials "
+                         "files") from exc
+    _sessions[settings.profile] = (env, sess)
     return sess
 
 
@@ -101,8 +129,9 @@ _configs: dict = {}
 
 
 def aws_config(settings: ClientSettings) -> AwsConfig:
-    """Resolve once per settings (cached): endpoint, region, addressing style, CA bundle."""
-    cfg = _configs.get(settings)
+    """Endpoint, region, addressing style, CA bundle: resolved once per settings and environment."""
+    key = (settings, environment_key())
+    cfg = _configs.get(key)
     if cfg is None:
         sess = botocore_session(settings)
         endpoint = configured_endpoint(settings)
@@ -117,8 +146,22 @@ def aws_config(settings: ClientSettings) -> AwsConfig:
             style = "path"
         ca = sess.get_config_variable("ca_bundle") or None
         cfg = AwsConfig(endpoint, region, style, ca, settings.verify_tls)
-        _configs[settings] = cfg
+        if len(_configs) > 64:
+            _configs.clear()
+        _configs[key] = cfg
     return cfg
+
+
+def credentials_key(settings: ClientSettings) -> str | None:
+    """A digest of the credentials these settings resolve to now (None: unsigned or none found);
+    long-lived transports are keyed by it, so they never sign with keys that were replaced."""
+    if settings.no_sign:
+        return None
+    source = botocore_session(settings).get_credentials()
+    if source is None:
+        return None
+    creds = source.get_frozen_credentials()
+    return hashlib.sha256(f"{creds.access_key}\0{creds.secret_key}\0{creds.token}".encode()).hexdigest()
 
 
 def set_region(settings: ClientSettings, bucket: str, region: str) -> None:
@@ -299,10 +342,14 @@ _clock_offsets: dict = {}
 
 
 def bucket_region(settings: ClientSettings, bucket: str) -> str:
-    """The bucket's region: settings/profile/env; on AWS without one, asked of S3 (x-amz-bucket-region)."""
+    """The bucket's region: settings/profile/env; on AWS without one, asked of S3 (x-amz-bucket-region).
+    A region learnt from a redirect holds for these settings from then on."""
     key = (settings, bucket)
     region = _regions.get(key)
     if region is None:
+        cfg = aws_config(settings)
+        if cfg.region or cfg.endpoint_url:   # configured: follows the environment, not cached
+            return cfg.region or "us-east-1"
         region = _regions[key] = _bucket_region(settings, bucket)
     return region
 
@@ -321,4 +368,5 @@ def _bucket_region(settings: ClientSettings, bucket: str) -> str:
 
 
 __all__ = ["AwsConfig", "Endpoint", "Route", "Signer", "aws_config", "bucket_region", "configured_endpoint",
-           "query_string", "resolve_endpoint", "ssl_context", "uri_path"]
+           "credentials_key", "environment_key", "query_string", "resolve_endpoint", "ssl_context",
+           "uri_path"]

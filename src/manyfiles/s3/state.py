@@ -190,10 +190,15 @@ class State:
 
         A file whose size, inode or mtime changed since (or every file, with ``verify``) is
         re-hashed against the check recorded for it; a size-only record cannot be re-checked,
-        so a changed file is fetched again.
+        so a changed file is fetched again.  A size-only record the object did not allow (an older
+        run could not learn a multipart layout) is re-hashed with a layout search (and recorded
+        with the check it then passed), or fetched again when that is not possible.
         """
         rec = self.done.get(key)
         if rec is None or size is None or rec["s"] != size or (etag and rec.get("e") and rec["e"] != etag):
+            return False
+        claim = Claim.from_record(rec).strengthened(rec.get("e"))
+        if claim.weak:
             return False
         try:
             st = os.stat(path, follow_symlinks=False)
@@ -202,21 +207,20 @@ class State:
         if not _stat.S_ISREG(st.st_mode) or st.st_size != size:
             return False
         unchanged = rec.get("i") == st.st_ino and rec.get("t") == st.st_mtime_ns
-        if unchanged and not verify:
+        if unchanged and not verify and not claim.pending:
             return True
-        claim = Claim.from_record(rec)
         if claim.method == SIZE_ONLY:
             return unchanged
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
-                rehash_file(fd, size, claim)
+                passed = rehash_file(fd, size, claim)
             finally:
                 os.close(fd)
         except (OSError, IntegrityError):
             return False
-        if not unchanged:
-            self.record(key, size, etag, claim.to_record(), path)
+        if not unchanged or claim.pending:
+            self.record(key, size, etag, passed.to_record(), path)
         return True
 
     def record(self, key: str, size: int, etag: str | None, check: dict | None, path: str | None) -> None:

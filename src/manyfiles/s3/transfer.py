@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 from manyfiles import iotrace
 from manyfiles.errors import IntegrityError
-from manyfiles.s3.integrity import SIZE_ONLY, Claim, Digest, claim_for, etag_parts, part_layout
-from manyfiles.s3.retry import ObjectChanged, TransferError, classify
+from manyfiles.s3.integrity import Claim, check_or_search, digest_for, encrypted, etag_parts, object_claim
+from manyfiles.s3.retry import Inconsistent, ObjectChanged, TransferError, classify
 
 CHUNK = 1 << 20
+EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"
 
 
 @dataclass(frozen=True)
@@ -53,18 +54,54 @@ class Fetched:
 
 def needs_layout(job: Job, verify: bool) -> bool:
     """A multipart ETag can only be checked with the part sizes (one HEAD ?partNumber=1)."""
-    return verify and etag_parts(job.etag) > 1
+    return verify and job.size is not None and etag_parts(job.etag) > 1
+
+
+def check_answer(headers: Mapping[str, str], size: int | None, etag: str | None,
+                 what: str = "HEAD") -> tuple[int, str | None]:
+    """(size, ETag) of a HEAD or GET answer (lower-case header names), checked against the
+    listing's ``size`` and ``etag`` (when known) and against itself; raises :class:`Inconsistent`."""
+    length = _int(headers.get("content-length"))
+    got = (headers.get("etag") or "").strip('"') or None
+    if length < 0:
+        raise Inconsistent(f"{what} without a usable Content-Length ({headers.get('content-length')!r})")
+    if size is not None and length != size:
+        raise Inconsistent(f"{what} says {length:,} bytes, the listing {size:,}")
+    if etag and got and got != etag:
+        raise Inconsistent(f"{what} says ETag {got}, the listing {etag}")
+    tag = got or etag
+    if length == 0 and tag and len(tag) == 32 and tag != EMPTY_MD5 and not encrypted(headers):
+        raise Inconsistent(f"{what} says 0 bytes, but the ETag {tag} is not an empty object's")
+    if length < etag_parts(tag):
+        raise Inconsistent(f"{what} says {length:,} bytes, fewer than its ETag's {etag_parts(tag)} parts")
+    return length, tag
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value) if value is not None else -1
+    except ValueError:
+        return -1
 
 
 class WholeBody:
-    """The body of one whole-object GET on its way into ``target``."""
+    """The body of one whole-object GET on its way into ``target``: its answer is checked against
+    the listing (:func:`check_answer`), its check decided (:func:`~manyfiles.s3.integrity.object_claim`:
+    ``layout`` the part sizes learnt, ``()`` when they could not be: a layout search)."""
 
     def __init__(self, job: Job, target, headers: Mapping[str, str], *, verify: bool,
                  layout: tuple[int, ...] | None) -> None:
         self.job, self.target = job, target
-        size = job.size
-        self.claim = claim_for(job.etag, headers, size, layout) if verify else Claim(SIZE_ONLY)
-        self.digest = Digest(self.claim, size, target.read)
+        if job.etag:      # pinned by If-Match: a size that differs is a lying answer, not a new version
+            size, etag = check_answer(headers, job.size, job.etag, "GET")
+        else:
+            size, etag = _int(headers.get("content-length")), (headers.get("etag") or "").strip('"') or None
+            if job.size is not None and size >= 0 and size != job.size:
+                raise ObjectChanged(f"size changed since listing ({job.size} -> {size})")
+            size = size if size >= 0 else job.size
+        self.size = size
+        self.claim = object_claim(etag, headers, size, layout, verify=verify)
+        self.digest = digest_for(self.claim, size, target.read)
         self.n = 0
 
     def write(self, chunk) -> None:
@@ -75,14 +112,15 @@ class WholeBody:
     def finish(self, content_length: int | None) -> Fetched:
         """The final checks: length, listed size, then the claim over every byte written."""
         job = self.job
-        expected = content_length if content_length is not None else job.size
+        expected = content_length if content_length is not None else self.size
         if expected is not None and self.n != expected:
             raise TransferError(f"truncated body: got {self.n} of {expected} bytes", retryable=True)
-        if job.size is not None and content_length is not None and content_length != job.size:
-            raise ObjectChanged(f"size changed since listing ({job.size} -> {content_length})")
-        if job.size is None and self.digest.active and self.digest.units and self.digest.units[-1].end < 0:
-            self.digest.units[-1].end = self.n
-        self.digest.check()
+        if job.size is not None and self.n != job.size:
+            raise ObjectChanged(f"size changed since listing ({job.size} -> {self.n})")
+        units = getattr(self.digest, "units", None)
+        if self.size is None and self.digest.active and units and units[-1].end < 0:
+            units[-1].end = self.n
+        self.claim = check_or_search(self.digest, self.n, self.target.read)
         return Fetched(self.n, self.claim)
 
 
@@ -109,21 +147,26 @@ def get_kwargs(bucket: str, job: Job, checksum_mode: bool) -> dict:
 
 
 def get_whole(client, bucket: str, job: Job, target, *, verify: bool = True, checksum_mode: bool = True,
-              on_bytes=None) -> Fetched:
-    """One GET of the whole object into ``target`` (sequential appends), checked."""
+              on_bytes=None, retry=None, on_retry=None) -> Fetched:
+    """One GET of the whole object into ``target`` (sequential appends), checked; a multipart
+    ETag's part sizes are learnt first (:func:`manyfiles.s3.objects.learn_layout`, under ``retry``)."""
     kw = get_kwargs(bucket, job, checksum_mode)
     t0 = time.monotonic_ns()
     status = 0
     body_w = None
     try:
         layout = None
-        if needs_layout(job, verify) and job.size is not None:
-            layout = part_layout(job.size, job.etag, lambda n: head_part_boto3(client, bucket, job.key, n))
+        if needs_layout(job, verify):
+            from manyfiles.s3.objects import learn_layout
+
+            layout = learn_layout(job.size, job.etag, lambda n: head_part_boto3(client, bucket, job.key, n),
+                                  retry, on_retry=on_retry)
         resp = client.get_object(**kw)
         status = resp["ResponseMetadata"]["HTTPStatusCode"]
-        body_w = WholeBody(job, target, resp["ResponseMetadata"]["HTTPHeaders"], verify=verify, layout=layout)
         body = resp["Body"]
         try:
+            body_w = WholeBody(job, target, resp["ResponseMetadata"]["HTTPHeaders"], verify=verify,
+                               layout=layout)
             while True:
                 chunk = body.read(CHUNK)
                 if not chunk:
@@ -154,5 +197,5 @@ def check_range(status: int, content_range: str | None, start: int, end: int, si
         raise ObjectChanged(f"size changed since listing ({size} -> {total})")
 
 
-__all__ = ["CHUNK", "Fetched", "IntegrityError", "Job", "WholeBody", "check_range", "get_kwargs", "get_whole",
-           "needs_layout", "trace_request"]
+__all__ = ["CHUNK", "EMPTY_MD5", "Fetched", "IntegrityError", "Job", "WholeBody", "check_answer",
+           "check_range", "get_kwargs", "get_whole", "needs_layout", "trace_request"]

@@ -39,9 +39,10 @@ def verify(dest: str | os.PathLike, *, workers: int = DEFAULT_WORKERS,
 
     Failures (``report.failures``, ``Failure(path=key, code, reason)``): ``missing``,
     ``changed`` (size, type, or a symlink on the way), ``integrity`` (bytes differ from the
-    recorded check), or an errno name (``EACCES``, ``EIO``...).  Records without a content
-    check (``size-only``) are compared by size.  ``progress``: True or a callable taking a
-    :class:`~manyfiles._progress.Snapshot` (files, bytes).
+    recorded check), ``weak-check`` (recorded with a size-only check its object did not allow),
+    or an errno name (``EACCES``, ``EIO``...).  Records without a content check (``size-only``:
+    SSE-KMS/SSE-C objects without a checksum, ``--no-checksum``) are compared by size.
+    ``progress``: True or a callable taking a :class:`~manyfiles._progress.Snapshot` (files, bytes).
 
     Example:
         >>> report = verify("/data/images")          # doctest: +SKIP
@@ -113,16 +114,21 @@ def _check_file(real_root: str, rec: dict) -> str:
             raise _Bad("changed", "not a regular file any more")
         if st.st_size != size:
             raise _Bad("changed", f"{st.st_size:,} bytes, {size:,} recorded")
-        claim = Claim.from_record(rec)
+        # a size-only record the object did not allow (an older s3pull could not learn a multipart
+        # layout): its bytes are searched for the part sizes; anything else weak is a failure
+        claim = Claim.from_record(rec).strengthened(rec.get("e"))
+        if claim.weak:
+            raise _Bad("weak-check", "recorded with a size-only check, weaker than its object allows; "
+                                     "run the pull again to fetch it")
         if claim.method == SIZE_ONLY:
             return SIZE_ONLY
         try:
-            rehash_file(fd, size, claim)
+            return rehash_file(fd, size, claim).kind
         except IntegrityError as exc:
-            raise _Bad("integrity", str(exc)) from None
+            code = "weak-check" if claim.pending else "integrity"
+            raise _Bad(code, str(exc)) from None
         except OSError as exc:
             raise _Bad(errno.errorcode.get(exc.errno or 0, "OSError"), exc.strerror or str(exc)) from None
-        return claim.method
     finally:
         with contextlib.suppress(OSError):
             os.close(fd)

@@ -14,13 +14,13 @@ import asyncio
 import time
 
 from manyfiles.s3.engines.base import Ctx, LoopThreadEngine
-from manyfiles.s3.integrity import apart_layout
+from manyfiles.s3.objects import alearn_layout
 from manyfiles.s3.retry import classify
 from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, get_kwargs, needs_layout, trace_request
 
 
 async def aget_whole(client, bucket: str, job: Job, target, *, verify: bool = True,
-                     checksum_mode: bool = True, on_bytes=None) -> Fetched:
+                     checksum_mode: bool = True, on_bytes=None, retry=None, on_retry=None) -> Fetched:
     """Async twin of :func:`manyfiles.s3.transfer.get_whole`."""
     kw = get_kwargs(bucket, job, checksum_mode)
     t0 = time.monotonic_ns()
@@ -33,13 +33,14 @@ async def aget_whole(client, bucket: str, job: Job, target, *, verify: bool = Tr
 
     try:
         layout = None
-        if needs_layout(job, verify) and job.size is not None:
-            layout = await apart_layout(job.size, job.etag, head_part)
+        if needs_layout(job, verify):
+            layout = await alearn_layout(job.size, job.etag, head_part, retry, on_retry=on_retry)
         resp = await client.get_object(**kw)
         status = resp["ResponseMetadata"]["HTTPStatusCode"]
-        body_w = WholeBody(job, target, resp["ResponseMetadata"]["HTTPHeaders"], verify=verify, layout=layout)
         body = resp["Body"]
         try:
+            body_w = WholeBody(job, target, resp["ResponseMetadata"]["HTTPHeaders"], verify=verify,
+                               layout=layout)
             while True:
                 chunk = await body.read(CHUNK)
                 if not chunk:
@@ -82,7 +83,7 @@ class AsyncEngine(LoopThreadEngine):
             await cm.__aexit__(None, None, None)
 
     async def _worker(self, client) -> None:
-        opts = self.ctx.options
+        opts, ctx = self.ctx.options, self.ctx
         await self._serve(lambda job, target: aget_whole(
             client, opts.bucket, job, target, verify=opts.verify, checksum_mode=opts.checksum_mode,
-            on_bytes=self.ctx.bytes))
+            on_bytes=ctx.bytes, retry=opts.retry, on_retry=lambda err: ctx.retried(job, str(err))))

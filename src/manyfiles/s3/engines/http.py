@@ -25,8 +25,8 @@ from manyfiles.s3.http1 import (
     request_head,
     request_target,
 )
-from manyfiles.s3.integrity import apart_layout
-from manyfiles.s3.retry import TransferError, classify
+from manyfiles.s3.objects import alearn_layout
+from manyfiles.s3.retry import RetryPolicy, TransferError, classify
 from manyfiles.s3.sigv4 import Endpoint, Route, uri_path
 from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, needs_layout
 
@@ -143,8 +143,10 @@ async def ahead_lean(conn: _Conn, job: Job, part_number: int | None, timeout: fl
 
 
 async def aget_lean(conn: _Conn, bucket: str, job: Job, target, *, verify: bool, checksum_mode: bool,
-                    timeout: float, on_bytes=None) -> Fetched:
-    """GET the whole object over ``conn`` into ``target``, checked; raises TransferError."""
+                    timeout: float, on_bytes=None, retry: RetryPolicy | None = None,
+                    on_retry=None) -> Fetched:
+    """GET the whole object over ``conn`` into ``target``, checked; raises TransferError.  A
+    multipart ETag's part sizes are learnt first (:func:`~manyfiles.s3.objects.alearn_layout`)."""
     path = uri_path(conn.route.ep.path_prefix, job.key)
     extra = [("x-amz-checksum-mode", "ENABLED")] if checksum_mode else []
     if job.etag:
@@ -154,9 +156,9 @@ async def aget_lean(conn: _Conn, bucket: str, job: Job, target, *, verify: bool,
     body = None
     try:
         layout = None
-        if needs_layout(job, verify) and job.size is not None:
-            layout = await apart_layout(job.size, job.etag,
-                                        lambda n: ahead_lean(conn, job, n, timeout))
+        if needs_layout(job, verify):
+            layout = await alearn_layout(job.size, job.etag, lambda n: ahead_lean(conn, job, n, timeout),
+                                         retry, on_retry=on_retry)
         status, headers = await _exchange(conn, "GET", path, extra, "", timeout)
         if status != 200:
             raise await _error_for(conn, status, headers, "GET", timeout)
@@ -210,11 +212,12 @@ class HttpEngine(LoopThreadEngine):
         await asyncio.gather(*(self._worker() for _ in range(self.workers)))
 
     async def _worker(self) -> None:
-        opts = self.ctx.options
+        opts, ctx = self.ctx.options, self.ctx
         conn = _Conn(self.route)
         try:
             await self._serve(lambda job, target: aget_lean(
                 conn, opts.bucket, job, target, verify=opts.verify,
-                checksum_mode=opts.checksum_mode, timeout=self.timeout, on_bytes=self.ctx.bytes))
+                checksum_mode=opts.checksum_mode, timeout=self.timeout, on_bytes=ctx.bytes, retry=opts.retry,
+                on_retry=lambda err: ctx.retried(job, str(err))))
         finally:
             conn.close()

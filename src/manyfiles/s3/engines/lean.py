@@ -204,6 +204,23 @@ class LeanClient:
             raise self._classify(exc) from exc
         return headers
 
+    # -- a response read at the caller's pace ---------------------------------------------
+    def open(self, method: str, path: str, extra: list, query: str = "") -> Response:
+        """Send one request on a connection of its own and return the response, body unread
+        (a stream read block by block, possibly by another thread); raises TransferError for a
+        non-2xx answer.  The connection is closed with the response."""
+        own = LeanClient(self.route, self.timeout, checksum_mode=self.checksum_mode)
+        try:
+            sock, status, headers, rest = own._exchange(method, path, list(extra), query)
+            if status not in (200, 206):
+                raise own._error(sock, status, headers, rest, method)
+        except BaseException as exc:
+            own._drop()
+            raise self._classify(exc) from exc
+        flags = own._local.flags
+        own._local.sock = None      # the response owns the socket now
+        return Response(sock, flags, status, headers, rest, method == "HEAD")
+
     # -- one GET --------------------------------------------------------------------------
     def get(self, bucket: str, job: Job, target, start: int | None = None, end: int | None = None, *,
             verify: bool = True, layout: tuple[int, ...] | None = None, feed=None,
@@ -297,6 +314,56 @@ class LeanClient:
                 return data[: i + 4], data[i + 4:]
             if len(data) > _MAX_HEAD:
                 raise TransferError("response head too large", retryable=True)
+
+
+class Response:
+    """One response whose body is read by the caller (:meth:`LeanClient.open`): ``status``,
+    ``headers`` (lower-case names), ``length`` (Content-Length, -1 if none), :meth:`readinto` /
+    :meth:`read` until the body ends, then :meth:`close`.  Short bodies and socket errors raise
+    retryable TransferErrors."""
+
+    def __init__(self, sock, flags: int, status: int, headers: dict[str, str], rest: bytes,
+                 head_only: bool = False) -> None:
+        self.sock, self.flags, self.status, self.headers = sock, flags, status, headers
+        self.length = int(headers.get("content-length", "-1")) if not head_only else 0
+        if self.length < 0:
+            self.close()
+            raise TransferError("response without Content-Length", retryable=True, status=status)
+        self._rest = memoryview(rest)[: self.length]
+        self.remaining = self.length
+
+    def readinto(self, view) -> int:
+        """Fill ``view`` with up to ``len(view)`` bytes of the body (fewer only at its end); 0 at the end."""
+        want = min(len(view), self.remaining)
+        n = 0
+        try:
+            if self._rest and want:
+                n = min(want, len(self._rest))
+                view[:n] = self._rest[:n]
+                self._rest = self._rest[n:]
+            while n < want:
+                got = self.sock.recv_into(view[n:want], want - n, self.flags)
+                if not got:
+                    raise TransferError(f"truncated body: got {self.length - self.remaining + n} of "
+                                        f"{self.length} bytes", retryable=True, status=self.status)
+                n += got
+        except BaseException as exc:
+            self.close()
+            raise LeanClient._classify(exc) from exc
+        self.remaining -= n
+        return n
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes of the body (fewer only at its end; b"" at the end)."""
+        buf = bytearray(min(n, self.remaining))
+        got = self.readinto(memoryview(buf))
+        return bytes(buf) if got == len(buf) else bytes(buf[:got])
+
+    def close(self) -> None:
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
 
 
 class _RangeWriter:

@@ -3,14 +3,16 @@
 
 botocore clients are thread-safe, and the client's urllib3 pool is sized to the number of
 threads so no thread waits for a connection.  Large objects (``job.part_size``) start with a
-*probe*: one HEAD for the object's checksums and encryption (plus ``?partNumber=1`` for
-multipart ETags, which gives the part sizes), which decides the check (see
-:mod:`manyfiles.s3.integrity`) and the ranges: multipart objects are cut on their part
-boundaries, so each part's MD5 or checksum is taken as it is written.  Every range is a GET
-pinned to the listed ETag with If-Match, written with pwrite at its offset into one
-preallocated temp file by whichever thread fetched it.  When the last range is in, the
-object's check runs; if it fails, the whole object is fetched again (up to the retry policy),
-since no single range can be blamed.
+*probe*: the object layer's HEAD (:meth:`manyfiles.s3.objects.ObjectClient.head`: checksums,
+encryption, ``?partNumber=1`` for multipart ETags, checked against the listing), which decides
+the check and the ranges: multipart objects are cut on their part boundaries, so each part's MD5
+or checksum is taken as it is written.  Every range is a GET pinned to the listed ETag with
+If-Match, written with pwrite at its offset into one preallocated temp file by whichever thread
+fetched it.  When the last range is in, the object's check runs; if it fails, the whole object is
+fetched again (up to the retry policy), since no single range can be blamed.  A HEAD that keeps
+contradicting the listing, or a multipart layout that cannot be learnt, sends the object to one
+whole GET whose check is a layout search (:class:`manyfiles.s3.integrity.LayoutSearch`): never a
+silent size-only check.
 """
 
 from __future__ import annotations
@@ -21,10 +23,14 @@ import threading
 
 from manyfiles._retry import retrying
 from manyfiles.errors import IntegrityError
+from manyfiles.s3 import objects
 from manyfiles.s3.engines.base import Ctx, Engine, Failed, cancelled, fail, finish, open_target
-from manyfiles.s3.integrity import SIZE_ONLY, Claim, Digest, claim_for, etag_parts, part_layout
+from manyfiles.s3.integrity import NO_CHECKSUM, SIZE_ONLY, Claim, Digest, check_or_search
+from manyfiles.s3.objects import Inconsistent, ObjectClient, learn_layout
 from manyfiles.s3.retry import ObjectChanged, TransferError, classify
 from manyfiles.s3.transfer import Fetched, Job, get_whole, needs_layout
+
+SEARCH = "search"    # a whole GET whose multipart layout is searched (the HEADs were no use)
 
 
 class _Ranged:
@@ -70,24 +76,27 @@ class ThreadsEngine(Engine):
         opts = ctx.options
         self.lean = None
         if transport == "lean":
-            from manyfiles.s3.engines.lean import LeanClient
-            from manyfiles.s3.sigv4 import Route
+            # the object layer's client for the configuration and credentials of this pull
+            self.lean = lean = objects.transport(opts.settings, opts.bucket, checksum_mode=opts.checksum_mode)
+            self.objects = ObjectClient(opts.settings, retry=opts.retry, verify=opts.verify,
+                                        checksum_mode=opts.checksum_mode, transport=lean)
 
-            self.lean = lean = LeanClient(Route(opts.settings, opts.bucket), opts.settings.read_timeout,
-                                          checksum_mode=opts.checksum_mode)
-
-            def whole(job, target) -> Fetched:
+            def whole(job, target, hint=None) -> Fetched:
                 layout = None
-                if needs_layout(job, opts.verify) and job.size is not None:
-                    layout = part_layout(job.size, job.etag, lambda n: lean.head(opts.bucket, job, n))
+                if hint == SEARCH:
+                    layout = ()
+                elif needs_layout(job, opts.verify):
+                    layout = learn_layout(job.size, job.etag, lambda n: lean.head(opts.bucket, job, n),
+                                          opts.retry, on_retry=lambda err: ctx.retried(job, str(err)))
                 return lean.get(opts.bucket, job, target, verify=opts.verify, layout=layout,
                                 on_bytes=ctx.bytes)
         else:
             client = opts.settings.client(pool=self.workers, checksums=opts.checksum_mode)
 
-            def whole(job, target) -> Fetched:
+            def whole(job, target, hint=None) -> Fetched:
                 return get_whole(client, opts.bucket, job, target, verify=opts.verify,
-                                 checksum_mode=opts.checksum_mode, on_bytes=ctx.bytes)
+                                 checksum_mode=opts.checksum_mode, on_bytes=ctx.bytes, retry=opts.retry,
+                                 on_retry=lambda err: ctx.retried(job, str(err)))
 
         self._get_whole = whole
         self.q: queue.SimpleQueue = queue.SimpleQueue()
@@ -137,7 +146,7 @@ class ThreadsEngine(Engine):
             ended = False
             try:
                 if kind == "whole":
-                    ended = self._whole(obj) or True
+                    ended = self._whole(obj, part) or True
                 elif kind == "probe":
                     ended = self._probe(obj)
                 else:
@@ -153,7 +162,7 @@ class ThreadsEngine(Engine):
         return retrying(fn, self.ctx.options.retry, classify=classify,
                         on_retry=lambda err: self.ctx.retried(job, str(err)), reset=reset)
 
-    def _whole(self, job: Job) -> None:
+    def _whole(self, job: Job, hint: str | None = None) -> None:
         ctx = self.ctx
         if ctx.cancel.is_set():
             cancelled(ctx, job)
@@ -163,33 +172,34 @@ class ThreadsEngine(Engine):
             return
         fetched = error = None
         try:
-            fetched = self._retrying(lambda: self._get_whole(job, target), job, reset=target.reset)
+            fetched = self._retrying(lambda: self._get_whole(job, target, hint), job, reset=target.reset)
         except TransferError as err:
             error = err
         finish(ctx, job, target, self.name, fetched, error)
 
     def _probe(self, job: Job) -> bool:
-        """HEAD the object, choose its check and ranges, open (or resume) its temp file, queue ranges."""
-        ctx, opts, lean = self.ctx, self.ctx.options, self.lean
+        """HEAD the object, choose its check and ranges, open (or resume) its temp file, queue ranges.
+
+        A HEAD that keeps contradicting the listing, or a multipart layout that cannot be learnt,
+        sends the object to one whole GET with a layout search instead (queued: returns False)."""
+        ctx, opts = self.ctx, self.ctx.options
         if ctx.cancel.is_set():
             cancelled(ctx, job)
             return True
-
-        def probe() -> Claim:
-            if not opts.verify:
-                return Claim(SIZE_ONLY)
-            headers = lean.head(opts.bucket, job)
-            layout = None
-            if etag_parts(job.etag) or "-" in "".join(v for k, v in headers.items()
-                                                        if k.startswith("x-amz-checksum-")):
-                layout = part_layout(job.size, job.etag, lambda n: lean.head(opts.bucket, job, n))
-            return claim_for(job.etag, headers, job.size, layout)
-
-        try:
-            claim = self._retrying(probe, job)
-        except TransferError as err:
-            fail(ctx, job, err)
-            return True
+        claim = Claim(SIZE_ONLY, why=NO_CHECKSUM)
+        if opts.verify:
+            try:
+                claim = self.objects.head(opts.bucket, job.key, etag=job.etag, size=job.size,
+                                          on_retry=lambda err: ctx.retried(job, str(err))).claim
+            except Inconsistent as err:
+                ctx.retried(job, f"{err}: fetching it whole")
+                claim = None
+            except TransferError as err:
+                fail(ctx, job, err)
+                return True
+            if claim is None or claim.pending:
+                self.q.put(("whole", job, SEARCH))
+                return False
         ranges = ranges_for(job.size, job.part_size, claim)
         identity = json.dumps([job.key, job.etag, job.size, [r[1] for r in ranges[:2]], len(ranges)],
                               ensure_ascii=False)
@@ -250,7 +260,7 @@ class ThreadsEngine(Engine):
         ctx, job, err = self.ctx, tracker.job, tracker.error
         if err is None:
             try:
-                tracker.digest.check()
+                tracker.claim = check_or_search(tracker.digest, job.size, tracker.target.read)
             except IntegrityError as exc:
                 if tracker.attempt + 1 < ctx.options.retry.attempts and not ctx.cancel.is_set():
                     ctx.retried(job, str(exc))
