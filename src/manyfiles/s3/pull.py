@@ -25,7 +25,7 @@ from manyfiles.errors import IntegrityError, ManyfilesError, PartialFailure, Usa
 from manyfiles.s3 import routing as _plan
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.engines.base import Ctx, Done, Engine, Failed, Options
-from manyfiles.s3.integrity import digest_for, object_claim
+from manyfiles.s3.integrity import Claim, digest_for, object_claim
 from manyfiles.s3.keys import STATE_DIR, S3Url, UnsafeKey, local_relpath, make_filter, parse_url
 from manyfiles.s3.listing import ObjectInfo, list_objects_lean, read_manifest
 from manyfiles.s3.report import PullReport
@@ -690,7 +690,7 @@ class PullJob(executor.Job):
                     installed += ev.size
                 elif ev.kind == "skip" and ev.key in theirs:
                     report.skipped -= 1
-                    report.add_done("lost worker", ev.size, Claim.from_record(theirs[ev.key]).method)
+                    report.add_done("lost worker", ev.size, Claim.from_record(theirs[ev.key]).kind)
                     installed += ev.size
                 publish(report.done + report.skipped + len(report.failures), installed, len(report.failures))
         report.bytes = installed
