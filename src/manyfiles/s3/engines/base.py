@@ -11,7 +11,6 @@ report).  Jobs are immutable; what happened travels in the event (:class:`Done`,
 
 from __future__ import annotations
 
-import asyncio
 import os
 import queue
 import threading
@@ -164,6 +163,8 @@ class LoopThreadEngine(Engine):
         self._closed = False
 
     def _start(self) -> None:
+        import asyncio   # here: a pull on the thread pools never loads it (~10 ms of start-up)
+
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -194,6 +195,8 @@ class LoopThreadEngine(Engine):
         self.close()
 
     def _thread(self) -> None:
+        import asyncio
+
         asyncio.set_event_loop(self.loop)
         self.q: asyncio.Queue = asyncio.Queue()
         try:
