@@ -33,7 +33,9 @@ from __future__ import annotations
 import base64
 import bisect
 import hashlib
+import importlib.util
 import re
+import sys
 import threading
 import zlib
 from collections.abc import Callable, Mapping
@@ -47,15 +49,40 @@ _MULTIPART = re.compile(r"^[0-9a-f]{32}-(\d+)$")
 _CHECKSUMS = ("crc64nvme", "crc32c", "crc32", "sha256", "sha1")
 _NEEDS_CRT = ("crc64nvme", "crc32c")
 READ_BACK = 1 << 20
+_UNSET = object()
 
-try:  # optional: manyfiles[checksums]
-    from awscrt import checksums as _crt
-except ImportError:  # pragma: no cover - depends on the environment
-    _crt = None
+# CRC32C and CRC64NVME: awscrt (manyfiles[checksums]; hardware-accelerated, and the only one that
+# combines the CRCs of ranges) is imported when first needed: loading it costs ~40 ms of CPU (its
+# TLS library seeds an entropy pool), most of a small pull's start-up.  Until then, whole bodies are
+# hashed by the C core's plain CRCs (manyfiles._dents, same values; fine for small objects).
+_CRT_INSTALLED = importlib.util.find_spec("awscrt") is not None
+try:
+    from manyfiles import _dents as _native
+except ImportError:  # pragma: no cover - the C core was not built
+    _native = None
 
 
 def have_crt() -> bool:
-    return _crt is not None
+    """Whether CRC32C / CRC64NVME checksums can be checked (awscrt or the C core)."""
+    return _CRT_INSTALLED or _native is not None
+
+
+def _crt():
+    """awscrt.checksums (imported on first use), or None if it is not installed."""
+    if not _CRT_INSTALLED:
+        return None
+    from awscrt import checksums
+
+    return checksums
+
+
+def _crc_fn(alg: str):
+    """The function computing CRC ``alg`` (crc32c, crc64nvme): awscrt's once it is loaded, else the C
+    core's, else awscrt's (loaded now)."""
+    crt = sys.modules.get("awscrt.checksums")
+    if crt is None and _native is not None:
+        return getattr(_native, alg)
+    return getattr(crt or _crt(), alg)
 
 
 class _Crc:
@@ -79,7 +106,9 @@ _COMBINE = {"crc32": "combine_crc32", "crc32c": "combine_crc32c", "crc64nvme": "
 
 def combiner(method: str):
     """``combine(crc1, crc2, len2)`` for a CRC method when awscrt has it (0.2x+), else None."""
-    return getattr(_crt, _COMBINE.get(method, ""), None) if _crt is not None else None
+    name = _COMBINE.get(method)
+    crt = _crt() if name else None
+    return getattr(crt, name, None) if crt is not None else None
 
 
 def new_hash(alg: str):
@@ -89,9 +118,9 @@ def new_hash(alg: str):
     if alg == "crc32":
         return _Crc(zlib.crc32, 4)
     if alg == "crc32c":
-        return _Crc(_crt.crc32c, 4)
+        return _Crc(_crc_fn("crc32c"), 4)
     if alg == "crc64nvme":
-        return _Crc(_crt.crc64nvme, 8)
+        return _Crc(_crc_fn("crc64nvme"), 8)
     return hashlib.new(alg)
 
 
@@ -162,7 +191,7 @@ def claim_for(etag: str | None, headers: Mapping[str, str], size: int | None,
         want = headers.get(f"x-amz-checksum-{alg}")
         if not want:
             continue
-        if alg in _NEEDS_CRT and _crt is None:
+        if alg in _NEEDS_CRT and not have_crt():
             note = f"{alg} checksum not checked: pip install 'manyfiles[checksums]'"
             continue
         n = want.rpartition("-")[2] if "-" in want else ""
@@ -257,7 +286,7 @@ class Digest:
         self.lock = threading.Lock()
         self.units: list[_Unit] = []
         self.active = claim.method != SIZE_ONLY
-        self.combine = combiner(claim.method)   # CRCs: every range hashed on its own, combined at the end
+        self._combine: object = _UNSET   # looked up by the first ranged writer (see combine)
         if self.active:
             sizes = claim.parts or ((size or 0,) if size is not None else ())
             pos = 0
@@ -269,6 +298,14 @@ class Digest:
         self._starts = [u.start for u in self.units]
         self._pos = 0
         self._ui = 0
+
+    @property
+    def combine(self):
+        """CRCs: every range hashed on its own, combined at the end (awscrt's combine), or None.
+        Looked up by ranged writers only: a whole body streamed in order never loads awscrt."""
+        if self._combine is _UNSET:
+            self._combine = combiner(self.claim.method)
+        return self._combine
 
     # -- sequential (whole-object GETs) ------------------------------------------------------
     def stream(self, data) -> None:
@@ -388,7 +425,7 @@ class Digest:
         c = self.claim
         if not self.active:
             return c.method
-        if self.combine is not None:
+        if self._combine is not _UNSET and self.combine is not None:   # ranged writers were here
             for u in self.units:
                 if u.pieces or u.frontier == u.start != u.end:
                     self._combine_pieces(u)
