@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
 from manyfiles._extras import require
+from manyfiles.s3 import envconfig
 
 if TYPE_CHECKING:       # annotations only: client.py imports this module
     from manyfiles.s3.client import ClientSettings
@@ -73,6 +74,8 @@ def configured_endpoint(settings: ClientSettings) -> str | None:
     profile's ``services`` section, the profile's ``endpoint_url`` (unless ignored by config)."""
     if settings.endpoint_url:
         return settings.endpoint_url
+    if envconfig.env_only(settings):      # no botocore to import (see envconfig)
+        return envconfig.endpoint()
     require("s3", "botocore.configprovider", S3_FEATURE)
     from botocore.configprovider import ConfiguredEndpointProvider
 
@@ -91,19 +94,23 @@ def aws_config(settings: ClientSettings) -> AwsConfig:
     """Resolve once per settings (cached): endpoint, region, addressing style, CA bundle."""
     cfg = _configs.get(settings)
     if cfg is None:
-        sess = botocore_session(settings)
         endpoint = configured_endpoint(settings)
-        region = settings.region or sess.get_config_variable("region") or ""
-        s3cfg = (sess.get_scoped_config() or {}).get("s3") or {}
+        if envconfig.env_only(settings):      # no botocore to import (see envconfig)
+            region, configured_style, ca = envconfig.region(), None, envconfig.ca_bundle()
+        else:
+            sess = botocore_session(settings)
+            region = sess.get_config_variable("region")
+            s3cfg = (sess.get_scoped_config() or {}).get("s3") or {}
+            configured_style = s3cfg.get("addressing_style") if isinstance(s3cfg, dict) else None
+            ca = sess.get_config_variable("ca_bundle") or None
         style = "auto"
         if settings.path_style is not None:
             style = "path" if settings.path_style else "virtual"
-        elif isinstance(s3cfg, dict) and s3cfg.get("addressing_style"):
-            style = s3cfg["addressing_style"]
+        elif configured_style:
+            style = configured_style
         elif endpoint:
             style = "path"
-        ca = sess.get_config_variable("ca_bundle") or None
-        cfg = AwsConfig(endpoint, region, style, ca, settings.verify_tls)
+        cfg = AwsConfig(endpoint, settings.region or region or "", style, ca, settings.verify_tls)
         _configs[settings] = cfg
     return cfg
 
@@ -175,7 +182,8 @@ class Signer:
         self._keys: dict[str, bytes] = {}
         self._lock = threading.Lock()
         if not self.unsigned:
-            self._creds_source = botocore_session(settings).get_credentials()
+            self._creds_source = envconfig.credentials() if envconfig.env_only(settings) else \
+                botocore_session(settings).get_credentials()
             if self._creds_source is None:
                 NoCredentialsError = require("s3", "botocore.exceptions", S3_FEATURE).NoCredentialsError
 

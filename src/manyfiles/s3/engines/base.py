@@ -163,7 +163,7 @@ class LoopThreadEngine(Engine):
         self._closed = False
 
     def _start(self) -> None:
-        import asyncio   # here: a pull on the thread pools never loads it (~10 ms of start-up)
+        import asyncio  # here: a pull on the thread pools never loads it (~10 ms of start-up)
 
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
