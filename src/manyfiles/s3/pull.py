@@ -274,6 +274,13 @@ def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings
             return
         put(("end", None, None))
 
+    def counted(n: int) -> Iterator[Event]:
+        if n:
+            report.bytes += n
+            if progress:
+                progress.add(bytes=n)
+            yield Event("bytes", None, None, None, n)
+
     t0 = time.monotonic()
     producer = threading.Thread(target=produce, name="s3pull-planner", daemon=True)
     producer.start()
@@ -283,18 +290,16 @@ def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings
         while True:
             kind, job, value = ctx.events.get()
             if kind == "bytes":
-                report.bytes += value
-                if progress:
-                    progress.add(bytes=value)
-                yield Event("bytes", None, None, None, value)
+                yield from counted(value)
             elif kind == "done":
                 outcome: Done = value
                 slots.release()
+                yield from counted(ctx.take_bytes())   # this object's bytes not sent as an event yet
                 report.add_done(outcome.engine, outcome.size, outcome.claim.method, outcome.claim.note,
                                 outcome.resumed_parts)
                 if state is not None:
                     state.record(job.key, outcome.size, job.etag, outcome.claim.to_record(),
-                                 final_path(job.rel))
+                                 final_path(job.rel), stat=outcome.installed)
                 if cfg.cache is not None and outcome.engine != "cache" and job.etag and not sink.memory:
                     cfg.cache.import_file(f"s3://{url.bucket}/{job.key}", job.etag, outcome.size,
                                           final_path(job.rel))
@@ -338,6 +343,7 @@ def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings
             elif kind == "fatal":
                 raise value
             elif kind == "end":
+                yield from counted(ctx.take_bytes())
                 clean = True
                 break
     finally:
