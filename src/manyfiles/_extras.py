@@ -26,6 +26,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "profile": ("viztracer",),
     "getdents": ("getdents",),
     "checksums": ("awscrt",),
+    "obstore": ("obstore",),
     "dask": ("distributed",),
     "demo": ("moto", "flask"),
     "arrow": ("pyarrow",),
@@ -62,7 +63,7 @@ def _check_extra(extra: str) -> None:
 
 def version_of(distribution: str) -> str | None:
     """The installed version of ``distribution``, or None."""
-    from importlib import metadata     # here: importing it costs every command's start-up ~15 ms
+    from importlib import metadata  # here: importing it costs every command's start-up ~15 ms
 
     try:
         return metadata.version(distribution)

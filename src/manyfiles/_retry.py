@@ -73,7 +73,7 @@ async def aretrying(fn: Callable[[], Awaitable[T]], policy: RetryPolicy, *,
         try:
             return await fn()
         except Exception as exc:
-            import asyncio   # here: the threaded engines never load it
+            import asyncio  # here: the threaded engines never load it
 
             await asyncio.sleep(_next_attempt(exc, attempt, policy, classify, on_retry, reset))
     raise AssertionError("unreachable")

@@ -31,7 +31,7 @@ from manyfiles.cli._common import (
     resolve_progress,
     run_main,
 )
-from manyfiles.s3.routing import STRATEGIES
+from manyfiles.s3.routing import CANDIDATES, STRATEGIES
 
 EPILOG = """\b
 Examples:
@@ -69,7 +69,7 @@ class _PullOrVerify(click.Command):
 @click.command(cls=_PullOrVerify, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
 @click.argument("source")
 @click.argument("dest", type=click.Path(file_okay=False))
-@click.option("--strategy", type=click.Choice(list(STRATEGIES)),
+@click.option("--strategy", type=click.Choice([*STRATEGIES, *CANDIDATES]),
               default="auto", show_default=True, help="Engine; auto routes each object by its listed size.")
 @jobs_option("Connections in flight, shared by all engines.", default=64, old=("--concurrency",))
 @click.option("--processes", type=click.IntRange(0, 256), default=0,

@@ -72,7 +72,7 @@ class PullConfig:
 
     def check(self) -> None:
         """UsageError for a bad value, before anything is listed or created."""
-        if self.strategy not in _plan.STRATEGIES:
+        if self.strategy not in _plan.STRATEGIES + _plan.CANDIDATES:
             raise UsageError(f"unknown strategy {self.strategy!r} "
                              f"(choose from {', '.join(_plan.STRATEGIES)})")
         if self.layout not in LAYOUTS:
@@ -132,6 +132,10 @@ def _engine_factory(ctx: Ctx, cfg: PullConfig, bud: _plan.Budget) -> Callable[[s
                 from manyfiles.s3.engines.http import HttpEngine
 
                 eng = HttpEngine(ctx, bud.small)
+            elif name == "obstore":      # a candidate (issue 18): not used by auto
+                from manyfiles.s3.engines.candidates import ObstoreEngine
+
+                eng = ObstoreEngine(ctx, bud.small)
             elif name == "sync":
                 eng = ThreadsEngine(ctx, 1, name="sync")
             elif name == "processes":

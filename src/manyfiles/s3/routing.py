@@ -27,6 +27,9 @@ PART_SIZE = 8 * MiB
 MAX_PARTS = 10_000
 
 STRATEGIES = ("auto", "sync", "async", "http", "lean", "threads", "processes", "ranged")
+# Engines on other libraries, measured against ours (issue 18), forced only by name; not held to every
+# rule of the engines above (engines/candidates.py says which they cannot keep), not used by auto.
+CANDIDATES = ("obstore",)
 
 
 def part_size_for(size: int, part_size: int = PART_SIZE) -> int:
@@ -63,7 +66,7 @@ def budget(strategy: str, concurrency: int, processes: int = 0) -> Budget:
         return Budget(1, 1, 1)
     if strategy in ("threads", "ranged", "lean"):
         return Budget(concurrency, concurrency, 0)
-    if strategy in ("async", "http"):
+    if strategy in ("async", "http", "obstore"):
         return Budget(concurrency, 0, concurrency)
     if strategy == "processes":
         procs = processes or 2
