@@ -97,3 +97,25 @@ def test_a_pull_configured_by_the_environment_never_imports_botocore(moto_server
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     assert sorted(p.name for p in (tmp_path / "o").glob("*.bin")) == ["0.bin", "1.bin", "2.bin"]
+
+
+def test_many_threads_loading_awscrt_at_once_all_get_it_whole(moto_server, s3admin, bucket, tmp_path):
+    """In a process configured by the environment nothing loads awscrt at start: the first ranged
+    CRC64NVME objects load it (for its combine) from many threads at once, and every one of them
+    must wait for the import to complete (a module still being initialised has no functions yet)."""
+    name, _ = bucket
+    bodies = {f"r/{i}.bin": os.urandom(3 * (1 << 20) + i) for i in range(8)}
+    for key, body in bodies.items():
+        s3admin.put_object(Bucket=name, Key=key, Body=body, ChecksumAlgorithm="CRC64NVME")
+    code = ("import sys\nfrom manyfiles import s3\n"
+            "assert 'awscrt' not in sys.modules\n"
+            f"r = s3.pull('s3://{name}/r/', {str(tmp_path / 'o')!r}, ranged_min=1 << 20, part_size=1 << 20,"
+            " concurrency=64)\n"
+            "print(r.done, dict(r.verified), [f.reason for f in r.failures][:3])\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(CREDS, AWS_ENDPOINT_URL=moto_server, AWS_DEFAULT_REGION="us-east-1",
+               AWS_CONFIG_FILE=str(tmp_path / "no-config"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[0] == "8 {'crc64nvme': 8} []"
+    for key, body in bodies.items():
+        assert (tmp_path / "o" / key.removeprefix("r/")).read_bytes() == body

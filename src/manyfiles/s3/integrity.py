@@ -35,7 +35,6 @@ import bisect
 import hashlib
 import importlib.util
 import re
-import sys
 import threading
 import zlib
 from collections.abc import Callable, Mapping
@@ -67,19 +66,25 @@ def have_crt() -> bool:
     return _CRT_INSTALLED or _native is not None
 
 
+_crt_module = None    # awscrt.checksums once its import completed
+
+
 def _crt():
     """awscrt.checksums (imported on first use), or None if it is not installed."""
-    if not _CRT_INSTALLED:
-        return None
-    from awscrt import checksums
+    global _crt_module
+    if _crt_module is None and _CRT_INSTALLED:
+        # the import statement waits for another thread's import of it to complete (never
+        # sys.modules, which holds a module still being initialised)
+        from awscrt import checksums
 
-    return checksums
+        _crt_module = checksums
+    return _crt_module
 
 
 def _crc_fn(alg: str):
     """The function computing CRC ``alg`` (crc32c, crc64nvme): awscrt's once it is loaded, else the C
     core's, else awscrt's (loaded now)."""
-    crt = sys.modules.get("awscrt.checksums")
+    crt = _crt_module
     if crt is None and _native is not None:
         return getattr(_native, alg)
     return getattr(crt or _crt(), alg)
