@@ -120,7 +120,7 @@ def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
             path_style: bool | None, no_sign_request: bool, cluster: str | None) -> int:
     """Download every object under SOURCE (s3://bucket/prefix, wildcards allowed) into DEST.
 
-    By default objects under 24 MiB are fetched whole by the "lean" thread pool
+    By default objects under 64 MiB are fetched whole by the "lean" thread pool
     (raw sockets, hand-signed GETs) and larger ones in parallel 8 MiB ranged
     parts (see -n).  Every byte written is checked against the object's
     MD5/ETag or checksum before it is installed.  A re-run skips what is already

@@ -81,11 +81,14 @@ def _crt():
     return _crt_module
 
 
-def _crc_fn(alg: str):
-    """The function computing CRC ``alg`` (crc32c, crc64nvme): awscrt's once it is loaded, else the C
-    core's, else awscrt's (loaded now)."""
+NATIVE_MAX = 1 << 20   # larger bodies load awscrt: its CRCs run ~10x faster than the C core's tables
+
+
+def _crc_fn(alg: str, size: int | None):
+    """The function computing CRC ``alg`` (crc32c, crc64nvme) over ``size`` bytes: awscrt's once it
+    is loaded, the C core's for bodies up to NATIVE_MAX, else awscrt's (loaded now)."""
     crt = _crt_module
-    if crt is None and _native is not None:
+    if crt is None and _native is not None and size is not None and size <= NATIVE_MAX:
         return getattr(_native, alg)
     return getattr(crt or _crt(), alg)
 
@@ -116,16 +119,16 @@ def combiner(method: str):
     return getattr(crt, name, None) if crt is not None else None
 
 
-def new_hash(alg: str):
-    """A hashlib-like object (update, digest, copy) for ``alg``."""
+def new_hash(alg: str, size: int | None = None):
+    """A hashlib-like object (update, digest, copy) for ``alg``, to hash ``size`` bytes (None: unknown)."""
     if alg in ("md5", "multipart-md5"):
         return hashlib.md5(usedforsecurity=False)
     if alg == "crc32":
         return _Crc(zlib.crc32, 4)
     if alg == "crc32c":
-        return _Crc(_crc_fn("crc32c"), 4)
+        return _Crc(_crc_fn("crc32c", size), 4)
     if alg == "crc64nvme":
-        return _Crc(_crc_fn("crc64nvme"), 8)
+        return _Crc(_crc_fn("crc64nvme", size), 8)
     return hashlib.new(alg)
 
 
@@ -296,7 +299,7 @@ class Digest:
             sizes = claim.parts or ((size or 0,) if size is not None else ())
             pos = 0
             for s in sizes:
-                self.units.append(_Unit(pos, pos + s, new_hash(claim.method)))
+                self.units.append(_Unit(pos, pos + s, new_hash(claim.method, s)))
                 pos += s
             if not sizes:    # size unknown: one open-ended unit, streamed
                 self.units.append(_Unit(0, -1, new_hash(claim.method)))

@@ -22,6 +22,8 @@ from manyfiles.errors import from_oserror
 from manyfiles.s3.keys import UnsafeKey
 from manyfiles.s3.state import State, open_file, unique_name
 
+PREALLOCATE_MIN = 8 << 20   # whole-object temp files from this size are preallocated
+
 
 class Target:
     """One object being written; engines call ``write_at``/``append`` then ``commit`` or ``abort``.
@@ -78,6 +80,10 @@ class FileTarget(Target):
         else:
             self.name = unique_name(".tmp")
             self.fd = self._create(self.name)
+            if size and size >= PREALLOCATE_MIN:
+                # one allocation up front instead of a growing file's per-write ones
+                with contextlib.suppress(OSError):
+                    os.posix_fallocate(self.fd, 0, size)
         self._pos = 0
 
     @property
