@@ -233,6 +233,8 @@ def tools(bucket: str, dest: Path, endpoint: str, only: set[str] | None) -> dict
     py = str(Path(sys.executable))
     s3pull = str(Path(sys.executable).parent / "s3pull")
     out = {f"s3pull {e}": [s3pull, f"s3://{bucket}/", str(dest), "--strategy", e, "-q"] for e in ENGINES}
+    if BASELINE:    # another build's s3pull (e.g. main's), in the same run: what a change gained
+        out["s3pull auto (baseline)"] = [BASELINE, f"s3://{bucket}/", str(dest), "-q"]
     for name, flags in VARIANTS.items():
         out[f"s3pull {name}"] = [s3pull, f"s3://{bucket}/", str(dest), "-q", *flags]
     out["s5cmd"] = [str(BENCH_VENV / "s5cmd"), "--endpoint-url", endpoint, "cp", f"s3://{bucket}/*",
@@ -311,6 +313,7 @@ def measure(shape: str, endpoint: str, repeat: int, only: set[str] | None,
 
 SHAPES_TOTALS: dict[str, tuple[int, int]] = {}
 FAILED: dict[str, str] = {}     # peer -> why it did not complete (it is not run again)
+BASELINE = ""                   # --baseline: another s3pull executable
 
 
 def verification_cost(times: dict[str, list[float]], checked: str) -> str | None:
@@ -353,7 +356,7 @@ def print_shape(shape: str, label: str, times: dict[str, list[float]], checks: d
         if cost:
             notes.append(cost)
     if "s3pull auto" in med:
-        for peer in PEERS:
+        for peer in (*PEERS, "s3pull obstore", "s3pull auto (baseline)"):
             if peer in med:
                 notes.append(f"auto vs {peer}: {med[peer] / med['s3pull auto']:.2f}x as fast")
     for name, why in FAILED.items():
@@ -485,6 +488,8 @@ def main() -> None:
     ap.add_argument("--tools", default="",
                     help="comma-separated subset (e.g. auto,http,s5cmd,auto --no-verify)")
     ap.add_argument("--clean", action="store_true", help="delete the server's data at the end")
+    ap.add_argument("--baseline", default="", metavar="S3PULL",
+                    help="another s3pull executable (e.g. main's .venv/bin/s3pull), run as 'auto (baseline)'")
     ap.add_argument("--peer-aioboto3", nargs=2, metavar=("BUCKET", "DEST"), help=argparse.SUPPRESS)
     ap.add_argument("--peer-crt", nargs=2, metavar=("BUCKET", "DEST"), help=argparse.SUPPRESS)
     ap.add_argument("--peer-obstore", nargs=2, metavar=("BUCKET", "DEST"), help=argparse.SUPPRESS)
@@ -495,6 +500,10 @@ def main() -> None:
             fn(*peer)
             return
     only = set(args.tools.split(",")) if args.tools else None
+    global BASELINE
+    BASELINE = args.baseline
+    if only is not None and BASELINE:
+        only.add("auto (baseline)")
     byte_compile()
     gw, port = start_versitygw()
     direct = f"http://127.0.0.1:{port}"
