@@ -136,6 +136,10 @@ def _engine_factory(ctx: Ctx, cfg: PullConfig, bud: _plan.Budget) -> Callable[[s
                 from manyfiles.s3.engines.candidates import ObstoreEngine
 
                 eng = ObstoreEngine(ctx, bud.small)
+            elif name == "crt":          # a candidate (issue 18): not used by auto
+                from manyfiles.s3.engines.candidates import CrtEngine
+
+                eng = CrtEngine(ctx, bud.small)
             elif name == "sync":
                 eng = ThreadsEngine(ctx, 1, name="sync")
             elif name == "processes":

@@ -33,7 +33,7 @@ MAX_PARTS = 10_000
 STRATEGIES = ("auto", "sync", "async", "http", "lean", "threads", "processes", "ranged")
 # Engines on other libraries, measured against ours (issue 18), forced only by name; not held to every
 # rule of the engines above (engines/candidates.py says which they cannot keep), not used by auto.
-CANDIDATES = ("obstore",)
+CANDIDATES = ("obstore", "crt")
 
 
 def part_size_for(size: int, part_size: int = PART_SIZE) -> int:
@@ -70,7 +70,7 @@ def budget(strategy: str, concurrency: int, processes: int = 0) -> Budget:
         return Budget(1, 1, 1)
     if strategy in ("threads", "ranged", "lean"):
         return Budget(concurrency, concurrency, 0)
-    if strategy in ("async", "http", "obstore"):
+    if strategy in ("async", "http", "obstore", "crt"):
         return Budget(concurrency, 0, concurrency)
     if strategy == "processes":
         procs = processes or 2

@@ -21,7 +21,7 @@ import time
 from datetime import timedelta
 
 from manyfiles._extras import require
-from manyfiles.s3.engines.base import Ctx, LoopThreadEngine
+from manyfiles.s3.engines.base import Ctx, Engine, LoopThreadEngine
 from manyfiles.s3.retry import TransferError, classify
 from manyfiles.s3.sigv4 import Route, aws_config
 from manyfiles.s3.transfer import Fetched, Job, WholeBody, needs_layout, trace_request
@@ -127,3 +127,171 @@ class ObstoreEngine(LoopThreadEngine):
             raise err from exc
         trace_request("s3.get", opts.bucket, job.key, 0, body.n, t0, status)
         return fetched
+
+
+class CrtEngine(Engine):
+    """``crt`` -- awscrt's native S3 client (the engine of boto3's CRT transfer manager and of AWS's
+    own fastest tools): its event-loop threads run the HTTP and the signing off the GIL; Python sees
+    three callbacks per object (headers, body chunks in order, done).  The headers are all there, so
+    the claim is the same as the lean engine's (checksums, encryption); every chunk is written and
+    hashed as it arrives (:class:`WholeBody`).  Plain-HTTP endpoints need TLS off: boto3's own CRT
+    factory always asks for TLS, which an http:// server answers by closing the socket (the
+    AWS_IO_SOCKET_CLOSED the first benchmark met).  Objects are fetched whole (awscrt splits large
+    ones into its own ranged parts, in order); a multipart ETag's part sizes come from one
+    hand-signed ``HEAD ?partNumber=1``.  Retries are ours (awscrt's are off), per object.
+    """
+
+    name = "crt"
+
+    def __init__(self, ctx: Ctx, workers: int) -> None:
+        import threading
+
+        from awscrt.auth import AwsCredentialsProvider
+        from awscrt.io import ClientBootstrap, DefaultHostResolver, EventLoopGroup
+        from awscrt.s3 import S3Client, S3RequestTlsMode, S3RetryConfig, S3RetryMode
+
+        self.ctx = ctx
+        opts = ctx.options
+        self.route = route = Route(opts.settings, opts.bucket)
+        if route.signer.unsigned:
+            creds = AwsCredentialsProvider.new_static("", "")     # never used: unsigned below
+        else:
+            c = route.signer._creds
+            creds = AwsCredentialsProvider.new_static(c.access_key, c.secret_key, c.token)
+        elg = EventLoopGroup()
+        self.client = S3Client(
+            bootstrap=ClientBootstrap(elg, DefaultHostResolver(elg)), region=route.region,
+            credential_provider=creds,
+            tls_mode=S3RequestTlsMode.ENABLED if route.ep.scheme == "https" else S3RequestTlsMode.DISABLED,
+            max_active_connections_override=max(1, workers),
+            retry_config=S3RetryConfig(retry_mode=S3RetryMode.NONE))
+        self._lean = None
+        self._open = 0
+        self._cond = threading.Condition(threading.Lock())
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            self._open += 1
+        self._attempt(job, 0)
+
+    def _attempt(self, job: Job, attempt: int) -> None:
+        from manyfiles.s3.engines.base import cancelled, open_target
+
+        ctx = self.ctx
+        target = None
+        if ctx.cancel.is_set():
+            cancelled(ctx, job)
+        else:
+            target = open_target(ctx, job)
+        if target is None:
+            self._ended()
+            return
+        try:
+            self._start(job, target, attempt)
+        except BaseException as exc:
+            self._end(job, target, None, _classified(exc), attempt)
+
+    def _ended(self) -> None:
+        with self._cond:
+            self._open -= 1
+            self._cond.notify_all()
+
+    def _start(self, job: Job, target, attempt: int) -> None:
+        from awscrt.http import HttpHeaders, HttpRequest
+        from awscrt.s3 import S3RequestType
+
+        from manyfiles.s3.sigv4 import uri_path
+
+        opts = self.ctx.options
+        layout = None
+        if needs_layout(job, opts.verify) and job.size is not None:
+            from manyfiles.s3.engines.lean import LeanClient
+            from manyfiles.s3.integrity import part_layout
+
+            if self._lean is None:
+                self._lean = LeanClient(self.route, opts.settings.read_timeout)
+            layout = part_layout(job.size, job.etag, lambda n: self._lean.head(opts.bucket, job, n))
+        ep = self.route.ep
+        headers = [("Host", ep.host)]
+        if opts.checksum_mode:
+            headers.append(("x-amz-checksum-mode", "ENABLED"))
+        if job.etag:
+            headers.append(("If-Match", f'"{job.etag}"'))
+        request = HttpRequest("GET", uri_path(ep.path_prefix, job.key), HttpHeaders(headers))
+        state: dict = {"body": None, "error": None, "status": 0}
+        t0 = time.monotonic_ns()
+
+        def on_headers(status_code, headers, **kwargs):
+            state["status"] = status_code
+            if 200 <= status_code < 300:
+                hdrs = {k.lower(): v for k, v in headers}
+                state["length"] = int(hdrs.get("content-length", "-1"))
+                state["body"] = WholeBody(job, target, hdrs, verify=opts.verify, layout=layout)
+
+        def on_body(chunk, offset, **kwargs):
+            body = state["body"]
+            if state["error"] is not None or body is None:
+                return
+            try:
+                if offset != body.n:
+                    raise TransferError(f"body chunk at {offset}, expected {body.n}", retryable=True)
+                body.write(chunk)
+                self.ctx.bytes(len(chunk))
+            except BaseException as exc:
+                state["error"] = exc
+
+        def on_done(error, error_headers=None, error_body=None, **kwargs):
+            body, err, fetched = state["body"], state["error"], None
+            try:
+                if err is None and error is not None:
+                    if error_headers is not None:
+                        from manyfiles.s3.http1 import http_error
+
+                        status = kwargs.get("status_code") or state["status"]
+                        hdrs = {k.lower(): v for k, v in error_headers}
+                        err = http_error(status, bytes(error_body or b""), hdrs)
+                    else:
+                        err = error
+                if err is None:
+                    if body is None:
+                        raise TransferError("no response body", retryable=True)
+                    # the object's size: the listing's, or (awscrt's own ranges) the whole body
+                    fetched = body.finish(job.size if job.size is not None else body.n)
+            except BaseException as exc:
+                err = exc
+            n = body.n if body is not None else 0
+            trace_request("s3.get", opts.bucket, job.key, 0, n, t0, -1 if err else state["status"])
+            self._end(job, target, fetched, None if err is None else _classified(err), attempt)
+
+        self.client.make_request(type=S3RequestType.GET_OBJECT, request=request, on_headers=on_headers,
+                                 on_body=on_body, on_done=on_done)
+
+    def _end(self, job: Job, target, fetched, error: TransferError | None, attempt: int) -> None:
+        """One attempt ended (on an awscrt thread): retried after our back-off, or finished."""
+        import threading
+
+        from manyfiles.s3.engines.base import finish
+
+        ctx, policy = self.ctx, self.ctx.options.retry
+        again = error is not None and error.retryable and attempt + 1 < policy.attempts
+        if again and not ctx.cancel.is_set():
+            ctx.retried(job, str(error))
+            target.abort()
+            threading.Timer(policy.delay(attempt), self._attempt, (job, attempt + 1)).start()
+            return
+        finish(ctx, job, target, self.name, fetched, error)
+        self._ended()
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        with self._cond:
+            while self._open > 0:
+                self._cond.wait(0.5)
+        if self._lean is not None:
+            self._lean.close()
+
+    def kill(self) -> None:
+        self.ctx.cancel.set()
+        self.close()
