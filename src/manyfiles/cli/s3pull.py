@@ -81,8 +81,8 @@ class _PullOrVerify(click.Command):
                    "optionally key<TAB>size<TAB>etag.", old=("--manifest",))
 @click.option("--layout", type=click.Choice(["folder", "sharded"]), default="folder", show_default=True,
               help="folder: key -> path; sharded: hashed sub-folders (manyfiles shard layout).")
-@click.option("--part-size", type=Size(minimum=1), default="8MiB", show_default=True,
-              help="Ranged GET part size.")
+@click.option("--part-size", type=Size(minimum=1), default=None,
+              help="Ranged GET part size [default: by object size, about 8 ranges per core, 8-128 MiB each].")
 @click.option("--retries", type=click.IntRange(0, 100), default=5, show_default=True,
               help="Retries per object or part on 5xx, SlowDown, resets and short bodies.")
 @click.option("--no-checksum", is_flag=True,
@@ -121,8 +121,8 @@ def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
     """Download every object under SOURCE (s3://bucket/prefix, wildcards allowed) into DEST.
 
     By default objects under 64 MiB are fetched whole by the "lean" thread pool
-    (raw sockets, hand-signed GETs) and larger ones in parallel 8 MiB ranged
-    parts (see -n).  Every byte written is checked against the object's
+    (raw sockets, hand-signed GETs) and larger ones in parallel ranged parts
+    (8-128 MiB by object size; see -n).  Every byte written is checked against the object's
     MD5/ETag or checksum before it is installed.  A re-run skips what is already
     there and resumes large objects part by part; failed objects are listed in
     DEST/.s3pull/failures.tsv and make the exit code 1.

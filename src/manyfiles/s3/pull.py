@@ -61,7 +61,7 @@ class PullConfig:
     processes: int = 0                  # 0: os.cpu_count() for the processes engine
     sub_engine: str = "http"            # what each worker process runs: http, async or threads
     ranged_min: int = _plan.RANGED_MIN
-    part_size: int = _plan.PART_SIZE
+    part_size: int | None = None        # None: by object size and cores (routing.part_size_for)
     verify: bool = True                 # False: size-only (--no-verify)
     verify_existing: bool = False       # re-hash every file the state file calls done
     checksum_mode: bool = True          # False: never ask for flexible checksums, ETags only
@@ -79,6 +79,8 @@ class PullConfig:
             raise UsageError(f"unknown layout {self.layout!r} (choose from {', '.join(LAYOUTS)})")
         for name in ("concurrency", "part_size", "ranged_min"):
             value = getattr(self, name)
+            if value is None and name == "part_size":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"{name} must be a positive integer, not {value!r}")
         if not isinstance(self.retry, RetryPolicy):
