@@ -83,6 +83,15 @@ def test_anything_else_goes_through_botocore(case, monkeypatch, tmp_path):
     assert envconfig.env_only(ClientSettings(no_sign=True)) == (case in ("profile setting", "no credentials"))
 
 
+def _run_configured_by_the_environment(code: str, endpoint: str, tmp_path) -> str:
+    """Run ``code`` in a fresh interpreter configured by AWS_* variables alone; its stdout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(CREDS, AWS_ENDPOINT_URL=endpoint, AWS_DEFAULT_REGION="us-east-1",
+               AWS_CONFIG_FILE=str(tmp_path / "no-config"))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout
+
+
 def test_a_pull_configured_by_the_environment_never_imports_botocore(moto_server, bucket, tmp_path):
     name, put = bucket
     for i in range(3):
@@ -91,11 +100,8 @@ def test_a_pull_configured_by_the_environment_never_imports_botocore(moto_server
             f"r = s3.pull('s3://{name}/e/', {str(tmp_path / 'o')!r})\n"
             "assert r.done == 3 and not r.failures, r\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('botocore', 'boto3', 'awscrt')))\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(CREDS, AWS_ENDPOINT_URL=moto_server, AWS_DEFAULT_REGION="us-east-1",
-               AWS_CONFIG_FILE=str(tmp_path / "no-config"))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    out = _run_configured_by_the_environment(code, moto_server, tmp_path)
+    assert out.strip() == "[]"
     assert sorted(p.name for p in (tmp_path / "o").glob("*.bin")) == ["0.bin", "1.bin", "2.bin"]
 
 
@@ -112,10 +118,7 @@ def test_many_threads_loading_awscrt_at_once_all_get_it_whole(moto_server, s3adm
             f"r = s3.pull('s3://{name}/r/', {str(tmp_path / 'o')!r}, ranged_min=1 << 20, part_size=1 << 20,"
             " concurrency=64)\n"
             "print(r.done, dict(r.verified), [f.reason for f in r.failures][:3])\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(CREDS, AWS_ENDPOINT_URL=moto_server, AWS_DEFAULT_REGION="us-east-1",
-               AWS_CONFIG_FILE=str(tmp_path / "no-config"))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split("\n")[0] == "8 {'crc64nvme': 8} []"
+    out = _run_configured_by_the_environment(code, moto_server, tmp_path)
+    assert out.split("\n")[0] == "8 {'crc64nvme': 8} []"
     for key, body in bodies.items():
         assert (tmp_path / "o" / key.removeprefix("r/")).read_bytes() == body
