@@ -86,9 +86,11 @@ NATIVE_MAX = 1 << 20   # larger bodies load awscrt: its CRCs run ~10x faster tha
 
 def _crc_fn(alg: str, size: int | None):
     """The function computing CRC ``alg`` (crc32c, crc64nvme) over ``size`` bytes: awscrt's once it
-    is loaded, the C core's for bodies up to NATIVE_MAX, else awscrt's (loaded now)."""
+    is loaded, the C core's for bodies up to NATIVE_MAX (or any body without awscrt), else awscrt's
+    (loaded now)."""
     crt = _crt_module
-    if crt is None and _native is not None and size is not None and size <= NATIVE_MAX:
+    small = size is not None and size <= NATIVE_MAX
+    if crt is None and _native is not None and (small or not _CRT_INSTALLED):
         return getattr(_native, alg)
     return getattr(crt or _crt(), alg)
 
