@@ -28,10 +28,13 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks notebooks
 	MANYFILES_REQUIRE_C_EXTENSION=1 $(PY) -m pytest -q
 
-# Benchmark peers (awscli pins botocore exactly, so it lives in its own venv).
+# Benchmark peers (awscli pins botocore exactly, so it lives in its own venv; boto3's CRT and
+# obstore in a third, since the aws cli's botocore is older than boto3[crt] wants).
 bench-venv:
 	test -x .venv-bench/bin/python || $(PYTHON) -m venv .venv-bench
 	.venv-bench/bin/pip install -q -r benchmarks/requirements.txt
+	test -x .venv-peers/bin/python || $(PYTHON) -m venv .venv-peers
+	.venv-peers/bin/pip install -q -r benchmarks/requirements-peers.txt
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info src/manyfiles/*.so src/manyfiles/_dents_not_built.txt demo

@@ -52,8 +52,9 @@ if sys.platform.startswith("linux"):
     ext_modules.append(
         Extension(
             "manyfiles._dents",
-            # one directory + module init, the one glob rule set, the parallel tree walker
-            ["src/manyfiles/_dents.c", "src/manyfiles/_glob.c", "src/manyfiles/_walk.c"],
+            # one directory + module init, the one glob rule set, the parallel tree walker, the CRCs
+            # of s3pull's small-object checks
+            ["src/manyfiles/_dents.c", "src/manyfiles/_glob.c", "src/manyfiles/_walk.c", "src/manyfiles/_crc.c"],
             depends=["src/manyfiles/_dents.h"],
             extra_compile_args=["-O2", "-std=gnu11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             extra_link_args=["-pthread"],

@@ -2,20 +2,24 @@
 
 One run measures, on the same server and the same data: s3pull --strategy auto and each forced
 engine, s3pull auto without content checks (--no-verify) and with ETag/MD5 checks only
-(--etag-only), s5cmd, the aws cli, and a plain aioboto3 script with default settings.  Each
-tool downloads the whole bucket into an empty folder; the median of --repeat runs is reported,
-with ratios against s5cmd, (for auto) against the best forced engine, and the cost of
-verification (auto against auto --no-verify) measured in the same run.
+(--etag-only), s5cmd, the aws cli, a plain aioboto3 script with default settings, rclone
+(`rclone copy`, 64 transfers), boto3's CRT transfer manager (`s3transfer.crt`, awscrt's native S3
+client) and obstore (Rust object_store from Python, asyncio, 64 GETs in flight).  Each tool
+downloads the whole bucket into an empty folder; the median of --repeat runs is reported, with
+ratios against s5cmd, (for auto) against the best forced engine and the other peers, and the cost
+of verification (auto against auto --no-verify) measured in the same run.
 
-Shapes: 1k, 1m, 50m, 1g, mixed (uploaded by s5cmd), and for the verification cost three 1 GiB
+Shapes: 1k, 1m, 50m, 1g, mixed, 100k (100,000 x 4 KiB) (uploaded by s5cmd), and for the
+verification cost three 1 GiB
 objects uploaded by boto3: 1g-md5 (one PutObject: single-part, ETag = MD5), 1g-multi (8 MiB
 parts: ETag = md5-of-md5s-128) and 1g-crc32c (one PutObject with a CRC32C checksum).  versitygw
 also stores a CRC64NVME for every object, so auto checks crc64nvme (crc32c for 1g-crc32c) and
 --etag-only checks md5 / multipart-md5; the "checked by" column says what each run used.
 
-Needs: versitygw (and toxiproxy for --latency): taken from .cache/go/bin, ~/go/bin or PATH, and
-built into .cache/go/bin (git-ignored) with `go install` when missing; the peers from
-`make bench-venv`.  Data lives in benchmarks/_data/s3pull (git-ignored; --clean deletes it).
+Needs: versitygw, rclone (and toxiproxy for --latency): taken from .cache/go/bin, ~/go/bin or
+PATH, and built into .cache/go/bin (git-ignored) with `go install` when missing; the peers from
+`make bench-venv` (.venv-bench: s5cmd, aws cli; .venv-peers: boto3 with awscrt, obstore, whose
+botocore pins fight the aws cli's).  Data lives in benchmarks/_data/s3pull (git-ignored; --clean deletes it).
 
     .venv/bin/python benchmarks/s3pull.py                       # all shapes, direct
     .venv/bin/python benchmarks/s3pull.py --latency 0,5,20 --shapes 1k,1m
@@ -44,10 +48,12 @@ from _common import machine_line
 ROOT = Path(__file__).resolve().parent.parent
 GOBIN = ROOT / ".cache" / "go" / "bin"
 BENCH_VENV = ROOT / ".venv-bench" / "bin"
+PEERS_VENV = ROOT / ".venv-peers" / "bin"
 DATA = Path(os.environ.get("S3PULL_BENCH_DATA", ROOT / "benchmarks" / "_data" / "s3pull"))
 GO_TOOLS = {   # binary -> (go package, name go install gives it)
     "versitygw": ("github.com/versity/versitygw/cmd/versitygw@latest", "versitygw"),
     "toxiproxy-server": ("github.com/Shopify/toxiproxy/v2/cmd/server@v2.5.0", "server"),
+    "rclone": ("github.com/rclone/rclone@latest", "rclone"),
 }
 KEY, SECRET = "benchkey", "benchsecret"
 KiB, MiB = 1 << 10, 1 << 20
@@ -62,11 +68,14 @@ SHAPES = {
     "1g-md5": [(1, 1024 * MiB)],
     "1g-multi": [(1, 1024 * MiB)],
     "1g-crc32c": [(1, 1024 * MiB)],
+    "100k": [(100_000, 4 * KiB)],
 }
 # how a shape is uploaded: s5cmd, or boto3 as one PutObject / multipart / PutObject with a CRC32C
 UPLOAD = {"1g-md5": "put", "1g-multi": "multipart", "1g-crc32c": "crc32c"}
-ENGINES = ["auto", "lean", "http", "async", "threads", "processes", "ranged", "sync"]
+ENGINES = ["auto", "lean", "http", "async", "threads", "processes", "ranged", "sync", "obstore", "crt"]
 VARIANTS = {"auto --no-checksum": ["--no-checksum"], "auto --etag-only": ["--etag-only"]}
+PEERS = ("s5cmd", "aws cli", "aioboto3 default", "rclone", "boto3 crt", "obstore")
+IN_FLIGHT = 64     # rclone's --transfers and obstore's GETs in flight: s3pull's default -j
 
 
 def free_port() -> int:
@@ -150,7 +159,12 @@ class Toxiproxy:
 def env_for(endpoint: str) -> dict[str, str]:
     return {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
             "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint, "S3_ENDPOINT_URL": endpoint,
-            "AWS_REQUEST_CHECKSUM_CALCULATION": "when_required"}
+            "AWS_REQUEST_CHECKSUM_CALCULATION": "when_required",
+            # rclone's remote "bench:" from the environment, no config file
+            "RCLONE_CONFIG": "/dev/null", "RCLONE_CONFIG_BENCH_TYPE": "s3",
+            "RCLONE_CONFIG_BENCH_PROVIDER": "Other", "RCLONE_CONFIG_BENCH_ENDPOINT": endpoint,
+            "RCLONE_CONFIG_BENCH_ACCESS_KEY_ID": KEY, "RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY": SECRET,
+            "RCLONE_CONFIG_BENCH_REGION": "us-east-1", "RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE": "true"}
 
 
 def seed(shape: str, endpoint: str) -> tuple[int, int]:
@@ -219,6 +233,8 @@ def tools(bucket: str, dest: Path, endpoint: str, only: set[str] | None) -> dict
     py = str(Path(sys.executable))
     s3pull = str(Path(sys.executable).parent / "s3pull")
     out = {f"s3pull {e}": [s3pull, f"s3://{bucket}/", str(dest), "--strategy", e, "-q"] for e in ENGINES}
+    if BASELINE:    # another build's s3pull (e.g. main's), in the same run: what a change gained
+        out["s3pull auto (baseline)"] = [BASELINE, f"s3://{bucket}/", str(dest), "-q"]
     for name, flags in VARIANTS.items():
         out[f"s3pull {name}"] = [s3pull, f"s3://{bucket}/", str(dest), "-q", *flags]
     out["s5cmd"] = [str(BENCH_VENV / "s5cmd"), "--endpoint-url", endpoint, "cp", f"s3://{bucket}/*",
@@ -226,6 +242,12 @@ def tools(bucket: str, dest: Path, endpoint: str, only: set[str] | None) -> dict
     out["aws cli"] = [str(BENCH_VENV / "aws"), "s3", "cp", "--recursive", "--quiet", "--endpoint-url",
                       endpoint, f"s3://{bucket}/", str(dest)]
     out["aioboto3 default"] = [py, __file__, "--peer-aioboto3", bucket, str(dest)]
+    rclone = str(go_tool("rclone")) if only is None or "rclone" in only else "rclone"
+    out["rclone"] = [rclone, "copy", f"bench:{bucket}", str(dest), "--transfers", str(IN_FLIGHT),
+                     "--checkers", str(IN_FLIGHT)]
+    peers_py = str(PEERS_VENV / "python")
+    out["boto3 crt"] = [peers_py, __file__, "--peer-crt", bucket, str(dest)]
+    out["obstore"] = [peers_py, __file__, "--peer-obstore", bucket, str(dest)]
     if only:
         out = {k: v for k, v in out.items() if k in only or k.removeprefix("s3pull ") in only}
     return out
@@ -264,13 +286,22 @@ def measure(shape: str, endpoint: str, repeat: int, only: set[str] | None,
     env = env_for(endpoint)
     for _ in range(repeat):
         for name, cmd in cmds.items():          # interleaved: noise spreads over every tool
+            if name in FAILED:
+                continue
             shutil.rmtree(dest, ignore_errors=True)
             dest.mkdir(parents=True)
             t0 = time.perf_counter()
             r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             dt = time.perf_counter() - t0
             if r.returncode != 0:
-                raise RuntimeError(f"{name} failed ({r.returncode}): {r.stderr.decode()[-500:]}")
+                if name.startswith("s3pull"):
+                    raise RuntimeError(f"{name} failed ({r.returncode}): {r.stderr.decode()[-500:]}")
+                # a peer that does not complete is a result, not the end of the run
+                last = (r.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1]
+                FAILED[name] = f"exit {r.returncode}: {last[:200]}"
+                del times[name]
+                print(f"  {label} {shape} {name}: FAILED {FAILED[name]}", file=sys.stderr, flush=True)
+                continue
             check(dest, n, nbytes)
             times[name].append(dt)
             if name.startswith("s3pull"):
@@ -281,6 +312,8 @@ def measure(shape: str, endpoint: str, repeat: int, only: set[str] | None,
 
 
 SHAPES_TOTALS: dict[str, tuple[int, int]] = {}
+FAILED: dict[str, str] = {}     # peer -> why it did not complete (it is not run again)
+BASELINE = ""                   # --baseline: another s3pull executable
 
 
 def verification_cost(times: dict[str, list[float]], checked: str) -> str | None:
@@ -303,7 +336,7 @@ def print_shape(shape: str, label: str, times: dict[str, list[float]], checks: d
                       for c, s in SHAPES[shape])
     how = {"put": "one PutObject", "multipart": "multipart, 8 MiB parts", "crc32c": "PutObject + CRC32C"}
     upload = how.get(UPLOAD.get(shape, ""), "uploaded by s5cmd")
-    lines = [f"\n### {desc}, {upload} ({label})\n",
+    lines = [f"\n### {desc}, {upload} ({label}; load average {os.getloadavg()[0]:.1f} at the end)\n",
              "| tool | median s | objects/s | MB/s | speed vs s5cmd | checked by |",
              "|---|---:|---:|---:|---:|---|"]
     base = med.get("s5cmd")
@@ -323,9 +356,11 @@ def print_shape(shape: str, label: str, times: dict[str, list[float]], checks: d
         if cost:
             notes.append(cost)
     if "s3pull auto" in med:
-        for peer in ("aioboto3 default", "aws cli", "s5cmd"):
+        for peer in (*PEERS, "s3pull obstore", "s3pull auto (baseline)"):
             if peer in med:
                 notes.append(f"auto vs {peer}: {med[peer] / med['s3pull auto']:.2f}x as fast")
+    for name, why in FAILED.items():
+        notes.append(f"{name} did not complete: {why}")
     notes.append(f"load average (1 min) when this shape finished: {os.getloadavg()[0]:.1f}")
     lines.append("")
     lines += [f"- {x}" for x in notes]
@@ -360,6 +395,80 @@ def peer_aioboto3(bucket: str, dest: str) -> None:
     asyncio.run(main())
 
 
+def peer_crt(bucket: str, dest: str) -> None:
+    """boto3's CRT transfer manager (s3transfer.crt on awscrt's S3 client), default settings but
+    one: boto3's own factory always asks for TLS, which a plain-HTTP endpoint answers by closing the
+    socket (AWS_IO_SOCKET_CLOSED), so the client is built with TLS only for https endpoints."""
+    import boto3
+    import botocore.session
+    from s3transfer.crt import (
+        BotocoreCRTCredentialsWrapper,
+        BotocoreCRTRequestSerializer,
+        CRTTransferManager,
+        create_s3_crt_client,
+    )
+
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    region = os.environ["AWS_DEFAULT_REGION"]
+    session = botocore.session.get_session()
+    creds = BotocoreCRTCredentialsWrapper(session.get_credentials()).to_crt_credentials_provider()
+    crt = create_s3_crt_client(region, crt_credentials_provider=creds, use_ssl=endpoint.startswith("https"))
+    serializer = BotocoreCRTRequestSerializer(session, {"region_name": region, "endpoint_url": endpoint})
+    lister = boto3.client("s3")
+    with CRTTransferManager(crt, serializer) as tm:
+        futures = []
+        made: set[str] = set()
+        for page in lister.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            for obj in page.get("Contents", ()):
+                path = os.path.join(dest, obj["Key"])
+                parent = os.path.dirname(path)
+                if parent not in made:
+                    os.makedirs(parent, exist_ok=True)
+                    made.add(parent)
+                futures.append(tm.download(bucket, obj["Key"], path))
+        for f in futures:
+            f.result()
+
+
+def peer_obstore(bucket: str, dest: str) -> None:
+    """obstore (Rust object_store): the listing streams into a queue, IN_FLIGHT coroutines GET
+    and write; what a user writes with its asyncio API.  It checks no content."""
+    import asyncio
+
+    import obstore
+    from obstore.store import S3Store
+
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    store = S3Store(bucket, endpoint=endpoint, access_key_id=KEY, secret_access_key=SECRET,
+                    region=os.environ["AWS_DEFAULT_REGION"], virtual_hosted_style_request=False,
+                    client_options={"allow_http": endpoint.startswith("http:")})
+
+    async def main() -> None:
+        q: asyncio.Queue = asyncio.Queue(maxsize=4 * IN_FLIGHT)
+        made: set[str] = set()
+
+        async def worker() -> None:
+            while (key := await q.get()) is not None:
+                data = await (await obstore.get_async(store, key)).bytes_async()
+                path = os.path.join(dest, key)
+                parent = os.path.dirname(path)
+                if parent not in made:
+                    os.makedirs(parent, exist_ok=True)
+                    made.add(parent)
+                with open(path, "wb") as f:
+                    f.write(data)
+
+        workers = [asyncio.create_task(worker()) for _ in range(IN_FLIGHT)]
+        async for batch in obstore.list(store, chunk_size=1000):
+            for meta in batch:
+                await q.put(meta["path"])
+        for _ in workers:
+            await q.put(None)
+        await asyncio.gather(*workers)
+
+    asyncio.run(main())
+
+
 def byte_compile() -> None:
     """Byte-compile manyfiles as an install would: with PYTHONDONTWRITEBYTECODE set (this shell
     sets it) every `s3pull` run would compile its modules again, a constant that is not s3pull's."""
@@ -379,12 +488,22 @@ def main() -> None:
     ap.add_argument("--tools", default="",
                     help="comma-separated subset (e.g. auto,http,s5cmd,auto --no-verify)")
     ap.add_argument("--clean", action="store_true", help="delete the server's data at the end")
+    ap.add_argument("--baseline", default="", metavar="S3PULL",
+                    help="another s3pull executable (e.g. main's .venv/bin/s3pull), run as 'auto (baseline)'")
     ap.add_argument("--peer-aioboto3", nargs=2, metavar=("BUCKET", "DEST"), help=argparse.SUPPRESS)
+    ap.add_argument("--peer-crt", nargs=2, metavar=("BUCKET", "DEST"), help=argparse.SUPPRESS)
+    ap.add_argument("--peer-obstore", nargs=2, metavar=("BUCKET", "DEST"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.peer_aioboto3:
-        peer_aioboto3(*args.peer_aioboto3)
-        return
+    for peer, fn in ((args.peer_aioboto3, peer_aioboto3), (args.peer_crt, peer_crt),
+                     (args.peer_obstore, peer_obstore)):
+        if peer:
+            fn(*peer)
+            return
     only = set(args.tools.split(",")) if args.tools else None
+    global BASELINE
+    BASELINE = args.baseline
+    if only is not None and BASELINE:
+        only.add("auto (baseline)")
     byte_compile()
     gw, port = start_versitygw()
     direct = f"http://127.0.0.1:{port}"

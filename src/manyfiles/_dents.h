@@ -140,6 +140,9 @@ int glob_add_type(PyObject *module, ModState *st);
 int walk_add_type(PyObject *module, ModState *st);
 extern PyMethodDef walk_functions[];
 
+/* _crc.c: crc64nvme() and crc32c() for s3pull's checks of small objects */
+int crc_add_functions(PyObject *module);
+
 /* ---- JSON + names helpers shared by the writers --------------------------------------------- */
 
 PyObject *make_name(const char *name, size_t len, int as_bytes);

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from importlib import metadata
 from types import ModuleType
 
 from manyfiles.errors import MissingExtra
@@ -27,6 +26,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "profile": ("viztracer",),
     "getdents": ("getdents",),
     "checksums": ("awscrt",),
+    "obstore": ("obstore",),
     "dask": ("distributed",),
     "demo": ("moto", "flask"),
     "arrow": ("pyarrow",),
@@ -70,6 +70,8 @@ def _check_extra(extra: str) -> None:
 
 def version_of(distribution: str) -> str | None:
     """The installed version of ``distribution``, or None."""
+    from importlib import metadata  # here: importing it costs every command's start-up ~15 ms
+
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:

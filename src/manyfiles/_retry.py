@@ -20,7 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -74,6 +73,8 @@ async def aretrying(fn: Callable[[], Awaitable[T]], policy: RetryPolicy, *,
         try:
             return await fn()
         except Exception as exc:
+            import asyncio  # here: the threaded engines never load it
+
             await asyncio.sleep(_next_attempt(exc, attempt, policy, classify, on_retry, reset))
     raise AssertionError("unreachable")
 

@@ -64,10 +64,22 @@ def test_auto_routes_by_size():
     assert choose("auto", None)[0] == "lean"
     assert choose("auto", 4 << 20)[0] == "lean"
     engine, part = choose("auto", 1 << 30)
-    assert engine == "ranged" and part == PART_SIZE
+    assert engine == "ranged" and part == part_size_for(1 << 30)
+    assert choose("auto", 1 << 30, part_size=PART_SIZE) == ("ranged", PART_SIZE)
     assert choose("threads", 1 << 30) == ("threads", 0)
     assert choose("ranged", 100) == ("ranged", 0)
     assert part_size_for(10 << 40) * 10_000 >= 10 << 40
+
+
+def test_auto_part_size_follows_object_size_and_cores():
+    MiB = 1 << 20
+    assert part_size_for(1 << 30, cores=2) == 64 * MiB          # 16 ranges: 8 per core
+    assert part_size_for(1 << 30, cores=16) == 8 * MiB          # never below 8 MiB
+    assert part_size_for(64 * MiB, cores=2) == 8 * MiB
+    assert part_size_for(100 << 30, cores=2) == 128 * MiB       # never above 128 MiB...
+    assert part_size_for(2 << 40, cores=2) * 10_000 >= 2 << 40  # ...unless 10,000 parts need it
+    assert part_size_for(100 * MiB + 1, cores=2) == 8 * MiB        # 6.3 MiB wanted: 8 MiB floor
+    assert part_size_for(1 << 30, 8 * MiB, cores=2) == 8 * MiB   # given: taken
 
 
 def test_budget_is_shared():

@@ -35,7 +35,7 @@ from manyfiles.cli._common import (
     version_option,
 )
 from manyfiles.errors import EXIT_FAILED, FailureLines
-from manyfiles.s3.routing import STRATEGIES
+from manyfiles.s3.routing import CANDIDATES, STRATEGIES
 
 EPILOG = """\b
 Examples:
@@ -79,7 +79,7 @@ class _PullOrVerify(click.Command):
 @version_option("s3pull")
 @click.argument("source")
 @click.argument("dest", type=Directory())
-@click.option("--strategy", type=click.Choice(list(STRATEGIES)),
+@click.option("--strategy", type=click.Choice([*STRATEGIES, *CANDIDATES]),
               default="auto", show_default=True, help="Engine; auto routes each object by its listed size.")
 @jobs_option("Connections in flight, shared by all engines.", default=64, old=("--concurrency",))
 @click.option("--processes", type=click.IntRange(0, 256), default=0,
@@ -91,8 +91,8 @@ class _PullOrVerify(click.Command):
                    "optionally key<TAB>size<TAB>etag.", old=("--manifest",))
 @click.option("--layout", type=click.Choice(["folder", "sharded"]), default="folder", show_default=True,
               help="folder: key -> path; sharded: hashed sub-folders (manyfiles shard layout).")
-@click.option("--part-size", type=Size(minimum=1), default="8MiB", show_default=True,
-              help="Ranged GET part size.")
+@click.option("--part-size", type=Size(minimum=1), default=None,
+              help="Ranged GET part size [default: by object size, about 8 ranges per core, 8-128 MiB each].")
 @click.option("--retries", type=click.IntRange(0, 100), default=5, show_default=True,
               help="Retries per object or part on 5xx, SlowDown, resets and short bodies.")
 @click.option("--no-checksum", is_flag=True,
@@ -130,9 +130,9 @@ def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
             path_style: bool | None, no_sign_request: bool, cluster: str | None) -> int:
     """Download every object under SOURCE (s3://bucket/prefix, wildcards allowed) into DEST.
 
-    By default objects under 24 MiB are fetched whole by the "lean" thread pool
-    (raw sockets, hand-signed GETs) and larger ones in parallel 8 MiB ranged
-    parts (see -n).  Every byte written is checked against the object's
+    By default objects under 64 MiB are fetched whole by the "lean" thread pool
+    (raw sockets, hand-signed GETs) and larger ones in parallel ranged parts
+    (8-128 MiB by object size; see -n).  Every byte written is checked against the object's
     MD5/ETag or checksum before it is installed.  A re-run skips what is already
     there and resumes large objects part by part; failed objects are listed in
     DEST/.s3pull/failures.tsv and make the exit code 1.

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from manyfiles._extras import require, require_installed
+from manyfiles.s3 import envconfig
 from manyfiles.s3.sigv4 import S3_FEATURE, aws_config, botocore_session, configured_endpoint
 
 ASYNC_FEATURE = "the async engine (--strategy async)"
@@ -40,7 +41,8 @@ class ClientSettings:
         written.
         """
         require_installed("s3", "boto3", S3_FEATURE)
-        botocore_session(self)  # checks the profile (even where the endpoint is given)
+        if not envconfig.env_only(self):   # (no profile to check then, and no botocore to import)
+            botocore_session(self)  # checks the profile (even where the endpoint is given)
         return replace(self, endpoint_url=configured_endpoint(self))
 
     def _config_kwargs(self, pool: int, checksums: bool = True) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import base64
 import bisect
 import hashlib
+import importlib.util
 import re
 import threading
 import zlib
@@ -59,15 +60,51 @@ _MULTIPART = re.compile(r"^[0-9a-f]{32}-(\d+)$")
 _CHECKSUMS = ("crc64nvme", "crc32c", "crc32", "sha256", "sha1")
 _NEEDS_CRT = ("crc64nvme", "crc32c")
 READ_BACK = 1 << 20
+_UNSET = object()
 
-try:  # optional: manyfiles[checksums]
-    from awscrt import checksums as _crt
-except ImportError:  # pragma: no cover - depends on the environment
-    _crt = None
+# CRC32C and CRC64NVME: awscrt (manyfiles[checksums]; hardware-accelerated, and the only one that
+# combines the CRCs of ranges) is imported when first needed: loading it costs ~40 ms of CPU (its
+# TLS library seeds an entropy pool), most of a small pull's start-up.  Until then, whole bodies are
+# hashed by the C core's plain CRCs (manyfiles._dents, same values; fine for small objects).
+_CRT_INSTALLED = importlib.util.find_spec("awscrt") is not None
+try:
+    from manyfiles import _dents as _native
+except ImportError:  # pragma: no cover - the C core was not built
+    _native = None
 
 
 def have_crt() -> bool:
-    return _crt is not None
+    """Whether CRC32C / CRC64NVME checksums can be checked (awscrt or the C core)."""
+    return _CRT_INSTALLED or _native is not None
+
+
+_crt_module = None    # awscrt.checksums once its import completed
+
+
+def _crt():
+    """awscrt.checksums (imported on first use), or None if it is not installed."""
+    global _crt_module
+    if _crt_module is None and _CRT_INSTALLED:
+        # the import statement waits for another thread's import of it to complete (never
+        # sys.modules, which holds a module still being initialised)
+        from awscrt import checksums
+
+        _crt_module = checksums
+    return _crt_module
+
+
+NATIVE_MAX = 1 << 20   # larger bodies load awscrt: its CRCs run ~10x faster than the C core's tables
+
+
+def _crc_fn(alg: str, size: int | None):
+    """The function computing CRC ``alg`` (crc32c, crc64nvme) over ``size`` bytes: awscrt's once it
+    is loaded, the C core's for bodies up to NATIVE_MAX (or any body without awscrt), else awscrt's
+    (loaded now)."""
+    crt = _crt_module
+    small = size is not None and size <= NATIVE_MAX
+    if crt is None and _native is not None and (small or not _CRT_INSTALLED):
+        return getattr(_native, alg)
+    return getattr(crt or _crt(), alg)
 
 
 class _Crc:
@@ -91,19 +128,21 @@ _COMBINE = {"crc32": "combine_crc32", "crc32c": "combine_crc32c", "crc64nvme": "
 
 def combiner(method: str):
     """``combine(crc1, crc2, len2)`` for a CRC method when awscrt has it (0.2x+), else None."""
-    return getattr(_crt, _COMBINE.get(method, ""), None) if _crt is not None else None
+    name = _COMBINE.get(method)
+    crt = _crt() if name else None
+    return getattr(crt, name, None) if crt is not None else None
 
 
-def new_hash(alg: str):
-    """A hashlib-like object (update, digest, copy) for ``alg``."""
+def new_hash(alg: str, size: int | None = None):
+    """A hashlib-like object (update, digest, copy) for ``alg``, to hash ``size`` bytes (None: unknown)."""
     if alg in ("md5", "multipart-md5"):
         return hashlib.md5(usedforsecurity=False)
     if alg == "crc32":
         return _Crc(zlib.crc32, 4)
     if alg == "crc32c":
-        return _Crc(_crt.crc32c, 4)
+        return _Crc(_crc_fn("crc32c", size), 4)
     if alg == "crc64nvme":
-        return _Crc(_crt.crc64nvme, 8)
+        return _Crc(_crc_fn("crc64nvme", size), 8)
     return hashlib.new(alg)
 
 
@@ -204,7 +243,7 @@ def claim_for(etag: str | None, headers: Mapping[str, str], size: int | None,
         want = headers.get(f"x-amz-checksum-{alg}")
         if not want:
             continue
-        if alg in _NEEDS_CRT and _crt is None:
+        if alg in _NEEDS_CRT and not have_crt():
             note = f"{alg} checksum not checked: pip install 'manyfiles[checksums]'"
             continue
         n = want.rpartition("-")[2] if "-" in want else ""
@@ -377,18 +416,26 @@ class Digest:
         self.lock = threading.Lock()
         self.units: list[_Unit] = []
         self.active = claim.method != SIZE_ONLY
-        self.combine = combiner(claim.method)   # CRCs: every range hashed on its own, combined at the end
+        self._combine: object = _UNSET   # looked up by the first ranged writer (see combine)
         if self.active:
             sizes = claim.parts or ((size or 0,) if size is not None else ())
             pos = 0
             for s in sizes:
-                self.units.append(_Unit(pos, pos + s, new_hash(claim.method)))
+                self.units.append(_Unit(pos, pos + s, new_hash(claim.method, s)))
                 pos += s
             if not sizes:    # size unknown: one open-ended unit, streamed
                 self.units.append(_Unit(0, -1, new_hash(claim.method)))
         self._starts = [u.start for u in self.units]
         self._pos = 0
         self._ui = 0
+
+    @property
+    def combine(self):
+        """CRCs: every range hashed on its own, combined at the end (awscrt's combine), or None.
+        Looked up by ranged writers only: a whole body streamed in order never loads awscrt."""
+        if self._combine is _UNSET:
+            self._combine = combiner(self.claim.method)
+        return self._combine
 
     # -- sequential (whole-object GETs) ------------------------------------------------------
     def stream(self, data) -> None:
@@ -508,7 +555,7 @@ class Digest:
         c = self.claim
         if not self.active:
             return c.method
-        if self.combine is not None:
+        if self._combine is not _UNSET and self.combine is not None:   # ranged writers were here
             for u in self.units:
                 if u.pieces or u.frontier == u.start != u.end:
                     self._combine_pieces(u)

@@ -62,7 +62,7 @@ class PullConfig:
     processes: int = 0                  # 0: os.cpu_count() for the processes engine
     sub_engine: str = "http"            # what each worker process runs: http, async or threads
     ranged_min: int = _plan.RANGED_MIN
-    part_size: int = _plan.PART_SIZE
+    part_size: int | None = None        # None: by object size and cores (routing.part_size_for)
     verify: bool = True                 # False: size-only (--no-verify)
     verify_existing: bool = False       # re-hash every file the state file calls done
     checksum_mode: bool = True          # False: never ask for flexible checksums, ETags only
@@ -73,13 +73,15 @@ class PullConfig:
 
     def check(self) -> None:
         """UsageError for a bad value, before anything is listed or created."""
-        if self.strategy not in _plan.STRATEGIES:
+        if self.strategy not in _plan.STRATEGIES + _plan.CANDIDATES:
             raise UsageError(f"unknown strategy {self.strategy!r} "
                              f"(choose from {', '.join(_plan.STRATEGIES)})")
         if self.layout not in LAYOUTS:
             raise UsageError(f"unknown layout {self.layout!r} (choose from {', '.join(LAYOUTS)})")
         for name in ("concurrency", "part_size", "ranged_min"):
             value = getattr(self, name)
+            if value is None and name == "part_size":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"{name} must be a positive integer, not {value!r}")
         if not isinstance(self.retry, RetryPolicy):
@@ -133,6 +135,14 @@ def _engine_factory(ctx: Ctx, cfg: PullConfig, bud: _plan.Budget) -> Callable[[s
                 from manyfiles.s3.engines.http import HttpEngine
 
                 eng = HttpEngine(ctx, bud.small)
+            elif name == "obstore":      # a candidate (issue 18): not used by auto
+                from manyfiles.s3.engines.candidates import ObstoreEngine
+
+                eng = ObstoreEngine(ctx, bud.small)
+            elif name == "crt":          # a candidate (issue 18): not used by auto
+                from manyfiles.s3.engines.candidates import CrtEngine
+
+                eng = CrtEngine(ctx, bud.small)
             elif name == "sync":
                 eng = ThreadsEngine(ctx, 1, name="sync")
             elif name == "processes":
@@ -275,6 +285,13 @@ def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings
             return
         put(("end", None, None))
 
+    def counted(n: int) -> Iterator[Event]:
+        if n:
+            report.bytes += n
+            if progress:
+                progress.add(bytes=n)
+            yield Event("bytes", None, None, None, n)
+
     t0 = time.monotonic()
     producer = threading.Thread(target=produce, name="s3pull-planner", daemon=True)
     producer.start()
@@ -284,18 +301,16 @@ def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings
         while True:
             kind, job, value = ctx.events.get()
             if kind == "bytes":
-                report.bytes += value
-                if progress:
-                    progress.add(bytes=value)
-                yield Event("bytes", None, None, None, value)
+                yield from counted(value)
             elif kind == "done":
                 outcome: Done = value
                 slots.release()
+                yield from counted(ctx.take_bytes())   # this object's bytes not sent as an event yet
                 report.add_done(outcome.engine, outcome.size, outcome.claim.kind, outcome.claim.note,
                                 outcome.resumed_parts)
                 if state is not None:
                     state.record(job.key, outcome.size, job.etag, outcome.claim.to_record(),
-                                 final_path(job.rel))
+                                 final_path(job.rel), stat=outcome.installed)
                 if cfg.cache is not None and outcome.engine != "cache" and job.etag and not sink.memory:
                     cfg.cache.import_file(f"s3://{url.bucket}/{job.key}", job.etag, outcome.size,
                                           final_path(job.rel))
@@ -341,6 +356,7 @@ def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings
             elif kind == "fatal":
                 raise value
             elif kind == "end":
+                yield from counted(ctx.take_bytes())
                 clean = True
                 break
     finally:

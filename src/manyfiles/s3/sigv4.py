@@ -25,6 +25,7 @@ from urllib.parse import quote, urlsplit
 
 from manyfiles._extras import require
 from manyfiles.errors import UsageError
+from manyfiles.s3 import envconfig
 
 if TYPE_CHECKING:       # annotations only: client.py imports this module
     from manyfiles.s3.client import ClientSettings
@@ -114,6 +115,8 @@ def configured_endpoint(settings: ClientSettings) -> str | None:
     profile's ``services`` section, the profile's ``endpoint_url`` (unless ignored by config)."""
     if settings.endpoint_url:
         return settings.endpoint_url
+    if envconfig.env_only(settings):      # no botocore to import (see envconfig)
+        return envconfig.endpoint()
     require("s3", "botocore.configprovider", S3_FEATURE)
     from botocore.configprovider import ConfiguredEndpointProvider
 
@@ -133,23 +136,35 @@ def aws_config(settings: ClientSettings) -> AwsConfig:
     key = (settings, environment_key())
     cfg = _configs.get(key)
     if cfg is None:
-        sess = botocore_session(settings)
         endpoint = configured_endpoint(settings)
-        region = settings.region or sess.get_config_variable("region") or ""
-        s3cfg = (sess.get_scoped_config() or {}).get("s3") or {}
+        if envconfig.env_only(settings):      # no botocore to import (see envconfig)
+            region, configured_style, ca = envconfig.region(), None, envconfig.ca_bundle()
+        else:
+            sess = botocore_session(settings)
+            region = sess.get_config_variable("region")
+            s3cfg = (sess.get_scoped_config() or {}).get("s3") or {}
+            configured_style = s3cfg.get("addressing_style") if isinstance(s3cfg, dict) else None
+            ca = sess.get_config_variable("ca_bundle") or None
         style = "auto"
         if settings.path_style is not None:
             style = "path" if settings.path_style else "virtual"
-        elif isinstance(s3cfg, dict) and s3cfg.get("addressing_style"):
-            style = s3cfg["addressing_style"]
+        elif configured_style:
+            style = configured_style
         elif endpoint:
             style = "path"
-        ca = sess.get_config_variable("ca_bundle") or None
-        cfg = AwsConfig(endpoint, region, style, ca, settings.verify_tls)
+        cfg = AwsConfig(endpoint, settings.region or region or "", style, ca, settings.verify_tls)
         if len(_configs) > 64:
             _configs.clear()
         _configs[key] = cfg
     return cfg
+
+
+def credentials_source(settings: ClientSettings):
+    """Where the credentials come from now: the environment alone (no botocore import, see
+    envconfig), else botocore's chain; None when none is found."""
+    if envconfig.env_only(settings):
+        return envconfig.credentials()
+    return botocore_session(settings).get_credentials()
 
 
 def credentials_key(settings: ClientSettings) -> str | None:
@@ -157,7 +172,7 @@ def credentials_key(settings: ClientSettings) -> str | None:
     long-lived transports are keyed by it, so they never sign with keys that were replaced."""
     if settings.no_sign:
         return None
-    source = botocore_session(settings).get_credentials()
+    source = credentials_source(settings)
     if source is None:
         return None
     creds = source.get_frozen_credentials()
@@ -231,7 +246,7 @@ class Signer:
         self._keys: dict[str, bytes] = {}
         self._lock = threading.Lock()
         if not self.unsigned:
-            self._creds_source = botocore_session(settings).get_credentials()
+            self._creds_source = credentials_source(settings)
             if self._creds_source is None:
                 NoCredentialsError = require("s3", "botocore.exceptions", S3_FEATURE).NoCredentialsError
 

@@ -19,6 +19,7 @@ or a deletion outside DEST.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import secrets
@@ -90,8 +91,15 @@ def open_file(dir_fd: int, name: str, flags: int, mode: int = 0o600) -> int:
     return fd
 
 
+_NAME_PREFIX = secrets.token_hex(6)
+_names = itertools.count()
+
+
 def unique_name(suffix: str) -> str:
-    return f"{secrets.token_hex(10)}{suffix}"
+    """A name no other run, process or thread makes: a random prefix drawn once per process, the
+    process id and a counter (a getrandom call per temp file was measurable); O_EXCL still refuses
+    anything that exists."""
+    return f"{_NAME_PREFIX}{os.getpid():x}-{next(_names):x}{suffix}"
 
 
 class State:
@@ -223,14 +231,20 @@ class State:
             self.record(key, size, etag, passed.to_record(), path)
         return True
 
-    def record(self, key: str, size: int, etag: str | None, check: dict | None, path: str | None) -> None:
-        """Remember that ``key`` is installed at ``path`` (absolute, under DEST) and passed ``check``."""
+    def record(self, key: str, size: int, etag: str | None, check: dict | None, path: str | None, *,
+               stat: tuple[int, int] | None = None) -> None:
+        """Remember that ``key`` is installed at ``path`` (absolute, under DEST) and passed ``check``;
+        ``stat``: the file's (inode, mtime_ns) when the installer knows them (else stat'ed here)."""
         rec = {"k": key, "s": size, "e": etag, **(check or {"m": SIZE_ONLY})}
         if path is not None:
-            rec["r"] = os.path.relpath(path, self.dest)
-            with contextlib.suppress(OSError):
-                st = os.stat(path, follow_symlinks=False)
-                rec["i"], rec["t"] = st.st_ino, st.st_mtime_ns
+            under = self.dest + os.sep
+            rec["r"] = path[len(under):] if path.startswith(under) else os.path.relpath(path, self.dest)
+            if stat is not None:
+                rec["i"], rec["t"] = stat
+            else:
+                with contextlib.suppress(OSError):
+                    st = os.stat(path, follow_symlinks=False)
+                    rec["i"], rec["t"] = st.st_ino, st.st_mtime_ns
         line = json.dumps(rec, ensure_ascii=False) + "\n"
         with self._lock:
             self.done[key] = rec

@@ -11,7 +11,6 @@ report).  Jobs are immutable; what happened travels in the event (:class:`Done`,
 
 from __future__ import annotations
 
-import asyncio
 import os
 import queue
 import threading
@@ -24,6 +23,8 @@ from manyfiles.s3.integrity import Claim
 from manyfiles.s3.keys import UnsafeKey
 from manyfiles.s3.retry import LocalError, RetryPolicy, TransferError, classify, failure_code, stopping_error
 from manyfiles.s3.transfer import Fetched
+
+BYTES_BATCH = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Done:
     size: int
     claim: Claim
     resumed_parts: int = 0
+    installed: tuple[int, int] | None = None   # the installed file's (inode, mtime_ns), for the state
 
 
 @dataclass(frozen=True)
@@ -63,15 +65,35 @@ class Failed:
 class Ctx:
     """Event channel from engines to the consuming thread, plus the cancel flag."""
 
+    bytes_batch = BYTES_BATCH
+
     def __init__(self, options: Options, sink) -> None:
         self.options = options
         self.sink = sink
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.cancel = threading.Event()
+        self._bytes_lock = threading.Lock()
+        self._unsent = 0
 
     # Called from engine threads.  Event tuples: (kind, job_or_None, value)
     def bytes(self, n: int) -> None:
+        """Count ``n`` bytes received: one "bytes" event per BYTES_BATCH (an event per chunk was a
+        third of the consumer's events on small objects); the rest goes with the next outcome."""
+        with self._bytes_lock:
+            self._unsent += n
+            if self._unsent < self.bytes_batch:
+                return
+            n, self._unsent = self._unsent, 0
+        self._send_bytes(n)
+
+    def _send_bytes(self, n: int) -> None:
         self.events.put(("bytes", None, n))
+
+    def take_bytes(self) -> int:
+        """Bytes counted but not sent in an event yet (the consumer takes them with each outcome)."""
+        with self._bytes_lock:
+            n, self._unsent = self._unsent, 0
+        return n
 
     def retried(self, job, reason: str) -> None:
         self.events.put(("retry", job, reason))
@@ -112,7 +134,7 @@ def finish(ctx: Ctx, job, target, engine: str, fetched: Fetched | None, error: B
     if error is None:
         assert fetched is not None
         try:
-            target.commit()
+            installed = target.commit()
         except UnsafeKey as exc:
             target.abort()
             fail(ctx, job, exc)
@@ -121,7 +143,7 @@ def finish(ctx: Ctx, job, target, engine: str, fetched: Fetched | None, error: B
             target.abort()
             fail(ctx, job, classify(exc))
             return
-        ctx.done(job, Done(engine, fetched.size, fetched.claim, fetched.resumed_parts))
+        ctx.done(job, Done(engine, fetched.size, fetched.claim, fetched.resumed_parts, installed))
     else:
         target.abort(keep=keep)
         fail(ctx, job, error)
@@ -164,6 +186,8 @@ class LoopThreadEngine(Engine):
         self._closed = False
 
     def _start(self) -> None:
+        import asyncio  # here: a pull on the thread pools never loads it (~10 ms of start-up)
+
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -194,6 +218,8 @@ class LoopThreadEngine(Engine):
         self.close()
 
     def _thread(self) -> None:
+        import asyncio
+
         asyncio.set_event_loop(self.loop)
         self.q: asyncio.Queue = asyncio.Queue()
         try:

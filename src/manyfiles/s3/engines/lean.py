@@ -79,8 +79,15 @@ class LeanClient:
                 self._local.flags = socket.MSG_WAITALL
             self._local.sock = sock
             self._local.ep = ep
-            self._local.buf = bytearray(CHUNK)
         return sock
+
+    def _buffer(self) -> bytearray:
+        """This thread's receive buffer, made on first need: a body that came whole with its
+        response head never needs one (1 MiB zeroed per thread was 3.6% of a small pull's CPU)."""
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = bytearray(CHUNK)
+        return buf
 
     def _drop(self) -> None:
         sock = getattr(self._local, "sock", None)
@@ -262,8 +269,9 @@ class LeanClient:
                 n = len(rest)
                 if on_bytes is not None:
                     on_bytes(n)
-            buf = self._local.buf
-            view = memoryview(buf)
+            if n < length:
+                buf = self._buffer()
+                view = memoryview(buf)
             flags = self._local.flags
             while n < length:
                 got = sock.recv_into(view, min(len(buf), length - n), flags)

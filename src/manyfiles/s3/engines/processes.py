@@ -35,25 +35,19 @@ def _die_with_parent() -> None:
 class _WorkerCtx(Ctx):
     """Forwards events to the parent; byte counts are batched to keep the pipe quiet."""
 
+    bytes_batch = 4 << 20
+
     def __init__(self, options: Options, sink, out) -> None:
         super().__init__(options, sink)
         self.out = out
-        self._bytes = 0
-        self._lock = threading.Lock()
 
-    def bytes(self, n: int) -> None:
-        with self._lock:
-            self._bytes += n
-            if self._bytes < (4 << 20):
-                return
-            n, self._bytes = self._bytes, 0
+    def _send_bytes(self, n: int) -> None:
         self.out.put(("bytes", None, n))
 
     def _flush_bytes(self) -> None:
-        with self._lock:
-            n, self._bytes = self._bytes, 0
+        n = self.take_bytes()
         if n:
-            self.out.put(("bytes", None, n))
+            self._send_bytes(n)
 
     def retried(self, job, reason: str) -> None:
         self.out.put(("retry", job, reason))

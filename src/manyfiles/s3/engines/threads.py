@@ -103,7 +103,7 @@ class ThreadsEngine(Engine):
         # jobs submitted and not ended: a probe or a failed check queues more work, so close()
         # waits for these before it sends the workers home
         self._open_jobs = 0
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())   # not reentrant: cheaper per object
         self.threads = [threading.Thread(target=self._run, name=f"s3pull-{name}-{i}", daemon=True)
                         for i in range(self.workers)]
         for t in self.threads:
