@@ -26,6 +26,9 @@ Jobs:
 * ``s3``     s3pull of N small objects from a local S3 server (versitygw if ~/go/bin has it,
              else moto); local = ``s3.pull``; the Dask path lists in key ranges and downloads
              slices (see manyfiles.s3.pull.pull_on_cluster).
+* ``remove`` fastrm of a two-level hashed tree (recreated, untimed, after each run); local =
+             ``remove_tree(root)``; ``count`` = the C walker counting the tree, which each cluster
+             shard attempt does before it removes (so that a re-run counts a lost worker's work).
 
 The goal (issue 13): the Dask path at 1 worker within 10 % of local.  This machine has 2
 cores shared by the client, the workers (and the S3 server), so ``local:2`` shows the
@@ -140,6 +143,37 @@ def bench_shard(files: int, repeat: int, running: dict) -> None:
           f"{repeat} rounds", times, files, "files")
 
 
+def bench_remove(files: int, repeat: int, running: dict) -> None:
+    """fastrm of a two-level hashed tree (recreated, untimed, after each run); ``count`` is what a
+    cluster shard attempt adds before removing: the C walker counting its subtrees (its note, so
+    that a re-run after a lost worker counts what that attempt removed)."""
+    import manyfiles as mf
+
+    root = DATA / f"rm-{files}"
+    make_hashed_tree(root, files, levels=2, width=2)
+    want = files + 1                    # the files and make_hashed_tree's marker
+
+    methods: dict[str, Callable[[], object]] = {
+        "local": lambda: mf.remove_tree(root).files,
+        "count": lambda: _files(listing.count_tree(str(root))),
+    }
+    for name, (_, client) in running.items():
+        methods[name] = lambda c=client: mf.remove_tree(root, cluster=c).files
+
+    def check(name: str, result: object) -> None:
+        assert result == want, (name, result, want)
+        shutil.rmtree(root, ignore_errors=True)
+        make_hashed_tree(root, files, levels=2, width=2)
+
+    times = timed_rounds(methods, repeat, check)
+    table(f"fastrm, {files:,} files in a two-level hashed tree (65,536 dirs), ext4, {repeat} rounds",
+          times, want, "files")
+
+
+def _files(tally: listing.TreeCount) -> int:
+    return tally.entries - (tally.directories - 1)       # entries below the root but its directories
+
+
 def bench_overhead(shards: int, repeat: int, running: dict) -> None:
     methods: dict[str, Callable[[], object]] = {
         "in-process": lambda: InProcessExecutor().run(NoopJob(), shards=range(shards)).items,
@@ -222,11 +256,12 @@ def bench_s3(objects: int, repeat: int, running: dict, endpoint: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--jobs", default="overhead,tree,shard,s3", help="comma-separated subset of those")
+    ap.add_argument("--jobs", default="overhead,tree,shard,s3,remove", help="comma-separated subset of those")
     ap.add_argument("--objects", type=int, default=5_000, help="objects in the S3 bucket")
     ap.add_argument("--noop-shards", type=int, default=2000, help="shards of the overhead job")
     ap.add_argument("--shard-files", type=int, default=100_000, help="files in the flat folder")
     ap.add_argument("--files", type=int, default=1_000_000, help="files in the tree")
+    ap.add_argument("--remove-files", type=int, default=200_000, help="files in the tree fastrm removes")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--keep", action="store_true", help="keep the generated data")
     args = ap.parse_args()
@@ -243,6 +278,8 @@ def main() -> None:
             bench_tree(args.files, args.repeat, running)
         if "shard" in jobs:
             bench_shard(args.shard_files, args.repeat, running)
+        if "remove" in jobs:
+            bench_remove(args.remove_files, args.repeat, running)
     finally:
         for lc, client in running.values():
             client.close()

@@ -31,7 +31,9 @@ from typing import Any
 ENV = "MANYFILES_TESTING"
 
 #: shard: SIGKILL this process the n-th time it reaches the named point
-#: ("move", "mkdir", "journal" (half-way through writing a record), "finish", ...).
+#: ("move", "mkdir", "journal" (half-way through writing a record), "finish", ...);
+#: a cluster listing shard: "tree" (after a walker call, its part file not yet committed); a
+#: cluster fastrm shard: "remove" (at a progress report, mid-removal).
 kill_at: tuple[str, int] | None = None
 
 #: the C core (manyfiles._dents) reads every d_type as this value: 0 (DT_UNKNOWN) behaves as

@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 from manyfiles import listing
 from manyfiles._progress import ProgressArg
 from manyfiles._report import Failure, Report
+from manyfiles._testing import killpoint
 from manyfiles.errors import UsageError, from_oserror
 from manyfiles.listing import NO_FILTER, Filter
 from manyfiles.scale.executor import ClusterArg, ClusterReport, Job, Publish, ShardResult, run_job
@@ -137,6 +138,16 @@ class TreeJob(Job):
     def run(self, shard: tuple, publish: Publish) -> ShardResult:
         return _Shard(self, publish).run(shard)
 
+    def finish(self, report: ClusterReport) -> None:
+        """Every shard is done: the temp parts that lost attempts (their worker died, or their
+        lease lapsed before they could clean up) left in ``out_dir`` go."""
+        if self.out_dir is None:
+            return
+        for name in os.listdir(self.out_dir):
+            if name.startswith("." + PART_PREFIX) and name.endswith(".tmp"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.out_dir, name))
+
 
 class _Shard:
     """One shard: its items one after another, each a walker call or a split."""
@@ -223,6 +234,7 @@ class _Shard:
         for failed, exc in tally.failures:
             rep.failures.append(Failure.from_oserror(self._shown(failed), exc))
         self.publish(rep.entries, 0, len(rep.failures))
+        killpoint("tree")
 
     def _shown(self, path: bytes) -> bytes:
         """A path the walker reports (absolute) as the user would see it (under their spelling)."""

@@ -6,12 +6,14 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import subprocess
 import sys
 
 import cloudpickle
 import pytest
 from s3util import CREDS, blob, files_under
 
+from clusterutil import shards_running, wait_for
 from manyfiles.s3 import pull
 from manyfiles.s3.keys import STATE_DIR
 from manyfiles.scale.executor import ClusterReport
@@ -128,14 +130,19 @@ def test_a_worker_killed_mid_slice_loses_nothing(bucket, settings, s3_cluster, w
             killed.append(pid)
 
     report = pull(f"s3://{name}/data/", str(dest), settings=settings, cluster=s3_cluster, slice_keys=100,
-                  progress=kill_when_downloading)
+                  part_size=64 * KiB, ranged_min=128 * KiB, progress=kill_when_downloading)
     wait_for_two()
     assert killed, "the job ended before a worker could be killed"
     assert killed[0] not in s3_cluster.run(os.getpid).values()
     assert report.ok, report.failures
     assert report.reruns >= 1
     assert files_under(dest) == want                                    # every object, byte for byte
-    assert report.done + report.skipped == 600                          # each counted once
+    # the summary is what happened on disk: every object installed by this run, each counted once
+    # (those the lost worker installed too), and their bytes (the large ones' resumed parts too)
+    assert (report.done, report.skipped) == (600, 0)
+    assert report.bytes == sum(map(len, want.values())) == sum(t.bytes for t in report.engines.values())
+    assert report.items == 600
+    assert os.listdir(dest / STATE_DIR / "tmp") == []                  # the lost worker's temps too
     # and a rerun finds everything installed (the killed attempt's records or the re-run's)
     again = pull(f"s3://{name}/data/", str(dest), settings=settings, cluster=s3_cluster, slice_keys=100)
     assert (again.done, again.skipped) == (0, 600)
@@ -153,3 +160,47 @@ def test_s3pull_cli_cluster(bucket, cli_env, run_cli, tmp_path) -> None:
     proc = run_cli("s3pull", f"s3://{name}/data/", str(dest), "--cluster", "local:1", "--dry-run",
                    env=cli_env)
     assert proc.returncode == 2 and "not with a cluster" in proc.stderr.decode()
+
+
+# -- the lease: a killed client leaves no shard writing -------------------------------------------
+
+LEASE = 5.0          # MANYFILES_CLUSTER_LEASE of the killed client
+STOP_BOUND = 20.0    # seconds past the lease within which its shards must have stopped
+
+
+def test_a_killed_client_leaves_no_shard_writing_into_dest(bucket, proxy, settings, s3_cluster,
+                                                            tmp_path) -> None:
+    """The client SIGKILLed once the first object is on disk: within the lease (plus a bound) no
+    shard of it runs any more, so nothing else lands in DEST, and a local rerun completes it.
+    Each slice of 200 objects would take >= 40 s (one connection, 0.2 s per GET through the proxy):
+    without the lease, the running ones went on long after the bound."""
+    name, put = bucket
+    want = seed(put, 600)
+    proxy.delay = 0.2
+    dest = tmp_path / "dest"
+    code = ("import sys\n"
+            "from manyfiles.s3 import ClientSettings, pull\n"
+            f"pull({f's3://{name}/data/'!r}, {str(dest)!r}, cluster={s3_cluster.scheduler.address!r},\n"
+            f"     settings=ClientSettings(endpoint_url={proxy.url!r}, region='us-east-1'),\n"
+            "     slice_keys=200, concurrency=1)\n")
+    env = {**os.environ, **CREDS, "MANYFILES_CLUSTER_LEASE": str(LEASE)}
+    client = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: files_under(dest) if dest.exists() else False, 120, "the first object")
+    finally:
+        client.kill()
+    client.wait()
+    assert client.returncode == -signal.SIGKILL, client.stderr.read()
+
+    took = wait_for(lambda: not shards_running(s3_cluster, "s3pull"), LEASE + STOP_BOUND,
+                    "the killed client's shards stopping")
+    stopped = files_under(dest)
+    assert 0 < len(stopped) < len(want), took                        # they stopped mid-job
+    assert all(want[k] == v for k, v in stopped.items())             # nothing half-written under a final name
+    assert files_under(dest) == stopped                              # nothing arrives any more
+
+    local = pull(f"s3://{name}/data/", str(dest), settings=settings)
+    assert local.ok, local.failures
+    assert files_under(dest) == want
+    assert local.done + local.skipped == len(want)
+    assert os.listdir(dest / STATE_DIR / "tmp") == []

@@ -89,6 +89,22 @@ def test_merge_report_adds_numbers_concatenates_lists_merges_dicts() -> None:
     assert [f.path for f in a.failures] == ["p1", "p2"] and a.failures is failures
 
 
+def test_merge_report_adds_equal_tallies_and_keeps_frozen_values() -> None:
+    """Two slices that each fetched one 200 KiB object with one engine have equal tallies: they
+    add up (a comparison that kept the first one left large objects out of s3pull's bytes)."""
+    from manyfiles.s3.report import PullReport, Tally
+    from manyfiles.shard.layout import Layout
+    from manyfiles.shard.report import MigrationReport
+
+    a = PullReport(done=1, engines={"ranged": Tally(1, 204800)})
+    merge_report(a, PullReport(done=1, engines={"ranged": Tally(1, 204800)}))
+    assert a.engines == {"ranged": Tally(2, 409600)} and a.done == 2
+    layout = Layout(levels=(1,), key="prefix")
+    m = MigrationReport(op="apply", root="/r", layout=layout)
+    merge_report(m, MigrationReport(op="apply", root="/r", layout=layout))
+    assert m.layout is layout and m.layout.levels == (1,)
+
+
 def test_dask_job_merges_every_shard_and_the_shards_they_found(tmp_path: Path, dask_client) -> None:
     job = MarkerJob(folder=str(tmp_path), n=4, fan=2)
     report = scale.run_job(job, dask_client)
@@ -221,3 +237,21 @@ def _children() -> set[int]:
             except OSError:
                 continue
     return out
+
+
+def test_a_progress_callback_may_ask_dask_while_counters_arrive(tmp_path: Path, dask_client) -> None:
+    """The client's progress callback (here: asking the scheduler something each time) runs while
+    Dask's event loop delivers the workers' counters: neither may wait for the other (they did:
+    the summing lock was held while rendering, and a fastrm kill test hung on it)."""
+    asked = []
+
+    def ask(snap) -> None:
+        asked.append(len(dask_client.nthreads()))
+
+    outcome: list = []
+    runner = threading.Thread(target=lambda: outcome.append(
+        scale.run_job(MarkerJob(folder=str(tmp_path), n=8, sleep=1.0), dask_client, progress=ask)))
+    runner.start()
+    runner.join(120)
+    assert not runner.is_alive(), "the job hung"
+    assert outcome and outcome[0].items == sum(range(8)) and asked

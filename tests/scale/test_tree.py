@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from manyfiles import listing_cluster
+from manyfiles import _testing, listing_cluster
 from manyfiles.errors import NotFound
 from manyfiles.listing_cluster import Dir, Split, SubdirSlice, TreeJob
 from manyfiles.scale.executor import InProcessExecutor
@@ -168,3 +168,27 @@ def test_in_process_executor_gives_the_same_report(tree: Path, dask_client) -> N
     here = listing_cluster.count_tree(tree, cluster=InProcessExecutor(), **SMALL)
     there = listing_cluster.count_tree(tree, cluster=dask_client, **SMALL)
     assert (here.entries, here.directories) == (there.entries, there.directories)
+
+
+def test_a_worker_killed_mid_listing_loses_nothing_and_lists_nothing_twice(tree: Path, tmp_path: Path,
+                                                                          dask_client, wait_for_two) -> None:
+    """One worker SIGKILLs itself after its third walker call: mid-shard, its part file written
+    but not committed.  The re-run writes the whole part; the temp of the lost attempt goes."""
+    victim = sorted(dask_client.nthreads())[0]
+    pid = dask_client.run(os.getpid, workers=[victim])[victim]
+    dask_client.run(_testing.configure, "kill_at=tree:3", workers=[victim])
+    out = tmp_path / "parts"
+    out.mkdir()
+    report = listing_cluster.write_tree(str(tree), out, cluster=dask_client, sep=b"\0", **SMALL)
+    wait_for_two()
+    assert pid not in dask_client.run(os.getpid).values()          # it really died
+    assert report.ok and report.reruns >= 1
+    want = walk_paths(os.fsencode(tree))
+    assert report.entries == len(want) == sum(w.items for w in report.workers.values())
+    assert sorted(os.listdir(out)) == sorted(os.path.basename(p) for p in report.parts)   # no temps
+    listing = tmp_path / "all"
+    with open(listing, "wb") as f:
+        listing_cluster.copy_parts(report.parts, f.fileno())
+    names = listing.read_bytes().split(b"\0")
+    assert names.pop() == b""
+    assert len(names) == len(set(names)) and set(names) == want

@@ -26,10 +26,12 @@ from typing import Any
 
 from manyfiles import listing
 from manyfiles._progress import ProgressArg
+from manyfiles._testing import killpoint
 from manyfiles.errors import UsageError
 from manyfiles.remove._plan import run
 from manyfiles.remove._report import RemoveReport
 from manyfiles.remove._targets import Rules, check_paths, resolve
+from manyfiles.scale import lease
 from manyfiles.scale.executor import (
     ClusterArg,
     ClusterReport,
@@ -68,13 +70,42 @@ class RemoveJob(Job):
         return RemoveReport()
 
     def run(self, paths: tuple[str, ...], publish: Publish) -> ShardResult:
-        """``remove_tree(paths, missing_ok=True)``: a subtree already gone is not a failure."""
+        """``remove_tree(paths, missing_ok=True)``: a subtree already gone is not a failure.
+
+        On a cluster the attempt first counts what its subtrees hold and notes it: a re-run
+        (its worker died) then counts what the lost attempts removed -- gone, so it cannot see
+        it any more -- as the difference between the first attempt's count and its own.
+        """
         report = RemoveReport()
+        attempt = lease.current()
+        present = first = (0, 0)
+        if attempt.rerun_possible:
+            present = self.count(paths)
+            attempt.note(present)
+            first = attempt.first_note(present)
         rules = Rules(None, None, keep_root=False, cross_mounts=self.cross_mounts)
         targets = resolve(check_paths(list(paths), force_root=False), True, report.failures)
-        run(targets, rules, report, workers=self.workers, retries=self.retries,
-            progress=lambda snap: publish(snap.done, 0, snap.failures), on_removed=None)
+        def progress(snap: Any) -> None:
+            publish(snap.done, 0, snap.failures)
+            killpoint("remove")          # tests: a worker dying mid-removal (_testing.kill_at)
+
+        run(targets, rules, report, workers=self.workers, retries=self.retries, progress=progress,
+            on_removed=None)
+        report.files += first[0] - present[0]
+        report.dirs += first[1] - present[1]
         return ShardResult(report=report, items=report.files + report.dirs)
+
+    def count(self, paths: tuple[str, ...]) -> tuple[int, int]:
+        """(files, directories) the removal of ``paths`` would remove, by the same rules (C walker)."""
+        files = dirs = 0
+        for path in paths:
+            try:
+                tally = listing.count_tree(path, threads=self.workers, one_filesystem=not self.cross_mounts)
+            except OSError:
+                continue                      # removed by an earlier attempt (or unreadable: not removed)
+            files += tally.entries - (tally.directories - 1)     # entries below it, but its directories
+            dirs += tally.directories                           # ... and the subtree itself
+        return files, dirs
 
 
 def plan_subtrees(targets: list[Any], want: int, cross_mounts: bool) -> list[str]:

@@ -10,6 +10,7 @@ where Ctrl-C lands.  A dry run stops after the plan and returns it (:class:`Pull
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import os
@@ -24,14 +25,14 @@ from manyfiles.errors import IntegrityError, ManyfilesError, PartialFailure, Usa
 from manyfiles.s3 import routing as _plan
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.engines.base import Ctx, Done, Engine, Failed, Options
-from manyfiles.s3.integrity import digest_for, object_claim
+from manyfiles.s3.integrity import Claim, digest_for, object_claim
 from manyfiles.s3.keys import STATE_DIR, S3Url, UnsafeKey, local_relpath, make_filter, parse_url
 from manyfiles.s3.listing import ObjectInfo, list_objects_lean, read_manifest
 from manyfiles.s3.report import PullReport
 from manyfiles.s3.retry import RetryPolicy, classify
 from manyfiles.s3.state import State
 from manyfiles.s3.transfer import Job
-from manyfiles.scale import executor
+from manyfiles.scale import executor, lease
 from manyfiles.scale.executor import ClusterArg, ClusterReport, Publish, ShardResult, run_job
 from manyfiles.scale.keyranges import KeyRange, take
 
@@ -501,6 +502,8 @@ def pull(source: str | None = None, dest: str | os.PathLike | None = None, *, st
                 on_event(ev)
     if plan is not None:
         report.listed += len(plan.failures)
+    if not dry_run and report.ok:
+        empty_tmp(os.fspath(dest))
     return report
 
 
@@ -597,6 +600,41 @@ class Slice(NamedTuple):
         return digest.hexdigest()[:20]
 
 
+def _installed_by_earlier_attempts(dest: str, slice_id: str) -> dict[str, dict]:
+    """key -> state record of the objects that earlier attempts of this slice *in this run*
+    installed (their worker died): the records of the slice's state files that are not among
+    those the run's first attempt found (each attempt notes them before it starts)."""
+    attempt = lease.current()
+    if not attempt.rerun_possible:
+        return {}
+    state = State(dest)
+    try:
+        files = state.open(create=False, load=False).slice_records(slice_id)
+    finally:
+        state.release()
+    attempt.note(sorted(files))
+    before = set(attempt.first_note(sorted(files)))
+    out: dict[str, dict] = {}
+    for name, records in files.items():
+        if name not in before:
+            out.update(records)
+    return out
+
+
+def empty_tmp(dest: str) -> None:
+    """Remove what s3pull left in ``DEST/.s3pull/tmp``: a run that ended with every object in
+    place needs none of it (temps of killed runs or lost workers, parts of objects it skipped)."""
+    state = State(dest)
+    try:
+        state.open(create=False, load=False)
+        for name in state.tmp_names:
+            if name.endswith((".tmp", ".new", ".part", ".parts")):     # the names s3pull makes there
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=state.tmp_fd)
+    finally:
+        state.release()
+
+
 @dataclass(frozen=True)
 class PullJob(executor.Job):
     """Download everything under ``source`` into ``dest`` (an absolute path every worker sees)."""
@@ -651,17 +689,33 @@ class PullJob(executor.Job):
         return ShardResult(report=self.new_report(), more=more + rest)
 
     def _download(self, url: Any, sl: Slice, publish: Publish) -> ShardResult:
+        """The slice's objects into DEST.  ``bytes``: the sizes of the objects installed (the
+        parts a lost worker fetched and this attempt resumed included); an object a lost
+        attempt of this run installed counts as downloaded ("lost worker"), not skipped."""
         report = self.new_report()
         objects = [ObjectInfo(*o) for o in sl.objects]
         keep = make_filter(self.include, self.exclude)
-        for _ in run(url, objects, self.dest, settings=self.settings, cfg=self._cfg(), keep=keep,
-                     report=report, state_slice=sl.id):
-            publish(report.done + report.skipped + len(report.failures), report.bytes, len(report.failures))
+        theirs = _installed_by_earlier_attempts(self.dest, sl.id)
+        installed = 0
+        # closing(): a lapsed lease (publish raises) ends the engines here, as Ctrl-C does
+        events = run(url, objects, self.dest, settings=self.settings, cfg=self._cfg(), keep=keep,
+                     report=report, state_slice=sl.id)
+        with contextlib.closing(events):
+            for ev in events:
+                if ev.kind == "done":
+                    installed += ev.size
+                elif ev.kind == "skip" and ev.key in theirs:
+                    report.skipped -= 1
+                    report.add_done("lost worker", ev.size, Claim.from_record(theirs[ev.key]).kind)
+                    installed += ev.size
+                publish(report.done + report.skipped + len(report.failures), installed, len(report.failures))
+        report.bytes = installed
         handled = report.done + report.skipped + len(report.failures)
-        return ShardResult(report=report, items=handled, bytes=report.bytes)
+        return ShardResult(report=report, items=handled, bytes=installed)
 
     def finish(self, report: ClusterReport) -> None:
-        """The merged ``DEST/.s3pull/failures.tsv`` (slices write none)."""
+        """The merged ``DEST/.s3pull/failures.tsv`` (slices write none); after a run without
+        failures, an empty ``DEST/.s3pull/tmp`` (temps of lost workers included)."""
         state = State(self.dest)
         try:
             state.open(create=False, load=False)
@@ -670,6 +724,8 @@ class PullJob(executor.Job):
                     [(f.path, f.reason) for f in report.result.failures])
         finally:
             state.release()
+        if report.ok:
+            empty_tmp(self.dest)
 
 
 def pull_on_cluster(source: str, dest: str | os.PathLike, *, cluster: ClusterArg, settings: Any = None,

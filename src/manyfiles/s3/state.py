@@ -26,6 +26,7 @@ import secrets
 import stat as _stat
 import threading
 import time
+from collections.abc import Iterator
 
 from manyfiles.errors import IntegrityError, ManyfilesError, from_oserror
 from manyfiles.s3.integrity import SIZE_ONLY, Claim, rehash_file
@@ -172,16 +173,24 @@ class State:
                 self._load(self.shards_fd, name)
 
     def _load(self, dir_fd: int, name: str) -> None:
-        fd = open_file(dir_fd, name, os.O_RDONLY)
-        with os.fdopen(fd, encoding="utf-8") as f:
-            for line in f:
-                self._lines += 1
-                try:
-                    rec = json.loads(line)
-                    rec["s"] = int(rec["s"])
-                    self.done[rec["k"]] = rec
-                except (ValueError, KeyError, TypeError):
-                    continue  # a torn last line from a crash
+        for rec in _records(dir_fd, name):
+            self._lines += 1
+            if rec is not None:
+                self.done[rec["k"]] = rec
+
+    def slice_records(self, slice: str) -> dict[str, dict[str, dict]]:
+        """A cluster slice's state files (``<slice>.<attempt>.jsonl``, after :meth:`open`): file
+        name -> its records (key -> record)."""
+        where = os.path.join(self.dir, SHARDS)
+        dir_fd = open_dir(self.fd, SHARDS, where, create=False) if self.fd is not None else None
+        if dir_fd is None:
+            return {}
+        try:
+            return {name: {rec["k"]: rec for rec in _records(dir_fd, name) if rec is not None}
+                    for name in sorted(check_entries(dir_fd, where))
+                    if name.startswith(slice + ".") and name.endswith(".jsonl")}
+        finally:
+            os.close(dir_fd)
 
     def is_done(self, key: str, size: int | None, etag: str | None, path: str, *,
                 verify: bool = False) -> bool:
@@ -317,6 +326,20 @@ class State:
         except OSError as exc:
             raise from_oserror(exc, path) from exc
         return path
+
+
+def _records(dir_fd: int, name: str) -> Iterator[dict | None]:
+    """The records of one state file, None for a line that is not one (a torn last line from a crash)."""
+    fd = open_file(dir_fd, name, os.O_RDONLY)
+    with os.fdopen(fd, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+                rec["s"] = int(rec["s"])
+                ok = "k" in rec
+            except (ValueError, KeyError, TypeError):
+                ok = False
+            yield rec if ok else None
 
 
 def _escape(key: str) -> str:

@@ -7,7 +7,9 @@ never imported; with it and without the [dask] extra, one line says what to inst
 
 * :mod:`manyfiles.scale.executor` -- the seam: :class:`Job`, :class:`ShardResult`,
   :class:`ClusterReport` (the tool's merged report + per-worker throughput), :func:`connect`;
-* :mod:`manyfiles.scale.keyranges` -- an S3 listing cut into ``StartAfter`` ranges.
+* :mod:`manyfiles.scale.keyranges` -- an S3 listing cut into ``StartAfter`` ranges;
+* :mod:`manyfiles.scale.lease` -- the job's lease: a shard whose client is gone stops, and a
+  re-run shard learns what its lost attempts noted (:func:`~manyfiles.scale.lease.current`).
 
 This package imports no tool: each tool keeps its cluster job in its own package (``s3/pull.py``,
 ``shard/_cluster.py``, ``remove/_cluster.py``, ``cache/_cluster.py``,
@@ -28,6 +30,7 @@ _EXPORTS = {
     "Executor": ".executor",
     "InProcessExecutor": ".executor",
     "Job": ".executor",
+    "LeaseLapsed": ".lease",
     "ShardResult": ".executor",
     "WorkerStats": ".executor",
     "connect": ".executor",

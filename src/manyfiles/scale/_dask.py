@@ -7,6 +7,11 @@
   idempotent makes the re-run safe;
 * workers publish their shard's counters with ``Worker.log_event(topic, ...)`` (throttled);
   the client sums them (``Client.subscribe_topic``) into the progress display;
+* the client holds the job's lease (:mod:`manyfiles.scale.lease`): an anchor task whose
+  scheduler-side metadata (``Client.set_metadata``) holds a beat it renews; every shard attempt
+  checks it, and stops when the anchor is gone (the client released it or disconnected) or the
+  beat stopped.  Attempts register under their task's key (metadata Dask drops with the task),
+  so a re-run sees what its earlier attempts noted;
 * with ``--trace`` on the client, a worker plugin traces every worker process to a local
   file; at the end the client fetches them (``Client.run``) as ``FILE.worker-<pid>``, so
   ``manyfiles trace summary FILE`` merges the whole cluster.
@@ -21,6 +26,7 @@ import queue
 import secrets
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -44,6 +50,7 @@ from manyfiles.scale._seam import (
     raise_shard_error,
     worker_name,
 )
+from manyfiles.scale.lease import LeasedAttempt, LeaseLapsed, LeaseTerms, LeaseWatch, lease_seconds
 
 distributed = require("dask", "distributed", CLUSTER_FEATURE)
 dask = require("dask", "dask", CLUSTER_FEATURE)
@@ -70,42 +77,45 @@ def worker_environ() -> dict:
 class DaskExecutor(Executor):
     """Shards as Dask tasks on ``client``'s cluster."""
 
-    def __init__(self, client: Any, *, owns_client: bool = False, local_cluster: Any = None) -> None:
+    def __init__(self, client: Any, *, owns_client: bool = False, local_cluster: Any = None,
+                 lease: float | None = None) -> None:
         self.client = client
         self.owns_client = owns_client
         self.local_cluster = local_cluster
         self.address = client.scheduler.address
+        self.lease = lease_seconds(lease)
         self._workers = 0
         self._seen = float("-inf")
 
     @classmethod
     def open(cls, cluster: Any) -> DaskExecutor:
         """Connect to (or start) the cluster that ``cluster`` names; see ``executor.connect``."""
+        lease = lease_seconds()        # a bad $MANYFILES_CLUSTER_LEASE before anything starts
         if isinstance(cluster, str):
             kind, value = parse_cluster(cluster)
             if kind == "local":
-                return cls._local(value)
+                return cls._local(value, lease)
             try:
                 client = distributed.Client(value, timeout=CONNECT_TIMEOUT)
             except (OSError, TimeoutError) as exc:
                 raise ManyfilesError(f"{value}: cannot reach the Dask scheduler ({exc})") from exc
-            return cls(client, owns_client=True)
+            return cls(client, owns_client=True, lease=lease)
         if isinstance(cluster, distributed.Client):
-            return cls(cluster)
+            return cls(cluster, lease=lease)
         if hasattr(cluster, "scheduler_address"):     # LocalCluster, SLURMCluster, KubeCluster...
-            return cls(distributed.Client(cluster), owns_client=True)
+            return cls(distributed.Client(cluster), owns_client=True, lease=lease)
         raise UsageError(f"cluster must be 'local:N', 'tcp://HOST:PORT' or a distributed.Client, "
                          f"not {cluster!r}")
 
     @classmethod
-    def _local(cls, n: int) -> DaskExecutor:
+    def _local(cls, n: int, lease: float) -> DaskExecutor:
         # One thread per worker process: our shards bring their own threads (s3 engines, the
         # tree walker), and one shard at a time per process keeps their budgets as tuned.
         with dask.config.set({SPAWN_ENV: worker_environ()}):
             lc = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                                           silence_logs=logging.ERROR, **LOCAL_QUIET)
         try:
-            return cls(distributed.Client(lc), owns_client=True, local_cluster=lc)
+            return cls(distributed.Client(lc), owns_client=True, local_cluster=lc, lease=lease)
         except BaseException:
             lc.close()
             raise
@@ -136,13 +146,14 @@ class DaskExecutor(Executor):
         finished: queue.SimpleQueue = queue.SimpleQueue()
         in_flight: dict[Any, int] = {}
         try:
-            with worker_traces(client):
+            with ClientLease(client, self.lease) as lease, worker_traces(client):
                 while True:
                     limit = IN_FLIGHT_PER_THREAD * max(1, self.workers) + IN_FLIGHT_EXTRA
                     while len(in_flight) < limit and (item := shards.next()) is not None:
                         sid, shard = item
-                        fut = client.submit(run_on_worker, job, sid, shard, topic,
-                                            key=f"{job.name}-{token}-{sid}", pure=False)
+                        key = f"{job.name}-{token}-{sid}"
+                        fut = client.submit(run_on_worker, job, sid, shard, topic, lease.terms, key,
+                                            key=key, pure=False)
                         in_flight[fut] = sid
                         fut.add_done_callback(finished.put)
                     if not in_flight:
@@ -189,8 +200,9 @@ def _result(fut: Any, sid: int) -> ShardResult:
         raise ManyfilesError(f"shard {sid}: every worker that ran it died ({exc})") from exc
 
 
-def run_on_worker(job: Job, sid: int, shard: Any, topic: str) -> ShardResult:
-    """The task: one shard, its counters published to ``topic`` as it goes."""
+def run_on_worker(job: Job, sid: int, shard: Any, topic: str, lease: LeaseTerms, key: str) -> ShardResult:
+    """The task: one shard under the job's lease, its counters published to ``topic`` as it goes
+    (``key``: the task's own, under which its attempts register)."""
     worker = distributed.get_worker()
     attempt = f"{worker_name()}:{secrets.token_hex(4)}"
 
@@ -199,7 +211,82 @@ def run_on_worker(job: Job, sid: int, shard: Any, topic: str) -> ShardResult:
 
     publish = Throttle(send)
     publish(0, 0, 0)      # "started": the client learns which attempt runs the shard
-    return execute_shard(job, shard, publish)
+    try:
+        leased = attempt_on_worker(lease, key, attempt)
+    except LeaseLapsed as exc:     # the client went away before this shard could start
+        return ShardResult(error=(type(exc).__name__, str(exc)), worker=worker_name())
+    with leased.watch.used():
+        return execute_shard(job, shard, publish, leased)
+
+
+_WATCHES: dict[str, LeaseWatch] = {}      # lease key -> this worker process's watch of it
+_WATCHES_LOCK = threading.Lock()
+
+
+def attempt_on_worker(lease: LeaseTerms, key: str, attempt: str) -> LeasedAttempt:
+    """This attempt, under the process's watch of the job's lease (the first attempt of the job on
+    this process makes it: one request; the next ones only read its clocks).
+
+    Requests go through the worker's client (``get_client``, one per worker process).  The
+    attempt registers under its task's ``key`` only if its job asks (see LeasedAttempt), and only
+    after the lease is confirmed: the task of a client that is gone is forgotten, and metadata
+    written under its key then would stay on the scheduler.
+    """
+    try:
+        client = distributed.get_client()
+        with _WATCHES_LOCK:
+            watch = _WATCHES.get(lease.key)
+            if watch is None or not watch.alive:
+                for gone in [k for k, w in _WATCHES.items() if not w.alive]:
+                    del _WATCHES[gone]
+                watch = _WATCHES[lease.key] = LeaseWatch(
+                    lease, read=lambda: client.get_metadata([lease.key], default=None))
+    except Exception as exc:          # (a timeout of a loaded scheduler): do nothing unconfirmed
+        raise LeaseLapsed(f"the scheduler could not confirm the job's lease ({exc}): shard not run") from exc
+    watch.check()
+    return LeasedAttempt(watch, attempts=lambda: client.get_metadata([key, "attempts"], default=None),
+                         write=lambda value: client.set_metadata([key, "attempts", attempt], value))
+
+
+def _anchor() -> None:
+    """The lease anchor's task: nothing (its key and that key's metadata are the point)."""
+
+
+class ClientLease:
+    """The client's side of a job's lease (:mod:`manyfiles.scale.lease`): the anchor task, whose
+    metadata holds the beat, and a thread renewing the beat every ``seconds / 6``.
+
+    Leaving the block releases the anchor: Dask forgets it and drops its metadata, so every
+    shard still running stops at its next check.  A client that dies without leaving the block
+    loses its connection, and the scheduler releases (forgets) the anchor the same way.
+    """
+
+    def __init__(self, client: Any, seconds: float) -> None:
+        self.client = client
+        self.terms = LeaseTerms(f"manyfiles-lease-{secrets.token_hex(8)}", seconds)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name="manyfiles-lease-renew", daemon=True)
+        self.anchor: Any = None
+
+    def __enter__(self) -> ClientLease:
+        # the beat first: a shard started right after the submit must find it
+        self.client.set_metadata([self.terms.key, "beat"], 0)
+        self.anchor = self.client.submit(_anchor, key=self.terms.key, pure=False)
+        self._thread.start()
+        return self
+
+    def _renew(self) -> None:
+        beat = 0
+        while not self._stop.wait(self.terms.renew_every):
+            beat += 1
+            with contextlib.suppress(Exception):      # the shards' clocks decide; we keep trying
+                self.client.set_metadata([self.terms.key, "beat"], beat)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        with contextlib.suppress(Exception):
+            self.anchor.release()
 
 
 # -- traces of the workers -------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from manyfiles import errors as _errors
 from manyfiles._progress import Progress, ProgressArg, check_progress, progress_for
 from manyfiles._report import Report
 from manyfiles.errors import ManyfilesError, UsageError
+from manyfiles.scale.lease import NO_LEASE, Attempt, guarded, running
 
 Publish = Callable[[int, int, int], None]
 """``publish(done, bytes, failures)``: a shard's running totals (absolute, not deltas)."""
@@ -48,7 +49,13 @@ class Job:
         raise NotImplementedError
 
     def run(self, shard: Any, publish: Publish) -> ShardResult:
-        """Do one shard (on a worker); must be idempotent.  Per-item failures go in the report."""
+        """Do one shard (on a worker); must be idempotent.  Per-item failures go in the report.
+
+        Call ``publish`` between objects, on the thread that runs the shard: it is also where
+        the shard finds that its lease lapsed (it raises :class:`~manyfiles.scale.lease.LeaseLapsed`;
+        stop as on Ctrl-C).  :func:`manyfiles.scale.lease.current` is this attempt (what earlier
+        attempts of the shard noted, for counting their work).
+        """
         raise NotImplementedError
 
     def new_report(self) -> Report:
@@ -79,6 +86,7 @@ class ShardResult:
     seconds: float = 0.0
     failures_not_listed: int = 0
     error: tuple[str, str] | None = None      # (exception class name, message): the job stops
+    attempts: int = 1                         # runs of this shard known to this attempt (> 1: a worker died)
 
 
 @dataclass
@@ -106,7 +114,7 @@ class ClusterReport(Report):
     cluster: str = ""
     result: Report | None = None
     shards: int = 0
-    reruns: int = 0                  # shards started again after their worker was lost
+    reruns: int = 0                  # shard runs again after their worker was lost (attempts - 1)
     items: int = 0
     bytes: int = 0
     workers: dict[str, WorkerStats] = field(default_factory=dict)
@@ -174,8 +182,9 @@ def merge_report(into: Any, part: Any) -> None:
     """Add ``part`` (a report dataclass) into ``into``, field by field.
 
     Numbers add up, lists are concatenated (``notes``-like lists of text skip repeats), dicts
-    merge key by key (recursively), nested dataclasses merge the same way, booleans OR, text
-    keeps the first non-empty value.  ``seconds`` is the caller's wall time, not a sum.
+    merge key by key (recursively), nested (mutable) dataclasses merge the same way -- two equal
+    tallies add up too --, booleans OR, text and frozen values (a layout) keep the first non-empty
+    one.  ``seconds`` is the caller's wall time, not a sum.
     """
     for f in dataclasses.fields(into):
         if f.name in WALL_TIME:
@@ -184,6 +193,9 @@ def merge_report(into: Any, part: Any) -> None:
 
 
 def _merged(a: Any, b: Any) -> Any:
+    if dataclasses.is_dataclass(a) and type(a) is type(b) and not type(a).__dataclass_params__.frozen:
+        merge_report(a, b)              # a tally (objects and bytes of an engine...): even when equal
+        return a
     if type(a) is type(b) and not isinstance(a, (int, float, list, dict)) and a == b:
         return a                        # the same layout, root, operation name...
     if isinstance(a, bool) or isinstance(b, bool):
@@ -199,9 +211,6 @@ def _merged(a: Any, b: Any) -> Any:
     if isinstance(a, dict) and isinstance(b, dict):
         for k, v in b.items():
             a[k] = _merged(a[k], v) if k in a else v
-        return a
-    if dataclasses.is_dataclass(a) and type(a) is type(b):
-        merge_report(a, b)
         return a
     return a if a not in (None, "") else b
 
@@ -227,12 +236,15 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def execute_shard(job: Job, shard: Any, publish: Publish) -> ShardResult:
-    """Run ``job.run(shard)``, timed and labelled; an exception becomes ``ShardResult.error``
-    (our exceptions do not all survive pickling, their class name and message do)."""
+def execute_shard(job: Job, shard: Any, publish: Publish, attempt: Attempt = NO_LEASE) -> ShardResult:
+    """Run ``job.run(shard)`` as ``attempt`` (:func:`manyfiles.scale.lease.current` in the job),
+    timed and labelled, its ``publish`` checking the lease; an exception becomes
+    ``ShardResult.error`` (our exceptions do not all survive pickling, their class name and
+    message do)."""
     t0 = time.monotonic()
     try:
-        result = job.run(shard, publish)
+        with running(attempt):
+            result = job.run(shard, guarded(publish, attempt))
     except Exception as exc:
         result = ShardResult(error=(type(exc).__name__, str(exc) or repr(exc)))
     failures = getattr(result.report, "failures", None)
@@ -241,6 +253,8 @@ def execute_shard(job: Job, shard: Any, publish: Publish) -> ShardResult:
         del failures[MAX_FAILURES_PER_SHARD:]
     result.worker = worker_name()
     result.seconds = time.monotonic() - t0
+    if attempt.registered:          # else the client counts re-runs from their "started" events
+        result.attempts = len(attempt.earlier) + 1
     return result
 
 
@@ -310,8 +324,9 @@ _END = object()
 
 class LiveCounts:
     """The cluster total shown by the progress display: finished shards' final counters plus the
-    latest counters of running ones.  A shard seen from a second attempt (its worker died) counts
-    as a re-run, and only its newest attempt's counters count."""
+    latest counters of running ones (of a shard run again after its worker died: the newest
+    attempt's), and the re-runs: attempts seen starting, or registered (``ShardResult.attempts``:
+    a worker may die before its "started" event leaves)."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
@@ -320,36 +335,36 @@ class LiveCounts:
         self.running: dict[int, tuple[str, int, int, int]] = {}
         self.finished: set[int] = set()
         self.attempts: dict[int, set[str]] = {}
-
-    @property
-    def reruns(self) -> int:
-        with self.lock:
-            return sum(len(t) - 1 for t in self.attempts.values() if len(t) > 1)
+        self.reruns = 0
 
     def update(self, sid: int, attempt: str, done: int, nbytes: int, failures: int) -> None:
-        """A shard's running totals (called from whichever thread receives them)."""
+        """A shard's running totals (called from whichever thread receives them: Dask's event loop)."""
         with self.lock:
             if sid in self.finished:
                 return
-            self.attempts.setdefault(sid, set()).add(attempt)
             self.running[sid] = (attempt, done, nbytes, failures)
-            self._show()
+            self.attempts.setdefault(sid, set()).add(attempt)
+        self._show()
 
     def finish(self, sid: int, result: ShardResult) -> None:
         with self.lock:
             self.finished.add(sid)
             self.running.pop(sid, None)
+            self.reruns += max(len(self.attempts.pop(sid, ())), result.attempts) - 1
             self.final[0] += result.items
             self.final[1] += result.bytes
             self.final[2] += len(getattr(result.report, "failures", ()) or ()) + result.failures_not_listed
-            self._show()
+        self._show()
 
     def _show(self) -> None:
+        # Rendered without the lock: the renderer is the caller's progress callback, which may ask
+        # Dask something, and Dask's event loop delivers update() -- it must never wait for us.
         if not self.progress:
             return
-        done, nbytes, failures = self.final
-        for _, d, b, f in self.running.values():
-            done, nbytes, failures = done + d, nbytes + b, failures + f
+        with self.lock:
+            done, nbytes, failures = self.final
+            for _, d, b, f in self.running.values():
+                done, nbytes, failures = done + d, nbytes + b, failures + f
         self.progress.set(done=done, bytes=nbytes, failures=failures)
 
 

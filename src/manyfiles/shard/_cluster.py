@@ -38,6 +38,7 @@ from typing import Any
 from manyfiles import _fsops
 from manyfiles._progress import Progress
 from manyfiles.errors import ManyfilesError
+from manyfiles.scale import lease
 from manyfiles.scale.executor import (
     ClusterArg,
     ClusterReport,
@@ -118,7 +119,8 @@ class MoveJob(Job):
     def run(self, group: tuple, publish: Publish) -> ShardResult:
         if self.method not in ("_apply_top", "_revert_top"):
             raise ManyfilesError(f"shard: no cluster form of {self.method}")
-        with PartitionMigration(self.root, self.op, self.journal_sync, group[0][0], publish) as m:
+        rerun = bool(lease.current().earlier)      # a lost attempt of this shard came first
+        with PartitionMigration(self.root, self.op, self.journal_sync, group[0][0], publish, rerun) as m:
             m.report = self.new_report()
             for item in group:
                 getattr(m, self.method)(*self.args, item)
@@ -130,13 +132,32 @@ class MoveJob(Job):
 
 
 class PartitionMigration(Migration):
-    """A worker's view of one top bucket: the partition's lock and journal, not the root's."""
+    """A worker's view of one top bucket: the partition's lock and journal, not the root's.
 
-    def __init__(self, root: bytes, op: str, journal_sync: bool, top: bytes, publish: Publish) -> None:
+    ``rerun``: an attempt of this shard died before this one, in this run.  The names it moved
+    are found moved (source gone, destination there); they were in the client's listing, so
+    this run moved them: they count as moved (or set aside), not as ``already``.
+    """
+
+    def __init__(self, root: bytes, op: str, journal_sync: bool, top: bytes, publish: Publish,
+                 rerun: bool = False) -> None:
         super().__init__(root, op, 1, journal_sync)
         self.top = top
         self.progress = Progress(op, lambda snap: publish(snap.done, 0, snap.failures), interval=0.5)
         self.part_fd = -1
+        self.rerun = rerun
+
+    def move(self, sfd: int, sname: bytes, dfd: int, dname: bytes, label: bytes,
+             as_: str | None = "moved") -> bool:
+        already = self.report.already            # one thread per partition: no lock needed
+        if super().move(sfd, sname, dfd, dname, label, as_):
+            return True
+        if not self.rerun or self.report.already == already:
+            return False
+        self.report.already = already            # moved by the lost attempt: by this run
+        if as_ is not None:
+            self.tally(as_)
+        return True                              # as_=None: the caller counts it as moved
 
     def __enter__(self) -> PartitionMigration:
         where = os.fsdecode(os.path.join(self.rootb, PARTS, self.top))
