@@ -24,10 +24,13 @@ import queue
 import sqlite3
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from manyfiles.cache._format import trace, write_all
 from manyfiles.cache._index import Fill, Version, Whole
-from manyfiles.cache._store import BlockStore, trace, write_all
+
+if TYPE_CHECKING:
+    from manyfiles.cache._store import BlockStore
 
 FILLERS = 4                          # writer threads per process
 # Fills are background work: their CPU (mostly the kernel's, allocating page-cache pages for new

@@ -25,9 +25,11 @@ import hashlib
 import json
 import os
 import struct
+import time
 import zlib
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from manyfiles import iotrace
 from manyfiles.errors import UsageError
 from manyfiles.shard.layout import Layout
 
@@ -153,3 +155,17 @@ def foreign_entries(root: str) -> list[str]:
         return sorted(n for n in os.listdir(root) if n not in OWN_NAMES)
     except FileNotFoundError:
         return []
+
+
+def trace(op: str, path: Any, offset: int, length: int, t0: int, result: int = 0) -> None:
+    tr = iotrace.TRACER
+    if tr is not None:
+        tr.record(op, path, offset, length, t0, time.monotonic_ns() - t0, result)
+
+
+def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """``pwrite`` every byte of ``data`` at ``offset`` (a short write is continued)."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
+import json
 import os
 import shutil
 import sqlite3
@@ -21,23 +22,16 @@ import threading
 import time
 import warnings
 from collections.abc import Iterable
-from typing import Any
 
-from manyfiles import iotrace
 from manyfiles.cache import _format as fmt
+from manyfiles.cache._format import trace
 from manyfiles.cache._index import Fill, Index, Version, Victim, bits_set, block_disk_bytes
-from manyfiles.errors import ManyfilesError, UsageError, from_oserror
+from manyfiles.errors import IntegrityError, ManyfilesError, UsageError, from_oserror
 
 DEGRADED_RETRY = 30.0                # seconds of pass-through after the cache disk failed
 STALE_TEMP_AGE = 3600.0
 _O_READ = os.O_RDONLY | os.O_CLOEXEC
 _O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-
-
-def trace(op: str, path: Any, offset: int, length: int, t0: int, result: int = 0) -> None:
-    tr = iotrace.TRACER
-    if tr is not None:
-        tr.record(op, path, offset, length, t0, time.monotonic_ns() - t0, result)
 
 
 def _free_bytes(path: str) -> int:
@@ -48,14 +42,6 @@ def _free_bytes(path: str) -> int:
 def _fs_bytes(path: str) -> int:
     st = os.statvfs(path)
     return st.f_blocks * st.f_frsize
-
-
-def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    """``pwrite`` every byte of ``data`` at ``offset`` (a short write is continued)."""
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
 
 
 class BlockStore:
@@ -180,7 +166,7 @@ class BlockStore:
             st = os.fstat(fd)
             ok = st.st_size == size
             if ok and self.verify and (objid, -1, st.st_ino) not in self._checked:
-                ok = self._whole_sound(objid, fd, size)
+                ok = self.whole_sound(objid, fd, size)
                 if ok:
                     self._remember_checked((objid, -1, st.st_ino))
         except OSError:
@@ -191,10 +177,18 @@ class BlockStore:
             return None
         return fd
 
-    def _whole_sound(self, objid: bytes, fd: int, size: int) -> bool:
-        from manyfiles.cache._verify import whole_sound
+    def whole_sound(self, objid: bytes, fd: int, size: int) -> bool:
+        """Does the whole file on ``fd`` still pass the check recorded for it?"""
+        from manyfiles.s3.integrity import Claim, rehash_file
 
-        return whole_sound(self.index, objid, fd, size)
+        check = self.index.verification(objid)
+        if check is None or not check[1]:
+            return False
+        try:
+            rehash_file(fd, size, Claim.from_record(json.loads(check[1])))
+        except (IntegrityError, ValueError, KeyError, OSError):
+            return False
+        return True
 
     def _remember_checked(self, key: tuple[bytes, int, int]) -> None:
         if len(self._checked) > 1_000_000:

@@ -23,16 +23,15 @@ unverifiable (partial objects whose blocks are all checked are fine).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from typing import Any
 
 from manyfiles._progress import Progress
 from manyfiles.cache import _format as fmt
-from manyfiles.cache._index import Entry, Index, Version
+from manyfiles.cache._index import Entry, Version
 from manyfiles.cache._store import BlockStore
-from manyfiles.errors import IntegrityError, ManyfilesError, NotFound, ObjectChanged
+from manyfiles.errors import ManyfilesError, NotFound, ObjectChanged
 
 ORPHAN_AGE = 60.0
 
@@ -52,20 +51,6 @@ def check_block(path: str, objid: bytes, index: int, length: int) -> str:
     if not fmt.crc_ok(h, memoryview(raw)[fmt.HEADER_SIZE:]):
         return "corrupt"
     return "checked" if h.checked else "unverified"
-
-
-def whole_sound(index: Index, objid: bytes, fd: int, size: int) -> bool:
-    """Does the whole file on ``fd`` still pass the check recorded for it?"""
-    from manyfiles.s3.integrity import Claim, rehash_file
-
-    check = index.verification(objid)
-    if check is None or not check[1]:
-        return False
-    try:
-        rehash_file(fd, size, Claim.from_record(json.loads(check[1])))
-    except (IntegrityError, ValueError, KeyError, OSError):
-        return False
-    return True
 
 
 def verify(cache: Any, report: Any, progress: Progress, *, complete: bool = False) -> Any:
@@ -114,7 +99,7 @@ def _verify_whole(store: BlockStore, e: Entry, check: tuple[str, str | None] | N
         store.index.remove_objects([e.objid])
         return
     try:
-        sound = os.fstat(fd).st_size == e.size and whole_sound(store.index, e.objid, fd, e.size)
+        sound = os.fstat(fd).st_size == e.size and store.whole_sound(e.objid, fd, e.size)
     finally:
         os.close(fd)
     if not sound:
