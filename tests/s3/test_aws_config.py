@@ -316,10 +316,33 @@ def test_the_suites_server_checks_every_engines_signature(strategy, bucket, moto
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     sigv4._sessions.clear()
     try:
-        with pytest.raises(CredentialsError, match="SignatureDoesNotMatch"):
+        with pytest.raises(CredentialsError, match="SignatureDoesNotMatch") as refused:
             pull(f"s3://{name}/w/", str(tmp_path / "o"), strategy=strategy, manifest=str(manifest),
                  settings=ClientSettings(endpoint_url=moto_server, region="us-east-1"), retry=FAST,
                  processes=2, concurrency=2)
     finally:
         sigv4._sessions.clear()
     assert not (tmp_path / "o" / "x.bin").exists()
+    assert_chain_pickles(refused.value)
+
+
+def assert_chain_pickles(error: BaseException) -> None:
+    """No error of the chain is its own cause, and the chain pickles with its causes and
+    tracebacks the way Dask sends errors (tblib's reducers; they recursed on a self-cause)."""
+    import copyreg
+    import io
+    import pickle
+    import types
+
+    from tblib.pickling_support import pickle_exception, pickle_traceback
+
+    chain, e = [], error
+    while e is not None:
+        assert all(e is not seen for seen in chain), f"a loop in the cause chain: {chain}"
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    pickler = pickle.Pickler(io.BytesIO())
+    pickler.dispatch_table = copyreg.dispatch_table.copy()
+    pickler.dispatch_table.update({type(x): pickle_exception for x in chain})
+    pickler.dispatch_table[types.TracebackType] = pickle_traceback
+    pickler.dump(error)

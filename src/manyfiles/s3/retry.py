@@ -134,6 +134,14 @@ def tls_refusal(exc: BaseException) -> TransferError | None:
     return None
 
 
+def cause_of(err: BaseException, exc: BaseException) -> BaseException | None:
+    """What to raise ``err`` from in the handler of ``exc``: ``exc``, or None when ``err`` is ``exc``
+    (classify() returns a TransferError as it is).  ``raise err from err`` makes an error its own
+    cause, a loop every walker of the chain follows: pickling it where tblib is loaded (Dask loads
+    it) recursed until RecursionError and the processes engine lost the failure."""
+    return None if err is exc else exc
+
+
 def classify(exc: BaseException) -> TransferError:
     """Turn any exception raised while downloading into a TransferError."""
     if isinstance(exc, TransferError):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from manyfiles import iotrace
 from manyfiles.errors import IntegrityError
 from manyfiles.s3.integrity import Claim, check_or_search, digest_for, encrypted, etag_parts, object_claim
-from manyfiles.s3.retry import Inconsistent, ObjectChanged, TransferError, classify
+from manyfiles.s3.retry import Inconsistent, ObjectChanged, TransferError, cause_of, classify
 
 CHUNK = 1 << 20
 EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"
@@ -180,7 +180,7 @@ def get_whole(client, bucket: str, job: Job, target, *, verify: bool = True, che
     except Exception as exc:
         err = classify(exc)
         trace_request("s3.get", bucket, job.key, 0, body_w.n if body_w else 0, t0, err.status or status or -1)
-        raise err from exc
+        raise err from cause_of(err, exc)
     trace_request("s3.get", bucket, job.key, 0, body_w.n, t0, status)
     return fetched
 

@@ -15,7 +15,7 @@ import time
 
 from manyfiles.s3.engines.base import Ctx, LoopThreadEngine
 from manyfiles.s3.objects import alearn_layout
-from manyfiles.s3.retry import classify
+from manyfiles.s3.retry import cause_of, classify
 from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, get_kwargs, needs_layout, trace_request
 
 
@@ -54,7 +54,7 @@ async def aget_whole(client, bucket: str, job: Job, target, *, verify: bool = Tr
     except Exception as exc:
         err = classify(exc)
         trace_request("s3.get", bucket, job.key, 0, body_w.n if body_w else 0, t0, err.status or status or -1)
-        raise err from exc
+        raise err from cause_of(err, exc)
     trace_request("s3.get", bucket, job.key, 0, body_w.n, t0, status)
     return fetched
 

@@ -22,7 +22,7 @@ from datetime import timedelta
 
 from manyfiles._extras import require
 from manyfiles.s3.engines.base import Ctx, Engine, LoopThreadEngine
-from manyfiles.s3.retry import TransferError, classify
+from manyfiles.s3.retry import TransferError, cause_of, classify
 from manyfiles.s3.sigv4 import Route, aws_config
 from manyfiles.s3.transfer import Fetched, Job, WholeBody, needs_layout, trace_request
 
@@ -124,7 +124,7 @@ class ObstoreEngine(LoopThreadEngine):
                 raise
             err = _classified(exc)
             trace_request("s3.get", opts.bucket, job.key, 0, body.n if body else 0, t0, err.status or -1)
-            raise err from exc
+            raise err from cause_of(err, exc)
         trace_request("s3.get", opts.bucket, job.key, 0, body.n, t0, status)
         return fetched
 

@@ -26,7 +26,7 @@ from manyfiles.s3.http1 import (
     request_target,
 )
 from manyfiles.s3.objects import alearn_layout
-from manyfiles.s3.retry import RetryPolicy, TransferError, classify
+from manyfiles.s3.retry import RetryPolicy, TransferError, cause_of, classify
 from manyfiles.s3.sigv4 import Endpoint, Route, uri_path
 from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, needs_layout
 
@@ -138,7 +138,8 @@ async def ahead_lean(conn: _Conn, job: Job, part_number: int | None, timeout: fl
         conn.close()
         if isinstance(exc, asyncio.CancelledError):
             raise
-        raise _classified(exc) from exc
+        err = _classified(exc)
+        raise err from cause_of(err, exc)
     return headers
 
 
@@ -189,7 +190,7 @@ async def aget_lean(conn: _Conn, bucket: str, job: Job, target, *, verify: bool,
         if tr is not None:
             tr.record("s3.get", f"{bucket}/{job.key}", 0, body.n if body else 0, t0, time.monotonic_ns() - t0,
                       err.status or status or -1)
-        raise err from exc
+        raise err from cause_of(err, exc)
     tr = iotrace.TRACER
     if tr is not None:
         tr.record("s3.get", f"{bucket}/{job.key}", 0, body.n, t0, time.monotonic_ns() - t0, status)

@@ -26,7 +26,7 @@ from manyfiles.s3.http1 import (
     request_head,
     request_target,
 )
-from manyfiles.s3.retry import TransferError, classify, tls_refusal
+from manyfiles.s3.retry import TransferError, cause_of, classify, tls_refusal
 from manyfiles.s3.sigv4 import Endpoint, Route, uri_path
 from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, check_range
 
@@ -208,7 +208,8 @@ class LeanClient:
                 self._drop()
         except BaseException as exc:
             self._drop()
-            raise self._classify(exc) from exc
+            err = self._classify(exc)
+            raise err from cause_of(err, exc)
         return headers
 
     # -- a response read at the caller's pace ---------------------------------------------
@@ -223,7 +224,8 @@ class LeanClient:
                 raise own._error(sock, status, headers, rest, method)
         except BaseException as exc:
             own._drop()
-            raise self._classify(exc) from exc
+            err = self._classify(exc)
+            raise err from cause_of(err, exc)
         flags = own._local.flags
         own._local.sock = None      # the response owns the socket now
         return Response(sock, flags, status, headers, rest, method == "HEAD")
@@ -289,7 +291,7 @@ class LeanClient:
             self._drop()
             err = self._classify(exc)
             _trace(bucket, job.key, ranged, start or 0, n, t0, err.status or status or -1)
-            raise err from exc
+            raise err from cause_of(err, exc)
         _trace(bucket, job.key, ranged, start or 0, n, t0, status)
         return result
 
@@ -357,7 +359,8 @@ class Response:
                 n += got
         except BaseException as exc:
             self.close()
-            raise LeanClient._classify(exc) from exc
+            err = LeanClient._classify(exc)
+            raise err from cause_of(err, exc)
         self.remaining -= n
         return n
 
