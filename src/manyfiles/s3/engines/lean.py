@@ -352,7 +352,10 @@ class Response:
                 view[:n] = self._rest[:n]
                 self._rest = self._rest[n:]
             while n < want:
-                got = self.sock.recv_into(view[n:want], want - n, self.flags)
+                sock = self.sock
+                if sock is None:
+                    raise TransferError("the response was closed", retryable=True, status=self.status)
+                got = sock.recv_into(view[n:want], want - n, self.flags)
                 if not got:
                     raise TransferError(f"truncated body: got {self.length - self.remaining + n} of "
                                         f"{self.length} bytes", retryable=True, status=self.status)
@@ -371,8 +374,13 @@ class Response:
         return bytes(buf) if got == len(buf) else bytes(buf[:got])
 
     def close(self) -> None:
+        """Close the connection; a thread blocked reading the body (a stalled server) returns at
+        once: the socket is shut down first, since closing it alone leaves that ``recv`` waiting
+        for data or the read timeout."""
         sock, self.sock = self.sock, None
         if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 sock.close()
 
