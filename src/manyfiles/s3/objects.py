@@ -384,6 +384,7 @@ class ObjectStream:
         self._lean = client.transport(bucket)
         self._on_retry = on_retry
         self._resp = None
+        self._opening = None        # the client sending the current request (close() aborts it)
         self._closed = False
         self.pos = 0
         self.claim: Claim | None = None
@@ -406,7 +407,18 @@ class ObjectStream:
             extra.append(("x-amz-checksum-mode", "ENABLED"))
         if etag:
             extra.append(("if-match", f'"{etag}"'))
-        return self._lean.open("GET", uri_path(self._lean.ep.path_prefix, self.key), extra)
+        resp = self._lean.open("GET", uri_path(self._lean.ep.path_prefix, self.key), extra,
+                               on_client=self._sending)
+        self._opening = None
+        if self._closed:            # closed while the answer came: nobody reads it
+            resp.close()
+            raise TransferError("the stream was closed", retryable=False)
+        return resp
+
+    def _sending(self, client) -> None:
+        self._opening = client
+        if self._closed:
+            client.abort()
 
     def _open(self, if_match: str | None, size: int | None) -> ObjectHead:
         resp = self._resp = self._request(if_match)
@@ -479,9 +491,12 @@ class ObjectStream:
             yield data
 
     def close(self) -> None:
-        """End the stream (from any thread: a read blocked on a stalled server returns at once,
-        with a TransferError, and is not resumed)."""
+        """End the stream (from any thread: a read blocked on a stalled server, in a body or
+        waiting for the answer to a resume, returns at once with a TransferError, not resumed)."""
         self._closed = True
+        opening = self._opening
+        if opening is not None:     # waiting for an answer (a resume, say)
+            opening.abort()
         self._drop()
 
     def __enter__(self) -> ObjectStream:
