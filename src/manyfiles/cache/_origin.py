@@ -208,6 +208,11 @@ class WholeRead:
         """As :meth:`read`, into ``buf`` (``len(buf)`` bytes, fewer only at the end): no copy."""
         raise NotImplementedError
 
+    def interrupt(self) -> None:
+        """From another thread: a read blocked on the origin fails at once (nothing more is read).
+        A no-op where a read cannot block for long (a local file: closing its descriptor under a
+        read in progress could hand that read another file's descriptor number)."""
+
     def close(self) -> None:
         pass
 
@@ -357,6 +362,9 @@ class _S3Whole(WholeRead):
             claim = self._stream.claim
             self.method = claim.method
             self.claim = crc_claim(self._crc) if self._crc is not None else claim.to_record()
+
+    def interrupt(self) -> None:
+        self._stream.close()        # ObjectStream.close: from any thread, ends a stalled read
 
     def close(self) -> None:
         self._stream.close()

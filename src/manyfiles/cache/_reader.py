@@ -440,6 +440,7 @@ class _Pump(threading.Thread):
         with self._cond:
             self._stopped = True
             self._cond.notify()
+        self._stream.interrupt()    # a read blocked on a stalled server returns now (nothing kept)
 
     def run(self) -> None:
         stream, writer, futures = self._stream, self._writer, self._futures
