@@ -223,10 +223,10 @@ def _plain_client(s3):
                         config=Config(request_checksum_calculation="when_required"))
 
 
-def _put_kind(s3, kind: str, key: str) -> bytes:
-    """An object of several blocks whose whole-object check is ``kind``."""
+def _put_kind(s3, kind: str, key: str, blocks: int = 6) -> bytes:
+    """An object of several blocks (``blocks`` for md5 and crc32) whose whole-object check is ``kind``."""
     if kind == "md5":                     # single-part upload, ETag = MD5 of the body
-        data = blob(5 * BS + 321, key)
+        data = blob((blocks - 1) * BS + 321, key)
         _plain_client(s3).put_object(Bucket=s3.bucket, Key=key, Body=data)
         return data
     if kind == "multipart-md5":           # ETag md5-of-md5s-2: part size from HEAD ?partNumber=1
@@ -241,7 +241,7 @@ def _put_kind(s3, kind: str, key: str) -> bytes:
         client.complete_multipart_upload(Bucket=s3.bucket, Key=key, UploadId=up["UploadId"],
                                          MultipartUpload={"Parts": done})
         return b"".join(parts)
-    return s3.put(key, blob(5 * BS + 321, key))      # boto3's default: a CRC32 checksum
+    return s3.put(key, blob((blocks - 1) * BS + 321, key))      # boto3's default: a CRC32 checksum
 
 
 def _blocks_of(cache: Cache) -> list[str]:
@@ -296,13 +296,19 @@ def test_verify_counts_whole_checks_and_warm_checks_every_object(tmp_path: Path,
 
 
 def test_a_seek_in_the_middle_of_the_stream_drops_it_and_the_reads_stay_right(s3, cache: Cache):
-    data = _put_kind(s3, "md5", "s/seek.bin")
+    # The stream's pump reads up to ``prefetch`` blocks past the reader's block (2 here) and then
+    # waits for the reader: with fewer blocks it may reach the end, and check the object whole,
+    # before the seek, and whether it does is a race.  With more, the seek always lands mid-stream.
+    blocks = 2 + cache.prefetch + 3
+    data = _put_kind(s3, "md5", "s/seek.bin", blocks=blocks)
     with mf.open(s3.url("s/seek.bin"), cache=cache, buffering=0) as f:
         assert f.read(2 * BS + 100) == data[:2 * BS + 100]          # from the one stream
         f.seek(BS // 2)
         assert f.read() == data[BS // 2:]
     gets = s3.gets()
     assert gets[0][2] is None and all(r[2] for r in gets[1:]), "the stream, then ranged GETs only"
+    last_block = f"bytes={(blocks - 1) * BS}-{len(data) - 1}"
+    assert last_block in [r[2] for r in gets], "the stream was dropped before its end"
     cache.flush()
     assert cache.get_bytes(s3.url("s/seek.bin")) == data
     v = cache.verify()
