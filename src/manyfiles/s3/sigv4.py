@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
 from manyfiles._extras import require
+from manyfiles.errors import UsageError
 
 if TYPE_CHECKING:       # annotations only: client.py imports this module
     from manyfiles.s3.client import ClientSettings
@@ -57,13 +58,25 @@ _sessions: dict = {}
 
 
 def botocore_session(settings: ClientSettings):
-    """The botocore session for the profile (one per profile, shared)."""
+    """The botocore session for the profile (one per profile, shared).  A profile that is not
+    configured (``--aws-profile NAME``, or ``AWS_PROFILE``) is a UsageError (exit 2) here, the one
+    place every S3 entry point passes, not a botocore traceback later."""
     sess = _sessions.get(settings.profile)
     if sess is None:
         require("s3", "botocore.session", S3_FEATURE)
         import botocore.session
+        from botocore.exceptions import ProfileNotFound
 
         sess = botocore.session.Session(profile=settings.profile)
+        try:
+            sess.get_scoped_config()
+        except ProfileNotFound as exc:
+            import os
+
+            source = "--aws-profile" if settings.profile else "AWS_PROFILE"
+            name = settings.profile or os.environ.get("AWS_PROFILE", "")
+            raise UsageError(f"AWS profile {name!r} ({source}) is not in the AWS config or credentials "
+                             "files") from exc
         _sessions[settings.profile] = sess
     return sess
 
