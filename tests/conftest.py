@@ -8,6 +8,27 @@ from pathlib import Path
 
 import pytest
 
+# -- running in parallel (pytest-xdist: `make test` runs -n auto --dist loadgroup --no-loadscope-reorder)
+#
+# Tests that share an expensive session fixture form one xdist group, so that one worker builds it
+# once and runs them all: the Dask cluster (and the tests that kill its workers), the wheel and venvs
+# of tests/packaging/test_install.py, the [all] venv of the notebooks.  The groups go first, the
+# longest first, and the other workers take the rest test by test meanwhile.
+GROUP_ORDER = ("notebooks", "dask", "venvs")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "dask_client" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("dask"))
+
+    def rank(item: pytest.Item) -> int:
+        groups = {m.args[0] if m.args else m.kwargs.get("name") for m in item.iter_markers("xdist_group")}
+        return min((GROUP_ORDER.index(g) for g in groups if g in GROUP_ORDER), default=len(GROUP_ORDER))
+
+    items.sort(key=rank)  # stable: within a rank, the order pytest (or pytest-randomly) chose
+
 
 @pytest.fixture
 def run_cli(tmp_path: Path):
