@@ -18,9 +18,6 @@ from installkit import NEWER_BOTO3, clean_env, pip
 
 from manyfiles._extras import EXTRAS
 
-# one worker builds the wheel and venvs and runs these (see tests/conftest.py)
-pytestmark = pytest.mark.xdist_group("venvs")
-
 HEAVY = {"boto3", "botocore", "aioboto3", "aiobotocore", "viztracer", "moto", "getdents", "distributed"}
 S3_LINE = 's3pull: S3 access needs the [s3] extra (boto3 is not installed): pip install "manyfiles[s3]"'
 

@@ -22,10 +22,6 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 PROGRESS_NOTEBOOK = REPO / "tests" / "notebooks" / "progress_everywhere.ipynb"
 RUNNER = Path(__file__).with_name("run_notebook.py")
 
-# one worker builds the venv and runs them all (see tests/conftest.py)
-pytestmark = pytest.mark.xdist_group("notebooks")
-
-
 def execute(python: Path, path: Path, tmp_path: Path) -> list[dict]:
     """Run ``path`` with ``python``'s Jupyter kernel, TMPDIR and working directory a fresh folder;
     return its code cells with their outputs."""
