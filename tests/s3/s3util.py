@@ -59,6 +59,25 @@ def put_multipart(client, bucket: str, key: str, parts: list[bytes]) -> bytes:
     return b"".join(parts)
 
 
+def put_composite(client, bucket: str, key: str, parts: list[bytes], alg: str) -> bytes:
+    """A multipart object with a COMPOSITE flexible checksum (``<checksum of part checksums>-N``)."""
+    up = client.create_multipart_upload(Bucket=bucket, Key=key, ChecksumAlgorithm=alg)
+    done = []
+    for i, body in enumerate(parts, 1):
+        r = client.upload_part(Bucket=bucket, Key=key, UploadId=up["UploadId"], PartNumber=i, Body=body,
+                               ChecksumAlgorithm=alg)
+        done.append({"ETag": r["ETag"], "PartNumber": i, f"Checksum{alg}": r[f"Checksum{alg}"]})
+    client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up["UploadId"],
+                                     MultipartUpload={"Parts": done})
+    return b"".join(parts)
+
+
+def etag_count(etag: str) -> int:
+    """N of a multipart ETag ``"<md5>-N"`` (1 for a single-part one)."""
+    tail = etag.strip('"').rpartition("-")[2]
+    return int(tail) if "-" in etag and tail.isdigit() else 1
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -114,6 +133,8 @@ class FaultProxy:
     * "wrong-range-honest": the bytes of another offset with a Content-Range saying so;
     * "other-body": status 200 with the body of ``decoy_path`` (another object);
     * "500-always" and "403-always" (not consumed);
+    * ``part_gets_as_s3 = True``: ``GET ?partNumber=N`` answered as S3 does (206 with that part,
+      its Content-Range and the part's own CRC32), where moto answers with the whole object;
     * lying HEADs, as a broken gateway answers them (``HEAD_FAULTS``): "head-zero" (``Content-Length:
       0``), "head-size" (``Content-Length`` 1 MiB more than the truth: a wrong object size, or a
       plausible but wrong part size for ``?partNumber=N``), "head-parts-count"
@@ -146,6 +167,7 @@ class FaultProxy:
         self.decoy_path: str | None = None
         self.sse_kms = False
         self.head_as_s3 = False   # HEAD names a composite checksum with the "-N" S3 gives it
+        self.part_gets_as_s3 = False    # GET ?partNumber=N answered as S3 does (moto sends the whole object)
         self.delay = 0.0          # seconds added to every object GET
         self.clock_offset: float | None = None
         self.bucket_region: str | None = None
@@ -204,7 +226,10 @@ class FaultProxy:
                     a, b = (int(x) for x in rng_hdr.split("=")[1].split("-"))
                     shift = (b - a + 1) // 2 + 1 if a == 0 else -min(a, (b - a + 1) // 2 + 1)
                     headers["Range"] = f"bytes={a + shift}-{b + shift}"
-                status, resp_headers, data = self._upstream(self.command, self.path, body, headers)
+                if proxy.part_gets_as_s3 and self.command == "GET" and "partNumber=" in self.path:
+                    status, resp_headers, data = proxy._part_get(self._upstream, self.path, headers)
+                else:
+                    status, resp_headers, data = self._upstream(self.command, self.path, body, headers)
                 if fault == "other-body" and proxy.decoy_path and status in (200, 206):
                     dh = {k: v for k, v in headers.items() if k.lower() not in ("range", "if-match")}
                     _, _, data = self._upstream("GET", proxy.decoy_path, None, dh)
@@ -310,6 +335,36 @@ class FaultProxy:
         if etag.startswith("&quot;"):
             return f"&quot;{fake}&quot;"
         return f'"{fake}"' if quoted else fake
+
+    @staticmethod
+    def _part_get(upstream, path: str, headers: dict):
+        """``GET ?partNumber=N`` as S3 answers it: 206, that part's bytes and Content-Range, and the
+        part's own CRC32 checksum (for an object uploaded with CRC32 part checksums)."""
+        import base64
+        import zlib
+        from urllib.parse import parse_qsl
+
+        base, _, query = path.partition("?")
+        n = int(dict(parse_qsl(query))["partNumber"])
+        plain = {k: v for k, v in headers.items() if k.lower() not in ("range", "if-match")}
+        status, head, _ = upstream("HEAD", base, None, {**plain, "x-amz-checksum-mode": "ENABLED"})
+        head_map = {k.lower(): v for k, v in head}
+        if status != 200:
+            return status, head, b""
+        sizes = []
+        for i in range(1, n + 1):
+            _, h, _ = upstream("HEAD", f"{base}?partNumber={i}", None, plain)
+            sizes.append(int({k.lower(): v for k, v in h}["content-length"]))
+        start = sum(sizes[:-1])
+        end = start + sizes[-1] - 1
+        ranged = {k: v for k, v in headers.items() if k.lower() != "range"}
+        status, resp_headers, data = upstream("GET", base, None, {**ranged, "Range": f"bytes={start}-{end}"})
+        out = [(k, v) for k, v in resp_headers if not k.lower().startswith("x-amz-checksum")]
+        out.append(("x-amz-mp-parts-count", str(etag_count(head_map.get("etag", "")))))
+        if "x-amz-checksum-crc32" in head_map and status == 206:
+            crc = zlib.crc32(data).to_bytes(4, "big")
+            out.append(("x-amz-checksum-crc32", base64.b64encode(crc).decode()))
+        return status, out, data
 
     @staticmethod
     def _as_s3(value: str, resp_headers) -> str:
