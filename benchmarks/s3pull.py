@@ -1,11 +1,11 @@
 """s3pull against its peers on a fast local S3 server (versitygw), direct and behind added latency.
 
 One run measures, on the same server and the same data: s3pull --strategy auto and each forced
-engine, s3pull auto without content checks (--no-verify) and with ETag/MD5 checks only
+engine, s3pull auto without content checks (--no-checksum) and with ETag/MD5 checks only
 (--etag-only), s5cmd, the aws cli, and a plain aioboto3 script with default settings.  Each
 tool downloads the whole bucket into an empty folder; the median of --repeat runs is reported,
 with ratios against s5cmd, (for auto) against the best forced engine, and the cost of
-verification (auto against auto --no-verify) measured in the same run.
+verification (auto against auto --no-checksum) measured in the same run.
 
 Shapes: 1k, 1m, 50m, 1g, mixed (uploaded by s5cmd), and for the verification cost three 1 GiB
 objects uploaded by boto3: 1g-md5 (one PutObject: single-part, ETag = MD5), 1g-multi (8 MiB
@@ -20,7 +20,7 @@ built into .cache/go/bin (git-ignored) with `go install` when missing; the peers
     .venv/bin/python benchmarks/s3pull.py                       # all shapes, direct
     .venv/bin/python benchmarks/s3pull.py --latency 0,5,20 --shapes 1k,1m
     .venv/bin/python benchmarks/s3pull.py --shapes 1k,1g-md5,1g-multi,1g-crc32c --repeat 5 \\
-        --tools "auto,auto --no-verify,auto --etag-only,s5cmd,aws cli"    # verification cost
+        --tools "auto,auto --no-checksum,auto --etag-only,s5cmd,aws cli"    # verification cost
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ SHAPES = {
 UPLOAD = {"1g-md5": "put", "1g-multi": "multipart", "1g-crc32c": "crc32c"}
 ENGINES = ["auto", "lean", "http", "async", "threads", "processes", "ranged", "sync"]
 VARIANTS = {"auto --no-checksum": ["--no-checksum"], "auto --etag-only": ["--etag-only"]}
+ALIASES = {"auto --no-verify": "auto --no-checksum"}    # the flag's old name, as older commands say
 
 
 def free_port() -> int:
@@ -284,15 +285,15 @@ SHAPES_TOTALS: dict[str, tuple[int, int]] = {}
 
 
 def verification_cost(times: dict[str, list[float]], checked: str) -> str | None:
-    """Throughput lost to checking, against auto --no-verify in the same run: from the medians,
+    """Throughput lost to checking, against auto --no-checksum in the same run: from the medians,
     and the median of the per-round ratios (each round ran both back to back)."""
-    off = times.get("s3pull auto --no-verify")
+    off = times.get("s3pull auto --no-checksum")
     on = times.get(checked)
     if not off or not on:
         return None
     cost = 1 - statistics.median(off) / statistics.median(on)
     paired = statistics.median(1 - a / b for a, b in zip(off, on, strict=True))
-    return (f"verification cost, {checked.removeprefix('s3pull ')} vs auto --no-verify: {cost:.1%} of "
+    return (f"verification cost, {checked.removeprefix('s3pull ')} vs auto --no-checksum: {cost:.1%} of "
             f"throughput (paired rounds: {paired:.1%}; target <= 10%)")
 
 
@@ -377,14 +378,14 @@ def main() -> None:
     ap.add_argument("--latency-shapes", default="1k,1m,mixed", help="shapes measured behind latency")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tools", default="",
-                    help="comma-separated subset (e.g. auto,http,s5cmd,auto --no-verify)")
+                    help="comma-separated subset (e.g. auto,http,s5cmd,auto --no-checksum)")
     ap.add_argument("--clean", action="store_true", help="delete the server's data at the end")
     ap.add_argument("--peer-aioboto3", nargs=2, metavar=("BUCKET", "DEST"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.peer_aioboto3:
         peer_aioboto3(*args.peer_aioboto3)
         return
-    only = set(args.tools.split(",")) if args.tools else None
+    only = {ALIASES.get(t, t) for t in args.tools.split(",")} if args.tools else None
     byte_compile()
     gw, port = start_versitygw()
     direct = f"http://127.0.0.1:{port}"
