@@ -95,3 +95,26 @@ def wait_for_two(dask_client):
 
     yield wait
     wait()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path):
+    """``mount(size, nr_inodes) -> Path``: a real, small tmpfs (a disk that fills, runs out of inodes
+    or is read-only), unmounted after the test.  Needs root (mount -t tmpfs), as on CI here."""
+    import subprocess
+
+    mounts: list[Path] = []
+
+    def mount(size: str = "4m", nr_inodes: int = 1000) -> Path:
+        where = tmp_path / f"tmpfs{len(mounts)}"
+        where.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},nr_inodes={nr_inodes}", "tmpfs",
+                            str(where)], capture_output=True, text=True)
+        if r.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        mounts.append(where)
+        return where
+
+    yield mount
+    for where in mounts:
+        subprocess.run(["umount", "-l", str(where)], check=False)

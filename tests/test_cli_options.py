@@ -276,3 +276,46 @@ def test_fastls_auto_progress_rule_keeps_the_terminal_listing_clean() -> None:
     assert progress_fits(True, stderr_tty=True, stdout_tty=True)         # fastls -r -c /d
     assert not progress_fits(False, stderr_tty=True, stdout_tty=True)    # names on the same terminal
     assert not progress_fits(True, stderr_tty=False, stdout_tty=False)   # a log: never by default
+
+
+# -- issue 17: --version everywhere, help text as printed --------------------------------------------
+
+
+@pytest.mark.parametrize("script", ["fastls", "shard", "s3pull", "fastrm", "manyfiles"])
+def test_every_entry_point_has_version(run_cli, script: str) -> None:
+    from manyfiles import __version__
+
+    r = run_cli(script, "--version")
+    assert (r.returncode, r.stdout.decode(), r.stderr) == (0, f"{script}, version {__version__}\n", b"")
+
+
+def _commands():
+    """(entry point, its click command, the words to the command) for every command and group."""
+    import click
+
+    from manyfiles.cli import ls, rm, s3pull, shard
+
+    def walk(root: str, top: click.Command, cmd: click.Command, words: list[str]):
+        yield root, top, words
+        if isinstance(cmd, click.Group):
+            ctx = click.Context(cmd)
+            for name in cmd.list_commands(ctx):
+                yield from walk(root, top, cmd.get_command(ctx, name), [*words, name])
+
+    for root, top in (("manyfiles", group), ("fastls", ls.command), ("shard", shard.command),
+                      ("s3pull", s3pull.command), ("fastrm", rm.command)):
+        yield from walk(root, top, top, [])
+    yield "s3pull", s3pull.command, ["verify"]
+
+
+def test_help_text_shows_no_markup() -> None:
+    """Help is printed as written: no '%%' (click does not %-format it), no reST double backticks and
+    no Markdown backticks (issue 17 saw '10%%' and ``shard``)."""
+    seen = 0
+    for root, top, words in _commands():
+        r = CliRunner().invoke(top, [*words, "--help"], prog_name=root, terminal_width=200)
+        assert r.exit_code == 0, (root, words, r.output)
+        leaks = [line for line in r.output.splitlines() if "%%" in line or "`" in line]
+        assert not leaks, (root, words, leaks)
+        seen += 1
+    assert seen >= 24   # every command: the five entry points, shard's 5, cache's 5, trace's 2...

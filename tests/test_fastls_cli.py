@@ -122,10 +122,13 @@ def test_missing_path_is_reported_and_others_listed(odd: Path, run_cli, tmp_path
     assert proc.stdout == os.fsencode(str(odd / "sub" / "inner")) + b"\n"
 
 
-def test_not_a_directory(odd: Path, run_cli) -> None:
-    proc = run_cli("fastls", str(odd / "plain"))
-    assert proc.returncode == 1
-    assert b"Not a directory" in proc.stderr
+def test_not_a_directory_is_a_usage_error_and_the_other_paths_are_listed(odd: Path, run_cli) -> None:
+    # a file where a directory is needed: exit 2 in every tool (docs/cli.md), the fast path as the click one
+    for extra in ((), ("--sort",)):
+        proc = run_cli("fastls", *extra, str(odd / "plain"), str(odd / "sub"))
+        assert proc.returncode == 2
+        assert proc.stderr.decode() == f"fastls: {odd / 'plain'}: Not a directory\n"
+        assert os.fsencode(str(odd / "sub" / "inner")) in proc.stdout
 
 
 def test_usage_errors_exit_2(odd: Path, run_cli) -> None:

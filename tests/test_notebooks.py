@@ -30,6 +30,7 @@ def execute(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list
     from nbclient import NotebookClient
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))          # the kernel inherits it: data goes there
+    monkeypatch.setenv("MANYFILES_NOTEBOOK_SMALL", "1")  # notebooks with a size knob (06) run a small one
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S, allow_errors=False,

@@ -220,3 +220,25 @@ def test_glob_table_through_the_command_line(run_cli, tmp_path: Path) -> None:
         r = run_cli("fastrm", "-n", "-0", "-o", "-", "--include", os.fsencode(pattern), root)
         assert r.returncode == 0, (pattern, r.stderr)
         assert sorted(r.stdout.split(b"\0")[:-1]) == sorted(table_selection(root, pattern, False)), pattern
+
+
+def test_a_read_only_tree_is_shortened_errors_then_the_summary(small_tmpfs, run_cli) -> None:
+    """A real read-only filesystem (issue 17: one line per file and no summary): the first ten
+    failures of the kind, one count line for the rest, then what was done and how many failed."""
+    disk = small_tmpfs()
+    tree = disk / "tree"
+    for i in range(4):
+        (tree / f"d{i}").mkdir(parents=True)
+        for j in range(10):
+            (tree / f"d{i}" / f"f{j}").write_bytes(b"x")
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    r = run_cli("fastrm", "-j", "1", str(tree))
+    lines = r.stderr.decode().splitlines()
+    assert r.returncode == 1 and "Traceback" not in r.stderr.decode()
+    shown = [x for x in lines if x.endswith(": Read-only file system") and not x.startswith("fastrm: ...")]
+    assert len(shown) == 10 and all(x.startswith(f"fastrm: {tree}/") for x in shown), lines
+    assert lines[10] == "fastrm: ... and 30 more: Read-only file system", lines
+    assert lines[11].startswith("fastrm: removed 0 files and 0 directories") and lines[11].endswith(
+        "; 40 could not be removed"), lines
+    assert len(lines) == 12
+    assert sum(len(files) for _, _, files in os.walk(tree)) == 40      # nothing removed, nothing lost

@@ -35,6 +35,9 @@ _EXPORTS: dict[str, str] = {
     # read cache
     "open": "manyfiles.cache",
     "Cache": "manyfiles.cache",
+    # training data through the cache
+    "Dataset": "manyfiles.ml.dataset",
+    "IterableDataset": "manyfiles.ml.dataset",
     # profiling and I/O tracing
     "profile": "manyfiles.profiling",
     "tracing": "manyfiles.iotrace",
@@ -55,7 +58,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 # subpackages reachable as attributes (``mf.s3.pull(...)``) without importing them first
-_SUBMODULES = ("cache", "errors", "listing", "remove", "s3", "shard", "table", "trace")
+_SUBMODULES = ("cache", "errors", "listing", "ml", "remove", "s3", "shard", "table", "trace")
 
 __all__ = [*sorted(_EXPORTS), *_SUBMODULES, "__version__"]
 

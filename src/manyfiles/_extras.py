@@ -31,6 +31,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "demo": ("moto", "flask"),
     "arrow": ("pyarrow",),
     "notebooks": ("ipykernel", "nbclient", "matplotlib", "pandas"),
+    "fsspec": ("fsspec",),
 }
 
 
@@ -38,7 +39,7 @@ def require(extra: str, module: str, feature: str) -> ModuleType:
     """Import ``module`` (e.g. ``"botocore.config"``), or raise MissingExtra naming ``extra``.
 
     ``feature`` is what the user asked for, as they would name it ("S3 access",
-    "--profile"); the message reads ``FEATURE needs the [EXTRA] extra (MODULE is not
+    "--profile-out"); the message reads ``FEATURE needs the [EXTRA] extra (MODULE is not
     installed): pip install "manyfiles[EXTRA]"``.
     """
     _check_extra(extra)
@@ -51,9 +52,15 @@ def require(extra: str, module: str, feature: str) -> ModuleType:
 
 def require_installed(extra: str, module: str, feature: str) -> None:
     """Like :func:`require` without importing ``module`` (a cheap up-front check)."""
+    if module in _FOUND:      # found once: hot paths (every cache open of an S3 URL) ask again
+        return
     _check_extra(extra)
     if importlib.util.find_spec(module) is None:
         raise MissingExtra(extra, feature, module)
+    _FOUND.add(module)
+
+
+_FOUND: set[str] = set()
 
 
 def _check_extra(extra: str) -> None:

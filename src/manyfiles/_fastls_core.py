@@ -303,9 +303,24 @@ def count_lines(report: Tally, several: bool, as_json: bool = False) -> list[str
     return [str(report.entries)] if report.counts else []
 
 
-def failure_lines(report: Tally) -> list[str]:
-    """``fastls: PATH: reason`` for every path or directory that could not be listed."""
-    return [f"fastls: {f.path}: {f.reason}" for f in report.failures]
+def failure_lines(report: Tally, prog: str = "fastls") -> list[str]:
+    """``fastls: PATH: reason`` for the paths and directories that could not be listed, a long run of
+    one kind shortened (:class:`manyfiles.errors.FailureLines`)."""
+    if not report.failures:
+        return []
+    from manyfiles.errors import FailureLines
+
+    return FailureLines(prog).lines(report.failures)
+
+
+def exit_code(report: Tally, paths: tuple[str, ...]) -> int:
+    """0, 1 if something could not be listed, 2 if a PATH itself is not a directory (the table in
+    docs/cli.md; :func:`manyfiles.errors.exit_code_of`)."""
+    if not report.failures:
+        return 0
+    from manyfiles.errors import exit_code_of
+
+    return exit_code_of(report.failures, paths)
 
 
 def progress_fits(count_only: bool, stderr_tty: bool, stdout_tty: bool) -> bool:

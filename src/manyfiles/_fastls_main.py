@@ -62,13 +62,16 @@ def main() -> None:
         return
     from manyfiles import _fastls_core as fastls  # the job without the report (no dataclasses import)
 
-    if os.environ.get("MANYFILES_TESTING"):  # the subprocess tests' bridge, as cli._common.run_main
+    testing = os.environ.get("MANYFILES_TESTING")  # the subprocess tests' bridge, as cli._common.run_main
+    if testing:
         from manyfiles import _testing
 
         _testing.apply_environ()
 
     request = fastls.ListRequest(**fields)  # type: ignore[arg-type]
     try:
+        if testing:
+            _testing.killpoint("command")  # where the tests hold every command
         report = fastls.list_to(request, sys.stdout.fileno())
         if request.count_only:
             lines = fastls.count_lines(report, len(request.paths) > 1, request.format == "json")
@@ -83,4 +86,4 @@ def main() -> None:
         sys.exit(130)
     for line in fastls.failure_lines(report):
         print(line, file=sys.stderr)
-    sys.exit(1 if report.failures else 0)
+    sys.exit(fastls.exit_code(report, request.paths))

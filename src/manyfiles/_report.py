@@ -38,9 +38,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from manyfiles.errors import PartialFailure
+from manyfiles.errors import SHOWN_LINES, PartialFailure
 
-SHOWN_FAILURES = 10        # failures listed by str(); the rest are counted
+SHOWN_FAILURES = SHOWN_LINES   # failures listed by str(); the rest are counted (as on the CLI's stderr)
 SHOWN_FAILURES_HTML = 20
 
 

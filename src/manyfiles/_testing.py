@@ -54,6 +54,13 @@ retry_base: float | None = None
 #: ``("EIO", n)`` fails the n-th write of the process with EIO.  Read once per write.
 write_fault: tuple[str, int] | None = None
 
+#: every tool: stop the n-th time the named killpoint is reached until the test says go
+#: (``"move:3:R:G"``: at the 3rd ``move``, write one byte to fd R, then block reading fd G).
+#: The test holds a real process mid-run on an event (the byte), not on a sleep; closing or
+#: writing G releases it, and a signal sent meanwhile (Ctrl-C) lands exactly there.  The point
+#: ``command`` is reached by every command once its options are parsed, before any work.
+hold_at: tuple[str, int, int, int] | None = None
+
 _counters: dict[str, Iterator[int]] = {}
 
 
@@ -85,12 +92,20 @@ def _parse_kill_at(value: str) -> tuple[str, int] | None:
     return point, int(n or 1)
 
 
+def _parse_hold_at(value: str) -> tuple[str, int, int, int] | None:
+    if not value:
+        return None
+    point, n, ready, go = value.split(":")
+    return point, int(n or 1), int(ready), int(go)
+
+
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "kill_at": _parse_kill_at,
     "fake_dtype": lambda value: int(value) if value else None,
     "remove_engine": lambda value: value or None,
     "retry_base": lambda value: float(value) if value else None,
     "write_fault": _parse_write_fault,
+    "hold_at": _parse_hold_at,
 }
 
 
@@ -101,7 +116,7 @@ def configure(spec: str) -> None:
         if name not in _PARSERS:
             raise ValueError(f"{ENV}: unknown knob {name!r} (known: {', '.join(sorted(_PARSERS))})")
         globals()[name] = _PARSERS[name](value)
-        if name in ("kill_at", "write_fault"):
+        if name in ("kill_at", "write_fault", "hold_at"):
             _counters.clear()
 
 
@@ -121,9 +136,20 @@ def reached(point: str) -> bool:
 
 
 def killpoint(point: str) -> None:
-    """SIGKILL this process here if ``kill_at`` asks for it (a no-op in production)."""
+    """SIGKILL this process here if ``kill_at`` asks for it, or hold it here if ``hold_at`` does
+    (a no-op in production)."""
     if kill_at is not None and reached(point):
         die()
+    if hold_at is not None and hold_at[0] == point:
+        counter = _counters.setdefault(f"hold:{point}", itertools.count(1))
+        if next(counter) == hold_at[1]:
+            hold(hold_at[2], hold_at[3])
+
+
+def hold(ready_fd: int, go_fd: int) -> None:
+    """Say "held" on ``ready_fd`` and wait until ``go_fd`` is written to or closed."""
+    os.write(ready_fd, b"h")
+    os.read(go_fd, 1)
 
 
 def die() -> None:

@@ -3,6 +3,7 @@
     ManyfilesError              base of everything manyfiles raises on purpose (CLI exit 1)
      +-- UsageError             bad arguments or configuration (exit 2)
      |    +-- MissingExtra      a feature needs an optional dependency: says which extra to install
+     |    +-- WrongKind         a path of the wrong kind: a file where a directory is needed, or the reverse
      +-- NotFound               a path, bucket or key that does not exist
      +-- AccessDenied           permission denied by the filesystem or the server
      +-- CredentialsError       no credentials, or the server refused them
@@ -15,11 +16,22 @@
 OSError and botocore errors are converted at the module boundary that calls
 them, keeping the original as ``__cause__`` (``raise NotFound(...) from exc``);
 :func:`from_oserror` does it for OSError.
+
+The exit codes of every command (docs/cli.md has the table): :data:`EXIT_OK`, :data:`EXIT_FAILED`
+(a runtime failure, partial ones included: missing paths, permissions, full disks, the server),
+:data:`EXIT_USAGE` (the command line cannot be run as given), :data:`EXIT_INTERRUPTED`.  An
+exception's code is its class's ``exit_code``; a report's is :func:`exit_code_of`.
 """
 
 from __future__ import annotations
 
 import errno as _errno
+from collections.abc import Iterable
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130      # 128 + SIGINT, the shell's convention
 
 
 class ManyfilesError(Exception):
@@ -41,6 +53,10 @@ class MissingExtra(UsageError):
         what = f" ({missing} is not installed)" if missing else ""
         super().__init__(f'{feature} needs the [{extra}] extra{what}: pip install "manyfiles[{extra}]"')
         self.extra = extra
+
+
+class WrongKind(UsageError):
+    """A path of the wrong kind: a file where a directory is needed (or a directory where a file is)."""
 
 
 class NotFound(ManyfilesError):
@@ -98,7 +114,8 @@ def describe_oserror(exc: OSError) -> str:
 
 _BY_ERRNO: dict[int, type[ManyfilesError]] = {
     _errno.ENOENT: NotFound,
-    _errno.ENOTDIR: NotFound,
+    _errno.ENOTDIR: WrongKind,
+    _errno.EISDIR: WrongKind,
     _errno.EACCES: AccessDenied,
     _errno.EPERM: AccessDenied,
     _errno.EROFS: AccessDenied,
@@ -112,3 +129,80 @@ def from_oserror(exc: OSError, path: str | bytes | None = None) -> ManyfilesErro
         where = where.decode("utf-8", "surrogateescape")
     message = f"{where}: {describe_oserror(exc)}" if where is not None else describe_oserror(exc)
     return _BY_ERRNO.get(exc.errno or 0, ManyfilesError)(message)
+
+
+#: the errno names (``Failure.code``) that say a path was of the wrong kind
+WRONG_KIND_CODES = frozenset({"ENOTDIR", "EISDIR"})
+
+
+def exit_code_of(failures: Iterable[object], arguments: Iterable[str] = ()) -> int:
+    """The exit code of a run that reported ``failures`` (items with ``path`` and ``code``).
+
+    0 when nothing failed; 2 (usage) when one of the ``arguments`` themselves was of the wrong
+    kind (``fastls FILE``: the other arguments were still done); 1 otherwise.
+    """
+    failed: list = list(failures)
+    if not failed:
+        return EXIT_OK
+    named = {a.rstrip("/") or "/" for a in arguments}
+    if any(f.code in WRONG_KIND_CODES and (f.path.rstrip("/") or "/") in named for f in failed):
+        return EXIT_USAGE
+    return EXIT_FAILED
+
+
+#: failure lines printed of one kind before the rest of that kind is only counted
+SHOWN_LINES = 10
+
+
+class FailureLines:
+    """The stderr lines of a run's failures: ``prog: PATH: reason`` each, and no flood.  After
+    ``limit`` lines of one kind (``code``, else the reason) the rest of that kind is counted;
+    :meth:`rest` gives one ``prog: ... and N more: reason`` line per such kind, which the
+    commands print just before their summary.  (No click here: the click-free fastls uses it.)
+
+    Example:
+        >>> lines = FailureLines("fastrm", limit=1)
+        >>> [lines.add(p, "Permission denied", "EACCES") for p in ("a", "b", "c")]
+        ['fastrm: a: Permission denied', None, None]
+        >>> lines.rest()
+        ['fastrm: ... and 2 more: Permission denied']
+    """
+
+    def __init__(self, prog: str, limit: int = SHOWN_LINES) -> None:
+        self.prog, self.limit = prog, limit
+        self.seen: dict[str, int] = {}
+        self.reasons: dict[str, str] = {}
+
+    def add(self, path: str, reason: str, code: str = "") -> str | None:
+        """The line to print now for this failure, or None when its kind already had ``limit``."""
+        kind = code or reason
+        n = self.seen[kind] = self.seen.get(kind, 0) + 1
+        self.reasons.setdefault(kind, reason)
+        return f"{self.prog}: {path}: {reason}" if n <= self.limit else None
+
+    @staticmethod
+    def shortens(failures: Iterable[object], limit: int = SHOWN_LINES) -> bool:
+        """Would the lines of ``failures`` be shortened (more than ``limit`` of one kind)?"""
+        seen: dict[str, int] = {}
+        for f in failures:
+            kind = f.code or f.reason  # type: ignore[attr-defined]
+            seen[kind] = seen.get(kind, 0) + 1
+            if seen[kind] > limit:
+                return True
+        return False
+
+    def rest(self) -> list[str]:
+        """``prog: ... and N more: reason`` for each kind that had more than ``limit``."""
+        return [f"{self.prog}: ... and {n - self.limit:,} more: {self.reasons[kind]}"
+                for kind, n in self.seen.items() if n > self.limit]
+
+    def lines(self, failures: Iterable[object], show: object = None) -> list[str]:
+        """Every line for ``failures`` (``path``, ``reason``, ``code``), the counts at the end;
+        ``show`` (a callable) makes a path printable."""
+        out = []
+        for f in failures:
+            path = show(f.path) if callable(show) else f.path  # type: ignore[attr-defined]
+            line = self.add(path, f.reason, f.code)  # type: ignore[attr-defined]
+            if line is not None:
+                out.append(line)
+        return out + self.rest()

@@ -24,7 +24,7 @@ from typing import Any
 from manyfiles._extras import require
 from manyfiles.errors import ManyfilesError, UsageError
 
-FEATURE = "profiling (--profile, manyfiles.profile)"
+FEATURE = "--profile-out (manyfiles.profile)"
 
 __all__ = ["profile"]
 

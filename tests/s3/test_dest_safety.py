@@ -130,6 +130,8 @@ def test_full_disk_is_one_line_no_wrong_file_and_rerun_completes(strategy, small
     err = r.stderr.decode()
     assert r.returncode == 1, err
     assert "Traceback" not in err and "No space left on device" in err
+    # one line for one full disk (issue 17: the object's failure line, then the same ENOSPC again)
+    assert len(err.splitlines()) == 1 and err.startswith(f"s3pull: {dest}/"), err
     got = files_under(dest)
     assert all(data[k] == v for k, v in got.items()) and len(got) < 5
     subprocess.run(["mount", "-o", "remount,size=40m", str(small_disk)], check=True)

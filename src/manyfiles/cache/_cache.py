@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from manyfiles._pool import Pool
 from manyfiles._progress import ProgressArg, check_progress, progress_for
@@ -117,14 +117,43 @@ class CacheStats:
     evictions: int         # entries evicted by the watermarks or `evict`
     evicted_bytes: int
     corrupt: int           # blocks found corrupt and removed
+    object_hits: int = 0   # object reads served whole from the cache (get_bytes, a reader closed)
+    object_misses: int = 0  # object reads that fetched at least one block from the origin
 
     @property
     def hit_ratio(self) -> float:
         total = self.hits + self.misses
         return self.hits / total if total else 0.0
 
+    @property
+    def object_hit_ratio(self) -> float:
+        total = self.object_hits + self.object_misses
+        return self.object_hits / total if total else 0.0
+
+    def _repr_html_(self) -> str:
+        import html
+
+        cap = format_size(self.max_size) if self.max_size is not None else "unlimited"
+        rows = [
+            ("objects read", f"{self.object_hits + self.object_misses:,}: {self.object_hits:,} hits, "
+                             f"{self.object_misses:,} misses ({self.object_hit_ratio:.1%} hits)"),
+            ("blocks read", f"{self.hits:,} hits ({format_size(self.hit_bytes)}), {self.misses:,} misses "
+                            f"({format_size(self.miss_bytes)}); {self.hit_ratio:.1%} hits"),
+            ("entries", f"{self.entries:,} ({format_size(self.bytes)} of {cap}; "
+                        f"{format_size(self.free_bytes)} free, keeps {format_size(self.min_free)})"),
+            ("fills", f"{self.fills:,} blocks ({format_size(self.fill_bytes)}), "
+                      f"{self.fills_dropped:,} dropped"),
+            ("evictions", f"{self.evictions:,} entries ({format_size(self.evicted_bytes)})"),
+            ("corrupt", f"{self.corrupt:,} blocks removed"),
+        ]
+        body = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+                       f"<td style='text-align:left'>{html.escape(v)}</td></tr>" for k, v in rows)
+        return (f"<div><b>CacheStats</b>: {html.escape(self.dir)} (block size "
+                f"{format_size(self.block_size)})<table>{body}</table></div>")
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "hit_ratio": round(self.hit_ratio, 6)}
+        return {**asdict(self), "hit_ratio": round(self.hit_ratio, 6),
+                "object_hit_ratio": round(self.object_hit_ratio, 6)}
 
     def __str__(self) -> str:
         cap = format_size(self.max_size) if self.max_size is not None else "unlimited"
@@ -133,6 +162,8 @@ class CacheStats:
             f"entries     {self.entries:,}",
             f"size        {format_size(self.bytes)} (max {cap}, keep {format_size(self.min_free)} free; "
             f"{format_size(self.free_bytes)} free)",
+            f"objects     {self.object_hits:,} hits, {self.object_misses:,} misses "
+            f"({self.object_hit_ratio:.1%} hits)",
             f"hits        {self.hits:,} blocks ({format_size(self.hit_bytes)})",
             f"misses      {self.misses:,} blocks ({format_size(self.miss_bytes)})",
             f"hit ratio   {self.hit_ratio:.1%}",
@@ -197,6 +228,8 @@ class Cache:
         import multiprocessing.util
 
         multiprocessing.util.register_after_fork(self, Cache._in_multiprocessing_child)
+        if multiprocessing.parent_process() is not None:    # opened in a (spawned) worker itself
+            self._in_multiprocessing_child()
 
     def _in_multiprocessing_child(self) -> None:
         import multiprocessing.util
@@ -238,43 +271,54 @@ class Cache:
         """The version of ``origin`` to read: trusted within ``ttl``, else asked of the origin."""
         return self._resolve(origin, revalidate=revalidate)[0]
 
-    def _resolve(self, origin: FileOrigin | S3Origin, *, revalidate: bool = False,
-                 whole: bool = False) -> tuple[Version, First | None]:
+    def _resolve(self, origin: FileOrigin | S3Origin, *, revalidate: bool = False, whole: bool = False,
+                 ttl: float | None = None, listed: Listed | None = None) -> tuple[Version, First | None]:
         """(version, what opening it fetched if that was the cheapest way to learn the version).
 
         Opening an S3 object the cache has never seen (``whole``) starts a GET of the whole object
         and reads its first block, whose answer tells the version too: a miss costs one round trip,
         not a HEAD and a GET, and a sequential reader goes on reading that one stream.  (A reader
-        that then only wants the end of the object has paid for one block.)
+        that then only wants the end of the object has paid for one block.)  ``listed``: the
+        version a listing gave (no request at all); ``ttl``: this call's instead of the cache's.
         """
+        if listed is not None:
+            if not isinstance(origin, S3Origin):
+                raise UsageError(f"{origin.display}: etag= is for s3:// objects (a listing's ETag)")
+            at = time.time() if listed.at is None else listed.at
+            validator = S3Origin.validator(listed.etag, listed.size)
+            return self._validated(origin, validator, listed.size, at), None
         now = time.time()
+        ttl = self.ttl if ttl is None else float(ttl)
         known = None
-        if self.ttl > 0 and not revalidate:
+        if ttl > 0 and not revalidate:
             known = self._memo.get(origin.source)
-            if known is None or now - known.validated_at >= self.ttl:
+            if known is None or now - known.validated_at >= ttl:
                 known = self._store.index.latest(origin.source)
-            if known is not None and now - known.validated_at < self.ttl:
+            if known is not None and now - known.validated_at < ttl:
                 self._memo[origin.source] = known
                 return known, None
         if whole and isinstance(origin, S3Origin):
-            if known is None and (self.ttl == 0 or revalidate):
+            if known is None and (ttl == 0 or revalidate):
                 known = self._store.index.latest(origin.source)
             if known is None:
                 first = origin.open_first(self.block_size)
-                return self._validated(origin, first.validator, first.size, now), first
+                return self._validated(origin, first.validator, first.size, now, ttl), first
         validator, size = origin.stat()
-        return self._validated(origin, validator, size, now), None
+        return self._validated(origin, validator, size, now, ttl), None
 
-    def _validated(self, origin: FileOrigin | S3Origin, validator: bytes, size: int, now: float) -> Version:
+    def _validated(self, origin: FileOrigin | S3Origin, validator: bytes, size: int, now: float,
+                   ttl: float | None = None) -> Version:
         v = Version(fmt.object_id(origin.source, validator), origin.source, validator, size, now)
-        if self.ttl > 0:
+        if (self.ttl if ttl is None else ttl) > 0:
             self._memo[origin.source] = v
         return v
 
-    def reader(self, src: Source, *, settings: Any = None) -> CachedReader:
+    def reader(self, src: Source, *, settings: Any = None, ttl: float | None = None,
+               etag: str | None = None, size: int | None = None,
+               listed_at: float | None = None) -> CachedReader:
         """The raw reader of ``src`` (what :meth:`open` wraps in a BufferedReader)."""
         origin = self.origin(src, settings)
-        v, first = self._resolve(origin, whole=True)
+        v, first = self._resolve(origin, whole=True, ttl=ttl, listed=_listed(etag, size, listed_at))
         return self._reader(origin, v, first)
 
     def _reader(self, origin: FileOrigin | S3Origin, v: Version, first: First | None) -> CachedReader:
@@ -284,36 +328,46 @@ class Cache:
                             prefetch=self.prefetch, first_block=None if first is None else first.data,
                             stream=None if first is None else first.stream, first_checked=first is not None)
 
-    def open(self, src: Source, mode: str = "rb", *, buffering: int = -1, settings: Any = None) -> Any:
+    def open(self, src: Source, mode: str = "rb", *, buffering: int = -1, settings: Any = None,
+             ttl: float | None = None, etag: str | None = None, size: int | None = None,
+             listed_at: float | None = None) -> Any:
         """``src`` as a binary file object: a seekable reader (``"rb"``) or a write-through writer
-        (``"wb"``: the origin is written on close, then this cache's entry is invalidated)."""
+        (``"wb"``: the origin is written on close, then this cache's entry is invalidated).
+
+        ``ttl``: this open's instead of the cache's.  ``etag`` and ``size``: the version of an S3
+        object that a listing gave (``manyfiles.s3.list``, ``list_objects``), taken at ``listed_at``
+        (default: now): no HEAD; that version is read, from its cached blocks or by GETs pinned to
+        the ETag (``If-Match``: an object changed since raises ObjectChanged, never mixes versions).
+        """
         _check_mode(mode)
         if mode == "wb":
             origin = self.origin(src, settings)
             return WriteThrough(origin, on_commit=lambda: self.invalidate(origin))
-        raw = self.reader(src, settings=settings)
+        raw = self.reader(src, settings=settings, ttl=ttl, etag=etag, size=size, listed_at=listed_at)
         if buffering == 0:
             return raw
         return io.BufferedReader(raw, buffer_size=DEFAULT_BUFFER if buffering < 0 else buffering)
 
-    def get_bytes(self, src: Source, *, settings: Any = None) -> bytes:
-        """The whole content of ``src``, through the cache."""
+    def get_bytes(self, src: Source, *, settings: Any = None, ttl: float | None = None,
+                  etag: str | None = None, size: int | None = None, listed_at: float | None = None) -> bytes:
+        """The whole content of ``src``, through the cache (``ttl``, ``etag``, ``size``, ``listed_at``:
+        as for :meth:`open`)."""
         origin = self.origin(src, settings)
-        v, first = self._resolve(origin, whole=True)
+        v, first = self._resolve(origin, whole=True, ttl=ttl, listed=_listed(etag, size, listed_at))
         store = self._store
         if v.size <= self.block_size:           # one block: no reader needed
             if first is not None:
                 if v.size:
                     store.fill_async(v, 0, first.data, checked=True)
                     store.mark_verified(v, first.checked or fmt.SIZE_ONLY)
-                    store.count(misses=1, miss_bytes=v.size)
+                    store.count(misses=1, miss_bytes=v.size, object_misses=1)
                 store.note_access(v.objid, v.validated_at)
                 return first.data
             data = store.read_block(v.objid, 0, v.size) if v.size else b""
             if data is not None:
                 store.note_access(v.objid, v.validated_at)
                 if v.size:
-                    store.count(hits=1, hit_bytes=len(data))
+                    store.count(hits=1, hit_bytes=len(data), object_hits=1)
                 return data
         reader = self._reader(origin, v, first)
         try:
@@ -333,14 +387,19 @@ class Cache:
         origin = self.origin(src)
         v = self._validated(origin, S3Origin.validator(etag, size), size, time.time())
         store, nblocks = self._store, -(-size // self.block_size)
-        fds: list[int] = []
+        fds: list = []     # a block file's descriptor, or a block still queued for writing
         try:
             for i in range(nblocks):
                 fd = store.open_block(v.objid, i, store.block_length(size, i))
                 if fd is None:
-                    return False
+                    fd = store.queued_block(v.objid, i)     # fetched a moment ago, not on disk yet
+                    if fd is None:
+                        return False
                 fds.append(fd)
             for i, fd in enumerate(fds):
+                if not isinstance(fd, int):
+                    write(bytes(fd))
+                    continue
                 data = os.pread(fd, store.block_length(size, i), fmt.HEADER_SIZE)
                 if len(data) != store.block_length(size, i):
                     store.discard(v.objid, i, fd)
@@ -348,10 +407,31 @@ class Cache:
                 write(data)
         finally:
             for fd in fds:
-                os.close(fd)
+                if isinstance(fd, int):
+                    os.close(fd)
         store.note_access(v.objid, v.validated_at)
-        store.count(hits=nblocks, hit_bytes=size)
+        store.count(hits=nblocks, hit_bytes=size, object_hits=1)
         return True
+
+    def fill(self, src: Source, data: bytes, *, etag: str, checked: str | None = None,
+             listed_at: float | None = None, settings: Any = None) -> None:
+        """Keep ``data``: the whole content of the S3 object ``src`` at version ``etag``, which the
+        caller fetched itself for a read that missed the cache (counted as one).  ``checked``: how
+        the caller checked the whole object against its claim ("md5", "crc32c"... as s3pull's
+        engines report it): the entry is then verified, else it counts as unverified.  Written in
+        the background, like any fill (dropped, and counted, when the fill queue is full)."""
+        origin = self.origin(src, settings)
+        v = self._resolve(origin, listed=_listed(etag, len(data), listed_at))[0]
+        store, bs = self._store, self.block_size
+        nblocks = -(-len(data) // bs)
+        view = memoryview(data)
+        for i in range(nblocks):
+            store.fill_async(v, i, data if nblocks == 1 else bytes(view[i * bs:(i + 1) * bs]),
+                             checked=checked is not None)
+        if checked is not None and nblocks:
+            store.mark_verified(v, checked)
+        store.note_access(v.objid, v.validated_at)
+        store.count(misses=nblocks, miss_bytes=len(data), object_misses=1)
 
     def import_file(self, src: Source | S3Origin, etag: str, size: int, path: str | os.PathLike) -> None:
         """Fill the cache, in the background, from a local copy of ``src`` at version (``etag``, ``size``)
@@ -572,7 +652,7 @@ class Cache:
         except OSError:
             free = 0
         names = ("hits", "misses", "hit_bytes", "miss_bytes", "fills", "fill_bytes", "fills_dropped",
-                 "evictions", "evicted_bytes", "corrupt")
+                 "evictions", "evicted_bytes", "corrupt", "object_hits", "object_misses")
         return CacheStats(self.dir, c.get("entries", 0), c.get("bytes", 0), self.block_size, store.max_size,
                           store.min_free, free, **{n: c.get(n, 0) for n in names})
 
@@ -645,6 +725,23 @@ class Cache:
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+
+class Listed(NamedTuple):
+    """The version of an S3 object as a listing gave it (``at``: when; None: now)."""
+
+    etag: str
+    size: int
+    at: float | None = None
+
+
+def _listed(etag: str | None, size: int | None, at: float | None) -> Listed | None:
+    if etag is None and size is None:
+        return None
+    if not etag or size is None or isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise UsageError(f"etag={etag!r}, size={size!r}: a listed version needs both, "
+                         "an ETag and a size >= 0")
+    return Listed(etag.strip('"'), size, at)
+
 
 class _TrackedPool(ThreadPoolExecutor):
     """The fetch threads, knowing how many fetches are still running (see :meth:`Cache.flush`)."""
@@ -729,14 +826,16 @@ def _passthrough_pool() -> ThreadPoolExecutor:
 
 
 def open(src: Source, mode: str = "rb", *, cache: Cache | str | os.PathLike | None = None,
-         settings: Any = None, buffering: int = -1) -> Any:
+         settings: Any = None, buffering: int = -1, ttl: float | None = None) -> Any:
     """Open a local/NFS path or an ``s3://bucket/key`` URL as a binary file object.
 
     ``"rb"`` gives a seekable reader (``read``, ``readinto``, ``seek``/``tell``, context
     manager); with ``cache`` (a :class:`Cache` or a cache directory) it reads through that
     cache.  ``"wb"`` writes through to the origin: a local file is replaced atomically on
     close, an S3 object is uploaded on close; the cached entry is then invalidated.
-    ``settings`` is a :class:`manyfiles.s3.ClientSettings` for S3 URLs.
+    ``settings`` is a :class:`manyfiles.s3.ClientSettings` for S3 URLs.  ``ttl`` (with
+    ``cache``): seconds a validation of ``src`` stays trusted for this open (default: the
+    cache's, 0: a ``stat`` or ``HEAD`` per open), as ``Cache(dir, ttl=...)``.
 
     Example:
         >>> import manyfiles as mf
@@ -748,7 +847,9 @@ def open(src: Source, mode: str = "rb", *, cache: Cache | str | os.PathLike | No
     if cache is not None:
         if not isinstance(cache, Cache):
             cache = shared_cache(cache)
-        return cache.open(src, mode, buffering=buffering, settings=settings)
+        return cache.open(src, mode, buffering=buffering, settings=settings, ttl=ttl)
+    if ttl is not None:
+        raise UsageError("ttl= is for reads through a cache (give cache=DIR too)")
     origin = parse_source(src, settings)
     if mode == "wb":
         return WriteThrough(origin)

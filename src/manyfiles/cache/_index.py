@@ -45,7 +45,7 @@ CREATE TABLE IF NOT EXISTS verified(objid BLOB PRIMARY KEY, method TEXT NOT NULL
 """
 
 COUNTERS = ("hits", "misses", "hit_bytes", "miss_bytes", "fills", "fill_bytes", "fills_dropped",
-            "evictions", "evicted_bytes", "corrupt")
+            "evictions", "evicted_bytes", "corrupt", "object_hits", "object_misses")
 
 
 class Version(NamedTuple):

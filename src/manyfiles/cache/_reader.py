@@ -181,8 +181,11 @@ class CachedReader(io.RawIOBase):
         if self._fetcher_obj is not None:
             self._fetcher_obj.close()
         if self._store is not None:
+            # one object read: a hit if no byte of it came from the origin
+            objects = ({"object_misses": 1} if self._misses else
+                       {"object_hits": 1} if self._hit_bytes else {})
             self._store.count(hits=self._hits, misses=self._misses, hit_bytes=self._hit_bytes,
-                              miss_bytes=self._miss_bytes)
+                              miss_bytes=self._miss_bytes, **objects)
         self._hits = self._misses = self._hit_bytes = self._miss_bytes = 0
         super().close()
 

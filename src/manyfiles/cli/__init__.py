@@ -3,8 +3,8 @@
 Each verb lives in its own module (``ls``, ``shard``, ``s3pull``, ``rm``, ``trace``, ``info``,
 ``cache``); all but ``info`` and ``cache`` are also installed as standalone scripts (``fastls``,
 ``shard``, ...).  The
-CLI only parses, calls the library and renders; exit codes: 0 ok, 1 something
-failed, 2 usage error, 130 interrupted.
+CLI only parses, calls the library and renders; exit codes (``_common.exit_code``, the table in
+docs/cli.md): 0 ok, 1 runtime failure, 2 usage error, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import importlib
 
 import click
 
-from manyfiles import __version__
-from manyfiles.cli._common import run_main
+from manyfiles.cli._common import GROUP_OPTIONS, run_main, version_option
 
 # subcommand name -> module under manyfiles.cli that defines ``command``
 SUBCOMMANDS = {
@@ -44,8 +43,8 @@ class LazyGroup(click.Group):
             return None
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="manyfiles")
+@click.group(cls=LazyGroup, **GROUP_OPTIONS)
+@version_option("manyfiles")
 def group() -> None:
     """Move data when there are too many files."""
 

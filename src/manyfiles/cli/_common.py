@@ -4,23 +4,38 @@
 operation log) to a command; the shared option set (``-j/--jobs``, ``-n/--dry-run``,
 ``--include/--exclude``, ``--json``, ``-q``, ``--progress/--no-progress``, ``--files-from``)
 is one decorator each here, with :func:`deprecated_alias` for the spellings they replace
-(docs/cli.md); ``run_main`` maps manyfiles errors to one-line
-messages and exit codes the same way for every standalone script.
+(docs/cli.md).
+
+Exit codes and error lines are decided here, once for every command (the table is in
+docs/cli.md): :func:`run_main` turns whatever a command raises into one ``prog: message``
+line on stderr and its exit code (:func:`exit_code`); :func:`echo_failures` prints a run's
+failures, a long run of the same error shortened (:class:`~manyfiles.errors.FailureLines`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import click
 
+from manyfiles import __version__
+from manyfiles._testing import killpoint
 from manyfiles._units import parse_size
-from manyfiles.errors import ManyfilesError
+from manyfiles.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    FailureLines,
+    ManyfilesError,
+    from_oserror,
+)
 
 
 def instrumented(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -45,10 +60,15 @@ def instrumented(fn: Callable[..., Any]) -> Callable[..., Any]:
         type=click.Path(dir_okay=False),
         default=None,
         metavar="FILE",
-        help="Log every I/O operation to FILE (see `manyfiles trace summary`).",
+        help="Log every I/O operation to FILE (read it with: manyfiles trace summary FILE).",
     )
     @functools.wraps(fn)
     def wrapper(*args: Any, profile_file: str | None, trace_file: str | None, **kwargs: Any) -> Any:
+        if profile_file:  # a missing [profile] extra: one line, before the trace file is created
+            from manyfiles._extras import require_installed
+            from manyfiles.profiling import FEATURE
+
+            require_installed("profile", "viztracer", FEATURE)
         with contextlib.ExitStack() as stack:
             if trace_file:
                 from manyfiles.iotrace import tracing
@@ -58,6 +78,7 @@ def instrumented(fn: Callable[..., Any]) -> Callable[..., Any]:
                 from manyfiles.profiling import profile
 
                 stack.enter_context(profile(profile_file))
+            killpoint("command")  # tests hold every command here (manyfiles._testing.hold_at)
             result = fn(*args, **kwargs)
         if trace_file and profile_file and profile_file.endswith(".json"):
             # Both asked: put the I/O operations into the profile too, one timeline.
@@ -239,37 +260,126 @@ def echo_cluster(prog: str, report: object) -> None:
         click.echo(f"{prog}: {line}", err=True)
 
 
-def fail(prog: str, message: str, code: int = 1) -> None:
+def fail(prog: str, message: str, code: int = EXIT_FAILED) -> None:
     """Print ``prog: message`` on stderr and exit with ``code``."""
     click.echo(f"{prog}: {message}", err=True)
     sys.exit(code)
 
 
+def version_option(prog: str) -> Callable[[Callable[..., Any]], Any]:
+    """``--version``: ``PROG, version X.Y.Z`` (every entry point has it)."""
+    return click.version_option(__version__, "--version", prog_name=prog,
+                                message="%(prog)s, version %(version)s")
+
+
+# -- errors: one line each, one exit code table --------------------------------------------------------
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code for an exception that ends a command (the table in docs/cli.md).
+
+    A manyfiles error carries its class's code (``UsageError`` and its ``MissingExtra`` and
+    ``WrongKind``: 2; everything else: 1); click's usage errors are 2; Ctrl-C is 130; an OSError
+    that no library boundary converted counts as its :func:`~manyfiles.errors.from_oserror` class.
+    """
+    if isinstance(exc, (KeyboardInterrupt, click.exceptions.Abort)):
+        return EXIT_INTERRUPTED
+    if isinstance(exc, click.UsageError):
+        return EXIT_USAGE
+    if isinstance(exc, click.ClickException):
+        return exc.exit_code
+    if isinstance(exc, ManyfilesError):
+        return exc.exit_code
+    if isinstance(exc, OSError):
+        return from_oserror(exc).exit_code
+    return EXIT_FAILED
+
+
+def error_line(prog: str, exc: BaseException) -> str:
+    """The one stderr line for an exception that ends a command (no usage block, no traceback)."""
+    if isinstance(exc, (KeyboardInterrupt, click.exceptions.Abort)):
+        return f"{prog}: interrupted"
+    if isinstance(exc, click.UsageError):
+        where = exc.ctx.command_path if exc.ctx is not None else prog
+        return f"{prog}: {_first_line(exc.format_message())} (see '{where} --help')"
+    if isinstance(exc, click.ClickException):
+        return f"{prog}: {_first_line(exc.format_message())}"
+    if isinstance(exc, OSError) and not isinstance(exc, ManyfilesError):
+        return f"{prog}: {from_oserror(exc)}"
+    return f"{prog}: {_first_line(str(exc))}"
+
+
+def _first_line(text: str) -> str:
+    return " ".join(text.split()) or "error"
+
+
 def run_main(command: click.Command, prog: str) -> None:
-    """Run a click command as a standalone script with manyfiles' error mapping."""
+    """Run a click command as a standalone script: its exit code, or one ``prog: message`` line on
+    stderr and the code of :func:`exit_code` (a usage error: 2, with no usage block)."""
     from manyfiles import _testing
 
     _testing.apply_environ()  # the one bridge for subprocess tests (kill points); unset in production
     try:
-        # standalone_mode=False returns the callback's value (our commands return
-        # their exit code) or the code of a click Exit.
-        code = command.main(prog_name=prog, standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo(f"{prog}: interrupted", err=True)
-        sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except ManyfilesError as exc:
-        fail(prog, str(exc), exc.exit_code)
-    except KeyboardInterrupt:
-        click.echo(f"{prog}: interrupted", err=True)
-        sys.exit(130)
+        # click's main() without its error handling (which prints usage blocks, and a blank line
+        # before an Abort): the callback's value is our commands' exit code
+        with command.make_context(prog, sys.argv[1:]) as ctx:
+            code = command.invoke(ctx)
     except BrokenPipeError:
         # `fastls | head`: the reader went away; that is not an error of ours.
+        _quiet_exit(EXIT_OK)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (KeyboardInterrupt, click.ClickException, click.exceptions.Abort, ManyfilesError) as exc:
+        _exit_with(prog, exc)
+    except OSError as exc:
+        if exc.errno == errno.EPIPE:
+            _quiet_exit(EXIT_OK)
+        # a disk or permission error no library boundary converted: still one line, no traceback
+        _exit_with(prog, exc)
+    sys.exit(code if isinstance(code, int) else EXIT_OK)
+
+
+def _exit_with(prog: str, exc: BaseException) -> None:
+    with contextlib.suppress(OSError):  # stderr itself may be gone
+        click.echo(error_line(prog, exc), err=True)
+    sys.exit(exit_code(exc))
+
+
+def _quiet_exit(code: int) -> None:
+    with contextlib.suppress(OSError):
         sys.stderr.close()
-        sys.exit(0)
-    sys.exit(code if isinstance(code, int) else 0)
+    sys.exit(code)
+
+
+#: the settings of every group: ``shard`` alone is a usage error ("Missing command", exit 2) with
+#: any click version (click 8.2 made a bare group print its help and exit 2, 8.1 exit 0)
+GROUP_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
+GROUP_OPTIONS: dict[str, Any] = {"no_args_is_help": False, "context_settings": GROUP_SETTINGS}
+
+
+def echo_failures(prog: str, failures: Iterable[Any], show: Callable[[str], str] | None = None) -> None:
+    """Every failure (``path``, ``reason``, ``code``) on stderr, a long run of one kind shortened
+    (:class:`~manyfiles.errors.FailureLines`); ``show`` makes a path printable."""
+    for line in FailureLines(prog).lines(failures, show):
+        click.echo(line, err=True)
+
+
+class Directory(click.ParamType):
+    """A directory argument: a path that, if it exists, is a directory.  A file there is a usage
+    error (``WrongKind``: ``prog: PATH: Not a directory``, exit 2) before anything runs; whether
+    it exists and may be read is the library's to find (exit 1), as for every path a verb acts on."""
+
+    name = "directory"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        import os
+
+        from manyfiles.errors import WrongKind
+
+        path = os.fsdecode(value)
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise WrongKind(f"{path}: {os.strerror(errno.ENOTDIR)}")
+        return path
 
 
 class Size(click.ParamType):

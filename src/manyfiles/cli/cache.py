@@ -23,11 +23,15 @@ from typing import Any
 
 import click
 
+from manyfiles._testing import killpoint
 from manyfiles.cli._common import (
+    GROUP_OPTIONS,
+    Directory,
     Size,
     cluster_option,
     dry_run_option,
     echo_cluster,
+    echo_failures,
     echo_json,
     echo_summary_json,
     files_from_option,
@@ -40,7 +44,6 @@ from manyfiles.cli._common import (
     resolve_progress,
 )
 
-MAX_ERROR_LINES = 20
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -74,11 +77,11 @@ class Duration(click.ParamType):
 def cache_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``--dir`` and the S3 connection options, turned into a ``cache`` argument."""
 
-    @click.option("--dir", "cache_dir", type=click.Path(file_okay=False), default=None,
+    @click.option("--dir", "cache_dir", type=Directory(), default=None,
                   help="Cache directory (default: $MANYFILES_CACHE_DIR or ~/.cache/manyfiles).")
     @click.option("--max-size", type=Size(), default=None, help="Evict LRU entries beyond this size.")
     @click.option("--min-free", type=Size(), default=None,
-                  help="Keep this much free on the cache's filesystem (default: 10%% of it).")
+                  help="Keep this much free on the cache's filesystem (default: 10% of it).")
     @click.option("--aws-profile", default=None, metavar="NAME", help="AWS credentials profile.")
     @click.option("--region", default=None, help="AWS region (default: from the profile/environment).")
     @click.option("--endpoint-url", default=None, metavar="URL",
@@ -95,12 +98,13 @@ def cache_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                                   no_sign=no_sign_request)
         extra = {} if min_free is None else {"min_free": min_free}
         with Cache(cache_dir or default_dir(), max_size=max_size, settings=settings, **extra) as cache:
+            killpoint("command")  # tests hold every command here (manyfiles._testing.hold_at)
             return fn(*args, cache=cache, **kwargs)
 
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(**GROUP_OPTIONS)
 def command() -> None:
     """A persistent local read cache for files and S3 objects (see docs/cache.md)."""
 
@@ -128,7 +132,11 @@ def warm(sources: tuple[str, ...], files_from: str | None, jobs: int, progress: 
     if files_from is not None:
         from manyfiles._files_from import read_names
 
-        srcs = itertools.chain(sources, map(os.fsdecode, read_names(files_from)))
+        srcs = list(itertools.chain(sources, map(os.fsdecode, read_names(files_from))))
+    if any(s.startswith("s3://") for s in srcs):
+        # the [s3] extra and the AWS profile are the command's, not one source's: a missing one
+        # is a usage error (one line, exit 2) before anything is fetched, not a failure per source
+        cache.settings.resolved()
     report = cache.warm(srcs, jobs=jobs, cluster=cluster,
                         progress=resolve_progress(progress, quiet=quiet, as_json=as_json))
     _print_failures(report.failures)
@@ -204,11 +212,7 @@ def clear(dry_run: bool, quiet: bool, as_json: bool, cache: Any) -> int:
 
 
 def _print_failures(failures: list) -> None:
-    prog = prog_name()
-    for f in failures[:MAX_ERROR_LINES]:
-        click.echo(f"{prog}: {f.path}: {f.reason}", err=True)
-    if len(failures) > MAX_ERROR_LINES:
-        click.echo(f"{prog}: ... and {len(failures) - MAX_ERROR_LINES} more failures", err=True)
+    echo_failures(prog_name(), failures)
 
 
 def _print_report(report: Any, as_json: bool, quiet: bool) -> None:

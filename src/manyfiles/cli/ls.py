@@ -8,18 +8,21 @@ import sys
 import click
 
 from manyfiles import _native, fastls, listing
-from manyfiles._fastls_core import progress_fits
+from manyfiles._fastls_core import exit_code, failure_lines, progress_fits
 from manyfiles.cli._common import (
+    Directory,
     Size,
     cluster_option,
     files_from_option,
     filter_options,
     instrumented,
     jobs_option,
+    prog_name,
     progress_option,
     quiet_option,
     resolve_progress,
     run_main,
+    version_option,
 )
 
 EPILOG = """\b
@@ -32,13 +35,17 @@ Examples:
   find /data -name 'run-*' -print0 | fastls -c --files-from - count inside each listed folder
   fastls -r -c --cluster tcp://sched:8786 /nfs/data   count on a Dask cluster
 
-Exit status: 0 if every path was listed, 1 if some failed (each reported as
-`fastls: PATH: reason`), 2 on a usage error.
+Exit status: 0 if every path was listed; 1 if some could not be (missing, no
+permission: one 'fastls: PATH: reason' line each, a long run shortened); 2 on a
+usage error or a PATH that is not a directory (the other PATHs are still listed);
+130 interrupted. A sharded tree's .manyfiles-shard.json is listed and counted like
+any other file (see 'shard --help').
 """
 
 
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("paths", nargs=-1, type=click.Path(path_type=str))
+@version_option("fastls")
+@click.argument("paths", nargs=-1, type=click.Path(path_type=str, readable=False))  # unreadable: exit 1
 @click.option("-r", "--recursive", is_flag=True, help="List subdirectories too (in parallel).")
 @click.option("--max-depth", type=click.IntRange(min=0), default=None, help="With -r: how deep to go.")
 @click.option("-L", "--follow", is_flag=True, help="Follow symlinks to directories (cycles are detected).")
@@ -75,7 +82,7 @@ Exit status: 0 if every path was listed, 1 if some failed (each reported as
 @progress_option
 @quiet_option("Nothing on stderr but errors (no progress, no C-core fallback note).")
 @cluster_option
-@click.option("--parts-dir", type=click.Path(file_okay=False), default=None,
+@click.option("--parts-dir", type=Directory(), default=None,
               help="With --cluster: where workers write the listing's parts (a folder every worker and this "
                    "machine see; default: a temp folder here, enough for local:N).")
 @instrumented
@@ -120,9 +127,9 @@ def command(
     if count_only:
         for line in fastls.count_lines(report, len(request.paths) > 1, request.format == "json"):
             click.echo(line)
-    for line in fastls.failure_lines(report):
+    for line in failure_lines(report, prog_name()):
         click.echo(line, err=True)
-    return 1 if report.failures else 0
+    return exit_code(report, request.paths)
 
 
 def build_request(

@@ -9,9 +9,11 @@ Examples:
     fastrm --force-root /mnt/scratch             empty a mount root (the mount point stays)
 
 Symlinks are never followed (``link`` and ``link/`` remove the link).  ``/`` is always
-refused, a mount root without ``--force-root`` too.  Exit status: 0 everything removed,
-1 something could not be removed (each one reported as ``fastrm: PATH: reason``; the
-rest is still removed), 2 usage error or refused argument, 130 interrupted.
+refused, a mount root without ``--force-root`` too.  Exit status (docs/cli.md): 0 everything
+removed, 1 something could not be removed (a missing or unreadable PATH too; one
+``fastrm: PATH: reason`` line each, a long run of one kind shortened, then the summary; the
+rest is still removed), 2 usage error or refused argument (``FILE/``: not a directory),
+130 interrupted.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from manyfiles.cli._common import (
     cluster_option,
     dry_run_option,
     echo_cluster,
+    echo_failures,
     echo_summary_json,
     files_from_option,
     filter_options,
@@ -37,7 +40,9 @@ from manyfiles.cli._common import (
     quiet_option,
     resolve_progress,
     run_main,
+    version_option,
 )
+from manyfiles.errors import FailureLines
 
 
 def _show(path: str) -> str:
@@ -68,13 +73,18 @@ Examples:
 
 \b
 Symlinks are never followed ('link' and 'link/' remove the link). '/' is always refused.
-Exit: 0 all removed, 1 something could not be removed (one 'fastrm: PATH: reason' line
-each; the rest is still removed), 2 usage error or refused argument, 130 interrupted.
+In a sharded tree (see 'shard --help') .manyfiles-shard.json, the layout record, is one
+of the files removed, and counted in the "would remove" line.
+Exit: 0 all removed; 1 something could not be removed, PATH missing or not readable
+(one 'fastrm: PATH: reason' line each, a long run shortened, then the summary; the rest
+is still removed); 2 usage error or refused argument ('FILE/': not a directory);
+130 interrupted.
 """
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
-@click.argument("paths", nargs=-1, type=click.Path())
+@version_option("fastrm")
+@click.argument("paths", nargs=-1, type=click.Path(readable=False))  # the removal finds what it cannot read
 @dry_run_option("Remove nothing; count (and with -o list) what would go.")
 @filter_options(
     "Only remove entries matching GLOB (name, or relative path if it has '/'); a matching directory goes "
@@ -163,14 +173,41 @@ def command(
             cluster=cluster,
         )
     prog = prog_name()
-    for f in report.failures:
-        click.echo(f"{prog}: {_show(f.path)}: {f.reason}", err=True)
+    echo_failures(prog, report.failures, _show)
     if as_json:
         echo_summary_json(report)
-    elif (verbose or dry_run) and not quiet:
-        click.echo(f"{prog}: {report.summary()}", err=True)
+    elif (verbose or dry_run or _counts_more(report)) and not quiet:
+        # after failures the summary says what was removed all the same, and how many failed
+        click.echo(f"{prog}: {report.summary()}{_failed(report)}"
+                   f"{'' if include or exclude else _markers(report, targets)}", err=True)
         echo_cluster(prog, report)
     return 0 if report.ok else 1
+
+
+def _counts_more(report: object) -> bool:
+    """Failures are followed by the summary when their lines were shortened (a read-only tree):
+    the summary then says what was removed all the same and how many failed in all."""
+    return FailureLines.shortens(report.failures)  # type: ignore[attr-defined]
+
+
+def _failed(report: object) -> str:
+    n = len(report.failures)  # type: ignore[attr-defined]
+    return f"; {n:,} could not be removed" if n else ""
+
+
+def _markers(report: object, targets: list[str | bytes]) -> str:
+    """A dry run over sharded trees says which of the files it counts is shard's layout record."""
+    if not getattr(report, "dry_run", False):
+        return ""
+    import os
+
+    from manyfiles.shard.sharded_dir import DESCRIPTOR
+
+    n = sum(1 for t in targets if os.path.isfile(os.path.join(os.fsencode(t), DESCRIPTOR)))
+    if not n:
+        return ""
+    what = "a sharded tree" if n == 1 else f"{n} sharded trees"
+    return f" (incl. {n} {DESCRIPTOR.decode()}: the layout record of {what}, see 'shard --help')"
 
 
 def main() -> None:

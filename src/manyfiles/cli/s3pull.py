@@ -16,6 +16,7 @@ import click
 
 from manyfiles import _testing
 from manyfiles.cli._common import (
+    Directory,
     Size,
     cluster_option,
     deprecated_alias,
@@ -26,11 +27,14 @@ from manyfiles.cli._common import (
     instrumented,
     jobs_option,
     json_option,
+    prog_name,
     progress_option,
     quiet_option,
     resolve_progress,
     run_main,
+    version_option,
 )
+from manyfiles.errors import EXIT_FAILED, FailureLines
 from manyfiles.s3.routing import STRATEGIES
 
 EPILOG = """\b
@@ -46,9 +50,14 @@ Examples:
 \b
 --aws-profile NAME selects the AWS credentials profile; --profile-out FILE is, as for
 every manyfiles command, a viztracer profile of the run.
-"""
 
-MAX_ERROR_LINES = 20
+\b
+Exit status (docs/cli.md): 0 every object is in DEST; 1 some failed (one line each,
+a long run shortened, all in DEST/.s3pull/failures.tsv), the run stopped (no such
+bucket, credentials refused, disk full), or SOURCE matched no object; 2 usage error
+(an unknown --aws-profile, the [s3] extra missing, DEST not a directory); 130
+interrupted.
+"""
 
 
 class _PullOrVerify(click.Command):
@@ -67,8 +76,9 @@ class _PullOrVerify(click.Command):
 
 
 @click.command(cls=_PullOrVerify, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
+@version_option("s3pull")
 @click.argument("source")
-@click.argument("dest", type=click.Path(file_okay=False))
+@click.argument("dest", type=Directory())
 @click.option("--strategy", type=click.Choice(list(STRATEGIES)),
               default="auto", show_default=True, help="Engine; auto routes each object by its listed size.")
 @jobs_option("Connections in flight, shared by all engines.", default=64, old=("--concurrency",))
@@ -95,7 +105,7 @@ class _PullOrVerify(click.Command):
               help="Re-hash the files a previous run finished against their recorded checks; "
                    "refetch on mismatch.")
 @click.option("--fsync", is_flag=True, help="fsync each file and its folder before it counts as done.")
-@click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
+@click.option("--cache", "cache_dir", type=Directory(), default=None,
               help="Read through this manyfiles cache: objects it holds at the listed ETag are copied "
                    "from it (and checked), the others fill it (see docs/cache.md).")
 @dry_run_option("List and plan only: print each object's engine; nothing is written.")
@@ -146,6 +156,14 @@ def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
                       settings=settings, on_event=None if cluster else view.on_event, progress=view.progress,
                       retry=retry, part_size=part_size, verify=not no_checksum, checksum_mode=not etag_only,
                       verify_existing=verify_existing, fsync=fsync, cache=cache, **on_cluster)
+    if report.ok and getattr(report, "listed", None) == 0 and files_from is None:
+        # like s5cmd's "no object found": an empty prefix is S3's missing path (exit 1), not a success
+        if as_json:
+            view.summary(report)
+        filters = " and the --include/--exclude filters" if include or exclude else ""
+        click.echo(f"{prog_name()}: {source}: no object matched{filters}; nothing "
+                   f"{'would be ' if dry_run else ''}downloaded", err=True)
+        return EXIT_FAILED
     view.summary(report)
     if not (as_json or quiet):
         echo_cluster("s3pull", report)
@@ -153,7 +171,7 @@ def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("dest", type=click.Path(file_okay=False))
+@click.argument("dest", type=Directory())
 @jobs_option("Files hashed at once.", default=4, maximum=256)
 @json_option("Print one JSON line per failure, then the summary.")
 @quiet_option("No progress, no summary when everything passed.")
@@ -172,7 +190,7 @@ def verify_command(dest: str, jobs: int, as_json: bool, quiet: bool, progress: b
     report = verify(dest, workers=jobs, progress=view.progress)
     for f in report.failures:
         view.on_failure(f.path, f"{f.code}: {f.reason}", {"event": "failed", "key": f.path, "code": f.code,
-                                                           "reason": f.reason})
+                                                           "reason": f.reason}, f.code)
     view.summary(report)
     return 0 if report.ok else 1
 
@@ -186,21 +204,19 @@ class _View:
         self.prog, self.as_json, self.dry_run, self.quiet = prog, as_json, dry_run, quiet
         # a dry run prints its plan on stdout: no bar by default there either
         self.progress = resolve_progress(progress, quiet=quiet or dry_run, as_json=as_json)
-        self.failed = 0
+        self.lines = FailureLines(prog)
         self._out = sys.stdout
 
     def _json(self, obj: dict) -> None:
         self._out.write(json.dumps(obj, ensure_ascii=False) + "\n")
 
-    def on_failure(self, key: str, reason: str, record: dict) -> None:
+    def on_failure(self, key: str, reason: str, record: dict, code: str = "") -> None:
         if self.as_json:
             self._json(record)
             return
-        self.failed += 1
-        if self.failed <= MAX_ERROR_LINES:
-            line = f"{self.prog}: {key}: {reason}"
-            if self.failed == MAX_ERROR_LINES:
-                line += " (further failures only in the failures file)"
+        # a long run of one kind is counted (the failures file lists them all)
+        line = self.lines.add(key, reason, code)
+        if line is not None:
             click.echo(line, err=True)
 
     def on_event(self, ev) -> None:
@@ -238,6 +254,8 @@ class _View:
             self._json({"event": "summary", **record})
             self._out.flush()
             return
+        for line in self.lines.rest():
+            click.echo(line, err=True)
         if self.quiet and report.ok:
             return
         err = click.get_text_stream("stderr")

@@ -1,5 +1,38 @@
 """``shard``: move a flat folder into a hashed prefix tree (ab/cd/<name>) in place, and back.
 
+The group's help is :data:`HELP` (plain text: click prints it as written).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+from manyfiles import shard as mig
+from manyfiles.cli._common import (
+    GROUP_OPTIONS,
+    Directory,
+    cluster_option,
+    dry_run_option,
+    echo_cluster,
+    echo_failures,
+    echo_json,
+    echo_summary_json,
+    instrumented,
+    jobs_option,
+    json_option,
+    progress_option,
+    quiet_option,
+    resolve_progress,
+    run_main,
+    version_option,
+)
+from manyfiles.shard import HASHES, KEYS, Layout, parse_levels
+
+HELP = """shard: move a flat folder into a hashed prefix tree (ab/cd/<name>) in place, and back.
+
 \b
 Examples:
     shard apply /data/images -n --csv moves.csv       # what would move where; nothing moves
@@ -11,32 +44,19 @@ Examples:
     shard revert /data/images                         # tree -> flat
     shard verify /data/images --json                  # the report as one JSON line
     shard apply /nfs/images --cluster tcp://sched:8786 # top buckets moved by Dask workers
+
+\b
+A sharded DIRECTORY holds one file of ours at its top, .manyfiles-shard.json: the
+layout record that ShardedDir, verify and revert read (fastls lists and counts it,
+fastrm removes it with the tree; revert removes it). While a migration runs, or
+after one was interrupted, .manyfiles-shard.journal and .manyfiles-shard.lock are
+there too.
+
+\b
+Exit status: 0 done; 1 something failed or is in the way (one line each, a long
+run shortened), DIRECTORY missing or not readable, or another shard command is
+running there; 2 usage error or DIRECTORY not a directory; 130 interrupted.
 """
-
-from __future__ import annotations
-
-import os
-from typing import Any
-
-import click
-
-from manyfiles import shard as mig
-from manyfiles._report import Failure
-from manyfiles.cli._common import (
-    cluster_option,
-    dry_run_option,
-    echo_cluster,
-    echo_json,
-    echo_summary_json,
-    instrumented,
-    jobs_option,
-    json_option,
-    progress_option,
-    quiet_option,
-    resolve_progress,
-    run_main,
-)
-from manyfiles.shard import HASHES, KEYS, Layout, parse_levels
 
 PROG = "shard"
 _SHOW = 10  # items of each kind listed before "... and N more"
@@ -65,16 +85,9 @@ def _warn_list(title: str, items: list[Any], root: str) -> None:
         click.echo(f"{PROG}: ... and {len(items) - _SHOW} more ({title})", err=True)
 
 
-def _warn_failures(failures: list[Failure]) -> None:
-    """One ``shard: PATH: reason`` line per failure, at most _SHOW of each kind (code)."""
-    shown: dict[str, int] = {}
-    for f in failures:
-        shown[f.code] = shown.get(f.code, 0) + 1
-        if shown[f.code] <= _SHOW:
-            click.echo(f"{PROG}: {_show(f.path)}: {f.reason}", err=True)
-    for code, n in shown.items():
-        if n > _SHOW:
-            click.echo(f"{PROG}: ... and {n - _SHOW:,} more ({code or 'error'})", err=True)
+def _warn_failures(failures: list[Any]) -> None:
+    """One ``shard: PATH: reason`` line per failure, a long run of one kind shortened."""
+    echo_failures(PROG, failures, _show)
 
 
 def _report(rep: mig.MigrationReport, quiet: bool, as_json: bool) -> int:
@@ -103,10 +116,11 @@ _jobs_opt = jobs_option("Parallel workers, each owning whole top buckets [defaul
                         default=None, maximum=256, old=("-w", "--workers"), show_default=False)
 _quiet_opt = quiet_option("No summary line and no progress bar (errors still go to stderr).")
 _json_opt = json_option("Print the report as one JSON line on stdout (instead of the summary).")
-_dir_arg = click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+_dir_arg = click.argument("directory", type=Directory())
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]}, help=__doc__)
+@click.group(help=HELP, **GROUP_OPTIONS)
+@version_option(PROG)
 def command() -> None:
     pass
 

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from manyfiles.cli._common import echo_json, json_option, run_main
+from manyfiles._testing import killpoint
+from manyfiles.cli._common import GROUP_OPTIONS, echo_json, json_option, run_main
 
 if TYPE_CHECKING:
     from manyfiles.trace import Summary
@@ -26,19 +27,24 @@ COLUMNS = ("op", "count", "errors", "entries", "bytes", "ops/s", "throughput", "
            "busy")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# a directory: usage error (exit 2); missing or unreadable: found when read (exit 1), as every path
+_TRACE_FILE = click.Path(dir_okay=False, readable=False)
+
+
+@click.group(**GROUP_OPTIONS)
 def command() -> None:
     """Summarize or export I/O traces written with --trace."""
 
 
 @command.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=_TRACE_FILE)
 @json_option("Print the summary as one JSON line.")
 @click.option("--no-workers", is_flag=True, help="Do not merge FILE.worker-* files.")
 def summary(files: tuple[str, ...], as_json: bool, no_workers: bool) -> int:
     """Per-operation counts, bytes, throughput and latency percentiles of FILE(s)."""
     from manyfiles.trace import load, summarize
 
+    killpoint("command")  # tests hold every command here (manyfiles._testing.hold_at)
     s = summarize(load(files, workers=not no_workers))
     if as_json:
         echo_json(s.to_dict())
@@ -48,7 +54,7 @@ def summary(files: tuple[str, ...], as_json: bool, no_workers: bool) -> int:
 
 
 @command.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=_TRACE_FILE)
 @click.option("--chrome", is_flag=True, default=True, help="Chrome trace-event JSON (the default format).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Output file (default: FIRST_FILE.json, or the --merge profile itself).")
@@ -60,6 +66,7 @@ def export(files: tuple[str, ...], chrome: bool, output: str | None, merge: str 
     """Write FILE(s) as Chrome-trace JSON (async events; opens in Perfetto)."""
     from manyfiles.trace import export_chrome, load
 
+    killpoint("command")
     traces = load(files, workers=not no_workers)
     out = output or merge or f"{files[0]}.json"
     n = export_chrome(traces, out, merge=merge)

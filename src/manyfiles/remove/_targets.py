@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from manyfiles import _glob
 from manyfiles._glob import Matcher
 from manyfiles._report import Failure
-from manyfiles.errors import UsageError
+from manyfiles.errors import UsageError, WrongKind
 
 PathArg = str | bytes | os.PathLike
 
@@ -75,6 +75,9 @@ def check_paths(paths: Sequence[str], force_root: bool) -> list[tuple[str, bool]
             raise UsageError(f"{path}: refusing to remove '.' or '..'")
         if os.path.realpath(p) == "/" and not os.path.islink(p):
             raise UsageError(f"{path}: refusing to remove the root directory")
+        if path.endswith("/") and os.path.lexists(p) and not os.path.isdir(path):
+            # 'file/' names a directory (as for rm): a usage error, nothing is removed
+            raise WrongKind(f"{path}: {os.strerror(errno.ENOTDIR)}")
         mount_root = os.path.isdir(p) and not os.path.islink(p) and os.path.ismount(p)
         if mount_root and not force_root:
             raise UsageError(f"{path}: is a mount root; refusing without --force-root "

@@ -8,6 +8,8 @@ Public API:
 * :func:`verify` -- re-hash every file a pull installed against the check it passed.
 * :func:`iter_objects` / :func:`get_objects` -- the same transfer into memory,
   ``(key, bytes)`` pairs or a dict, for notebooks.
+* :func:`list` -- the objects under a prefix (key, size, ETag, mtime) as an :class:`ObjectTable`,
+  downloading nothing.
 * :class:`ClientSettings` -- profile, region, endpoint, unsigned requests.
 
 Example:
@@ -25,14 +27,17 @@ from manyfiles.s3.pull import Event, PullConfig, PullPlan, get_objects, iter_obj
 from manyfiles.s3.report import PullReport, VerifyReport
 from manyfiles.s3.retry import RetryPolicy
 from manyfiles.s3.routing import STRATEGIES
+from manyfiles.s3.table import ObjectTable, list_table
 from manyfiles.s3.verify import verify
 
 Report = PullReport   # the name before reports shared a base
+list = list_table
 
 __all__ = [
     "STRATEGIES",
     "ClientSettings",
     "Event",
+    "ObjectTable",
     "PullConfig",
     "PullPlan",
     "PullReport",
@@ -42,6 +47,7 @@ __all__ = [
     "VerifyReport",
     "get_objects",
     "iter_objects",
+    "list",
     "local_relpath",
     "parse_url",
     "plan",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from manyfiles._extras import require, require_installed
-from manyfiles.s3.sigv4 import S3_FEATURE, aws_config, configured_endpoint
+from manyfiles.s3.sigv4 import S3_FEATURE, aws_config, botocore_session, configured_endpoint
 
 ASYNC_FEATURE = "the async engine (--strategy async)"
 
@@ -35,10 +35,12 @@ class ClientSettings:
     def resolved(self) -> ClientSettings:
         """Fill the endpoint botocore would use (env, then the profile's config) when not given.
 
-        Every S3 entry point starts here, so a missing [s3] extra is reported (MissingExtra)
-        before anything is listed or written.
+        Every S3 entry point starts here, so a missing [s3] extra (MissingExtra) and an AWS
+        profile that is not configured (UsageError) are reported before anything is listed or
+        written.
         """
         require_installed("s3", "boto3", S3_FEATURE)
+        botocore_session(self)  # checks the profile (even where the endpoint is given)
         return replace(self, endpoint_url=configured_endpoint(self))
 
     def _config_kwargs(self, pool: int, checksums: bool = True) -> dict[str, Any]:

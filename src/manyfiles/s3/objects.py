@@ -186,7 +186,7 @@ def transport(settings: ClientSettings | None, bucket: str, *, checksum_mode: bo
         if cur is not None and cur[0] == built_from and cur[1].route.region == region:
             return cur[1]
         client = LeanClient(Route(settings, bucket), settings.read_timeout, checksum_mode=checksum_mode)
-    except TransferError:
+    except ManyfilesError:      # TransferError, a profile that is not configured (UsageError)
         raise
     except Exception as exc:     # no credentials, no region...
         raise classify(exc) from exc

@@ -319,9 +319,11 @@ def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings
                 report.add_failure(job.key, failed.reason, failed.code)
                 if progress:
                     progress.add(1, failures=1)
-                yield Event("failed", job.key, job.size, job.engine or None, failed.reason)
                 if failed.stop is not None:
+                    # the run stops on it (a full disk...): its error names the object, one line, not
+                    # an event line and the error line for the same ENOSPC
                     raise failed.stop
+                yield Event("failed", job.key, job.size, job.engine or None, failed.reason)
             elif kind == "retry":
                 report.retries += 1
                 yield Event("retry", job.key, job.size, job.engine, value)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
 from manyfiles._extras import require
+from manyfiles.errors import UsageError
 
 if TYPE_CHECKING:       # annotations only: client.py imports this module
     from manyfiles.s3.client import ClientSettings
@@ -83,15 +84,25 @@ def botocore_session(settings: ClientSettings):
 
     Shared while they stay the same (a session caches the credentials it found); a change to an
     ``AWS_*`` variable or to the config/credentials files between two calls makes a new one, so
-    keys that were changed or removed are never used again."""
+    keys that were changed or removed are never used again.  A profile that is not configured
+    (``--aws-profile NAME``, or ``AWS_PROFILE``) is a UsageError (exit 2) here, the one place every
+    S3 entry point passes, not a botocore traceback later."""
     env = environment_key()
     cached = _sessions.get(settings.profile)
     if cached is not None and cached[0] == env:
         return cached[1]
     require("s3", "botocore.session", S3_FEATURE)
     import botocore.session
+    from botocore.exceptions import ProfileNotFound
 
     sess = botocore.session.Session(profile=settings.profile)
+    try:
+        sess.get_scoped_config()
+    except ProfileNotFound as exc:
+        source = "--aws-profile" if settings.profile else "AWS_PROFILE"
+        name = settings.profile or os.environ.get("AWS_PROFILE", "")
+        raise UsageError(f"AWS profile {name!r} ({source}) is not in the AWS config or credentials "
+                         "files") from exc
     _sessions[settings.profile] = (env, sess)
     return sess
 

@@ -68,6 +68,26 @@ class Migration:
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         try:
+            if isinstance(exc, OSError):
+                # a full disk (no space, no inodes: mkdir of a bucket, a journal write), a failing
+                # one or a permission: one line that says what is safe and what to do, not a traceback
+                raise self.stopped_by(exc) from exc
+        finally:
+            self._close(exc)
+
+    def stopped_by(self, exc: OSError) -> ManyfilesError:
+        """The error that ends a run stopped by ``exc``: where, why, what moved, how to finish."""
+        where = os.fsdecode(self.rootb)
+        what = os.fsdecode(exc.filename) if exc.filename is not None else None
+        at = f" ({what})" if what and what != where else ""
+        moved = getattr(self.report, "moved", 0) if self.report is not None else 0
+        if self.journal is None:
+            return ManyfilesError(f"{where}: {describe_oserror(exc)}{at}; nothing was moved")
+        return ManyfilesError(f"{where}: {describe_oserror(exc)}{at}; stopped after {moved:,} files moved, "
+                              f"nothing lost: fix it, then run `shard {self.op} {where}` again to finish")
+
+    def _close(self, exc: BaseException | None) -> None:
+        try:
             if self.journal is not None:
                 try:
                     self.journal.flush()
@@ -347,7 +367,9 @@ class Migration:
         self.add_total(total)
         if any(layout.is_bucket(n, 0) for dirs in tops.values() for _, names in dirs for n in names):
             _fsops.makedirs(os.path.join(self.rootb, ASIDE))
-        self.report.buckets += sum(len(d) for d in tops.values())
+        # leaf buckets only, as apply counts them (a 2:2 tree's 256 top directories are not buckets)
+        depth = len(layout.levels) - 1
+        self.report.buckets += sum(1 for dirs in tops.values() for rel, _ in dirs if rel.count(b"/") == depth)
         self.run_parallel(functools.partial(self._revert_top, layout), list(tops.items()))
         self.place_aside(lambda name: None)
         return total

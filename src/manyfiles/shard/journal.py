@@ -43,8 +43,7 @@ class Lock:
             except BlockingIOError:
                 holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
                 os.close(fd)
-                raise ManyfilesError(f"{os.fsdecode(self.root)}: another shard command is running "
-                                     f"(pid {holder})") from None
+                raise running(self.root, holder) from None
             # a finishing run unlinks the file while holding it: make sure ours is the live one
             try:
                 same = os.stat(LOCK, dir_fd=self.rootfd).st_ino == os.fstat(fd).st_ino
@@ -66,6 +65,19 @@ class Lock:
                 _fsops.unlink(LOCK, dir_fd=self.rootfd)
         os.close(self.fd)
         self.fd = None
+
+
+def running(root: bytes, pid: object) -> ManyfilesError:
+    """The error of a shard command that finds another one running on ``root`` (every verb's)."""
+    return ManyfilesError(f"{os.fsdecode(root)}: another shard command is running (pid {pid})")
+
+
+def refuse_if_running(rootfd: int, root: bytes) -> None:
+    """The read-only verbs (verify, the dry runs) refuse, as the others do, while a shard command
+    holds the lock: what they would read is half moved."""
+    pid = lock_holder(rootfd)
+    if pid is not None:
+        raise running(root, pid if pid > 0 else "?")
 
 
 def lock_holder(rootfd: int) -> int | None:

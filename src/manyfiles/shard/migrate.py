@@ -18,16 +18,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from manyfiles import listing
 from manyfiles._progress import ProgressArg, check_progress, progress_for
 from manyfiles._testing import killpoint
 from manyfiles.errors import ManyfilesError, UsageError, describe_oserror
 from manyfiles.shard._engine import Migration
-from manyfiles.shard.journal import Journal
+from manyfiles.shard.journal import Journal, refuse_if_running
 from manyfiles.shard.layout import Layout
 from manyfiles.shard.report import MigrationReport
 from manyfiles.shard.scan import RootArg, abs_root, open_root, scan_root
 from manyfiles.shard.sharded_dir import (
     DESCRIPTOR,
+    STORED_FILES,
     BucketStats,
     create_descriptor,
     read_descriptor,
@@ -243,6 +245,7 @@ def _run_apply(m: Migration, target: Layout, *, fresh: bool, recorded: Layout | 
     m.clean_descriptor_temps()
     flat, buckets, skipped = scan_root(m.rootb, target)
     rep.skipped.extend(skipped)
+    flat_at_start = len(flat)  # `shard status` counts what left the top level against it
     if only is not None:
         flat = [n for n in flat if n in only]
     aside_left = m.aside_left()
@@ -256,7 +259,8 @@ def _run_apply(m: Migration, target: Layout, *, fresh: bool, recorded: Layout | 
             return
         m.journal = Journal.create(m.rootfd, {"type": "header", "op": op, "from": None,
                                               "to": _layout_doc(target), "total": len(flat),
-                                              "pid": os.getpid(), "started": time.time()},
+                                              "flat": flat_at_start, "pid": os.getpid(),
+                                              "started": time.time()},
                                    sync=m.journal_sync)
     else:
         m.note({"type": "resume", "remaining": len(flat), "pid": os.getpid()}, durable=True)
@@ -321,8 +325,10 @@ def _run_revert(m: Migration, source: Layout, *, fresh: bool, op: str = "revert"
     """Flatten; True if the tree is gone (descriptor removed), False if something stayed."""
     rep = m.report
     if fresh:
+        # `shard status` counts what reached the top level against the files already there
+        flat = listing.count(m.rootb, filter=STORED_FILES)
         m.journal = Journal.create(m.rootfd, {"type": "header", "op": op, "from": _layout_doc(source),
-                                              "to": _layout_doc(to), "pid": os.getpid(),
+                                              "to": _layout_doc(to), "flat": flat, "pid": os.getpid(),
                                               "started": time.time()}, sync=m.journal_sync)
     else:
         m.note({"type": "resume", "pid": os.getpid()}, durable=True)
@@ -445,6 +451,7 @@ def plan(root: RootArg, layout: Layout | None = None, *, progress: ProgressArg =
     rootb = abs_root(root)
     fd = open_root(rootb)
     try:
+        refuse_if_running(fd, rootb)
         recorded = read_descriptor(fd, rootb)
         st = os.fstat(fd)
     finally:

@@ -6,7 +6,7 @@ import os
 
 from manyfiles import listing
 from manyfiles._progress import Progress
-from manyfiles.errors import ManyfilesError, describe_oserror
+from manyfiles.errors import from_oserror
 from manyfiles.shard.layout import RESERVED_PREFIX, Layout
 from manyfiles.shard.sharded_dir import open_dir
 
@@ -19,11 +19,12 @@ def abs_root(root: RootArg) -> bytes:
 
 
 def open_root(rootb: bytes) -> int:
-    """The root as the user named it (a symlink to it is followed); a one-line error otherwise."""
+    """The root as the user named it (a symlink to it is followed); a one-line error otherwise:
+    NotFound, AccessDenied (exit 1) or WrongKind (not a directory: a usage error, exit 2)."""
     try:
         return open_dir(rootb)
     except OSError as exc:
-        raise ManyfilesError(f"{os.fsdecode(rootb)}: {describe_oserror(exc)}") from exc
+        raise from_oserror(exc, rootb) from exc
 
 
 #: scan_root reports its progress every this many entries (a check per entry, a rendering per batch)

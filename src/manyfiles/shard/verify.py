@@ -11,7 +11,7 @@ from manyfiles import listing
 from manyfiles._progress import ProgressArg, check_progress, progress_for
 from manyfiles._report import Report
 from manyfiles.errors import ManyfilesError, UsageError, describe_oserror
-from manyfiles.shard.journal import lock_holder, read_records
+from manyfiles.shard.journal import lock_holder, read_records, refuse_if_running
 from manyfiles.shard.layout import RESERVED_PREFIX, Layout
 from manyfiles.shard.scan import RootArg, abs_root, open_root
 from manyfiles.shard.sharded_dir import (
@@ -68,10 +68,12 @@ class VerifyReport(Report):
 
 
 def read_state(root: RootArg) -> tuple[bytes, Layout | None, tuple[list[dict[str, Any]], int] | None]:
-    """``(absolute root, recorded layout or None, journal records or None)``, read without a lock."""
+    """``(absolute root, recorded layout or None, journal records or None)``, read without a lock;
+    refused (ManyfilesError) while a shard command runs on ``root``."""
     rootb = abs_root(root)
     fd = open_root(rootb)
     try:
+        refuse_if_running(fd, rootb)
         return rootb, read_descriptor(fd, rootb), read_records(fd)
     finally:
         os.close(fd)
@@ -151,12 +153,19 @@ class Status:
     flat_files: int
     estimate: int
     journal: dict[str, Any] | None      # header of an unfinished migration
-    done: int                           # files moved so far by that migration
+    done: int                           # files moved so far by that migration (see status())
     running_pid: int | None
 
 
 def status(root: RootArg) -> Status:
-    """Layout, unfinished migration (if any), flat files left and an estimated file count."""
+    """Layout, unfinished migration (if any), flat files left and an estimated file count.
+
+    ``done``, for a running or interrupted migration: the files that left the top level since an
+    ``apply`` started, or reached it since a ``revert`` started -- counted on disk, so exact at any
+    moment (a stop in the middle of a bucket included) unless other programs add or remove flat
+    files meanwhile.  A ``reshard`` (and a journal written before this count) sums the buckets
+    its journal records as finished.
+    """
     rootb = abs_root(root)
     fd = open_root(rootb)
     try:
@@ -165,11 +174,17 @@ def status(root: RootArg) -> Status:
         pid = lock_holder(fd)
     finally:
         os.close(fd)
+    flat = listing.count(rootb, filter=STORED_FILES)  # in C: no object per flat file
     header, done = None, 0
     if found is not None and found[0] and found[0][0].get("type") == "header":
         header = found[0][0]
-        done = sum(r.get("files", 0) for r in found[0] if r.get("type") == "done")
-    flat = listing.count(rootb, filter=STORED_FILES)  # in C: no object per flat file
+        at_start = header.get("flat")
+        if header.get("op") == "apply" and isinstance(at_start, int):
+            done = max(0, at_start - flat)
+        elif header.get("op") == "revert" and isinstance(at_start, int):
+            done = max(0, flat - at_start)
+        else:
+            done = sum(r.get("files", 0) for r in found[0] if r.get("type") == "done")
     estimate = 0 if layout is None else estimate_files(rootb, layout)
     return Status(os.fsdecode(rootb), layout, flat, estimate, header, done, pid)
 

@@ -1,0 +1,315 @@
+"""Training-loop reads through the cache (issue 20): mf.Dataset / mf.IterableDataset against peers.
+
+One run, same data, same worker processes: N objects of SIZE bytes in versitygw (posix backend,
+started here from ~/go/bin), read for two epochs by 4 worker processes, DataLoader-style (batches
+of 32 indexes dealt round-robin to a persistent pool; the worker receives the batch's byte count,
+as a training step that decodes in the worker would). Peers:
+
+* ``mf.Dataset`` (default settings: validated by its listing) and ``mf.IterableDataset``;
+* a plain boto3 loop (one ``get_object`` per item, a client per worker; the first
+  ``--boto3-objects``);
+* s3fs + fsspec ``filecache`` (``cat_file`` per item, a cache directory shared by the workers; the
+  first ``--filecache-objects``: its cost per object grows with the files it holds);
+* the same files read from local disk (``open().read()``);
+* s3torchconnector: only if installed (it needs torch).
+
+Rates are objects per second, so peers that read a subset compare per object.  Then a pyarrow
+Parquet scan (``pq.read_table``) through the manyfiles fsspec filesystem against
+s3fs, first read and reread.  Medians of ``--repeat`` runs (epoch 1 on an empty cache each time).
+
+    flock /work/bench.lock .venv/bin/python benchmarks/ml.py [--objects 20000] [--size 100K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import s3pull
+from _common import machine_line
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(os.environ.get("ML_BENCH_DATA", ROOT / "benchmarks" / "_data" / "ml"))
+BUCKET = "mlbench"
+BATCH = 32
+
+
+def env() -> None:
+    os.environ.update(AWS_ACCESS_KEY_ID=s3pull.KEY, AWS_SECRET_ACCESS_KEY=s3pull.SECRET,
+                      AWS_DEFAULT_REGION="us-east-1", AWS_REQUEST_CHECKSUM_CALCULATION="when_required")
+
+
+# -- the readers (built in each worker process) --------------------------------------------------------
+
+class Boto3Reader:
+    def __init__(self, endpoint: str, keys: list[str]) -> None:
+        self.endpoint, self.keys, self.client = endpoint, keys, None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int) -> bytes:
+        if self.client is None:
+            import boto3
+
+            self.client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")
+        return self.client.get_object(Bucket=BUCKET, Key=self.keys[i])["Body"].read()
+
+
+class FilecacheReader:
+    def __init__(self, endpoint: str, keys: list[str], storage: str) -> None:
+        self.endpoint, self.keys, self.storage, self.fs = endpoint, keys, storage, None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int) -> bytes:
+        if self.fs is None:
+            import fsspec
+
+            self.fs = fsspec.filesystem("filecache", target_protocol="s3", cache_storage=self.storage,
+                                        target_options={"client_kwargs": {"endpoint_url": self.endpoint,
+                                                                          "region_name": "us-east-1"}})
+        return self.fs.cat_file(f"{BUCKET}/{self.keys[i]}")
+
+
+class LocalReader:
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> bytes:
+        with open(self.paths[i], "rb") as f:
+            return f.read()
+
+
+def nbytes(x) -> int:
+    return len(x.data) if hasattr(x, "data") else len(x)
+
+
+_DS = None
+
+
+def _init(ds) -> None:
+    global _DS
+    _DS = ds
+
+
+def _batch(batch: list[int]) -> int:
+    getitems = getattr(_DS, "__getitems__", None)
+    items = getitems(batch) if getitems is not None else [_DS[i] for i in batch]
+    return sum(nbytes(x) for x in items)
+
+
+def _shard(worker: tuple[int, int]) -> int:
+    return sum(nbytes(x) for x in _DS.worker(*worker))
+
+
+def epochs(ds, workers: int, n: int, iterable: bool = False) -> list[tuple[float, int]]:
+    """(seconds, bytes) of ``n`` epochs of ``ds`` in a persistent pool of ``workers`` processes."""
+    ctx = mp.get_context("fork")
+    out = []
+    with ctx.Pool(workers, initializer=_init, initargs=(ds,)) as pool:
+        pool.map(len, [[0]] * workers)        # the workers are up before the clock starts
+        for _ in range(n):
+            t0 = time.perf_counter()
+            if iterable:
+                got = sum(pool.map(_shard, [(w, workers) for w in range(workers)], chunksize=1))
+            else:
+                batches = [list(range(i, min(i + BATCH, len(ds)))) for i in range(0, len(ds), BATCH)]
+                got = sum(pool.imap_unordered(_batch, batches, chunksize=1))
+            out.append((time.perf_counter() - t0, got))
+    return out
+
+
+# -- data -------------------------------------------------------------------------------------------
+
+def seed(endpoint: str, n: int, size: int) -> tuple[list[str], list[str]]:
+    import boto3
+
+    keys = [f"train/{i // 1000:03d}/{i:06d}.bin" for i in range(n)]
+    local = DATA / "local"
+    marker = DATA / f".seeded-{n}-{size}"
+    if marker.exists():
+        return keys, [str(local / k) for k in keys]
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    with contextlib.suppress(Exception):     # made by an earlier run
+        client.create_bucket(Bucket=BUCKET)
+
+    def put(i: int) -> None:
+        body = os.urandom(size)
+        client.put_object(Bucket=BUCKET, Key=keys[i], Body=body)
+        p = local / keys[i]
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(body)
+
+    with ThreadPoolExecutor(32) as pool:
+        list(pool.map(put, range(n)))
+    marker.touch()
+    return keys, [str(local / k) for k in keys]
+
+
+def seed_parquet(endpoint: str, rows: int) -> str:
+    import boto3
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    key = f"tables/events-{rows}.parquet"
+    path = DATA / "events.parquet"
+    if not path.exists():
+        rng = __import__("random").Random(1)
+        table = pa.table({"id": list(range(rows)), "x": [rng.random() for _ in range(rows)],
+                          "label": [f"class-{rng.randrange(100)}" for _ in range(rows)]})
+        pq.write_table(table, path, row_group_size=rows // 8)
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").upload_file(str(path), BUCKET, key)
+    return key
+
+
+# -- the run ----------------------------------------------------------------------------------------
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--objects", type=int, default=20_000)
+    ap.add_argument("--size", default="100K")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rows", type=int, default=4_000_000, help="rows of the Parquet table")
+    ap.add_argument("--filecache-objects", type=int, default=1_000,
+                    help="objects s3fs+filecache reads (its cost per object grows with the files it holds)")
+    ap.add_argument("--boto3-objects", type=int, default=4_000, help="objects the boto3 loop reads")
+    args = ap.parse_args()
+    from manyfiles._units import parse_size
+
+    size = parse_size(args.size)
+    env()
+    s3pull.DATA = DATA
+    DATA.mkdir(parents=True, exist_ok=True)
+    gw, port = s3pull.start_versitygw()
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        run(args, size, endpoint)
+    finally:
+        gw.terminate()
+        gw.wait()
+
+
+def run(args, size: int, endpoint: str) -> None:
+    import manyfiles as mf
+    from manyfiles.s3 import ClientSettings
+
+    t0 = time.perf_counter()
+    keys, paths = seed(endpoint, args.objects, size)
+    print(f"seeded {len(keys):,} x {size:,} B in {time.perf_counter() - t0:.1f} s")
+    settings = ClientSettings(endpoint_url=endpoint, region="us-east-1")
+    scratch = DATA / "scratch"
+    results: dict[str, dict[str, list[float]]] = {}
+
+    def fresh(name: str) -> str:
+        d = scratch / name
+        if (d / "cache").exists():
+            shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True, exist_ok=True)
+        return str(d / "cache")
+
+    peers = {
+        "mf.Dataset": lambda: mf.Dataset(f"s3://{BUCKET}/train/", cache=fresh("mf"), settings=settings),
+        "mf.IterableDataset": lambda: mf.IterableDataset(f"s3://{BUCKET}/train/", cache=fresh("mfi"),
+                                                         settings=settings),
+        "boto3 loop": lambda: Boto3Reader(endpoint, keys[:args.boto3_objects]),
+        "s3fs + filecache": lambda: FilecacheReader(endpoint, keys[:args.filecache_objects],
+                                                    fresh("filecache")),
+        "local disk": lambda: LocalReader(paths),
+    }
+    try:
+        import s3torchconnector  # noqa: F401
+        print("s3torchconnector is installed but not wired in this run")
+    except ImportError:
+        print("s3torchconnector: not installed (it needs torch; not in this environment)")
+    for rep in range(args.repeat):
+        for name, make in peers.items():
+            for d in ("mf", "mfi", "filecache"):       # not timed: removing the last run's cache
+                fresh(d)
+            t1 = time.perf_counter()
+            ds = make()
+            listing = time.perf_counter() - t1
+            runs = epochs(ds, args.workers, 2, iterable=name == "mf.IterableDataset")
+            n = len(ds) if hasattr(ds, "__len__") else len(keys)
+            for (_secs, got) in runs:
+                assert got == n * size, (name, got)
+            r = results.setdefault(name, {"e1": [], "e2": [], "list": [], "n": n})
+            r["e1"].append(n / runs[0][0])
+            r["e2"].append(n / runs[1][0])
+            r["list"].append(listing)
+            print(f"  rep {rep + 1} {name:20s} {n:,} objects: epoch 1 {runs[0][0]:7.2f} s  epoch 2 "
+                  f"{runs[1][0]:7.2f} s  (construct {listing:.2f} s)", flush=True)
+    print()
+    print(f"## {args.objects:,} x {args.size} objects, {args.workers} worker processes, medians of "
+          f"{args.repeat}; load {os.getloadavg()[0]:.2f}; {machine_line()}")
+    print()
+    fc = median(results["s3fs + filecache"]["e1"])
+    local = median(results["local disk"]["e2"])
+    print("| reader | objects | construct s | epoch 1 obj/s | epoch 2 obj/s | epoch 2 / epoch 1 "
+          "| epoch 1 vs s3fs+filecache | epoch 2 vs local disk |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, r in results.items():
+        e1, e2 = median(r["e1"]), median(r["e2"])
+        print(f"| {name} | {r['n']:,} | {median(r['list']):.2f} | {e1:,.0f} | {e2:,.0f} | {e2 / e1:.1f}x "
+              f"| {e1 / fc:.2f}x | {e2 / local:.2f}x |")
+    parquet(args, endpoint, settings)
+
+
+def parquet(args, endpoint: str, settings) -> None:
+    import fsspec
+    import pyarrow.parquet as pq
+
+    key = seed_parquet(endpoint, args.rows)
+    url = f"s3://{BUCKET}/{key}"
+    s3 = fsspec.filesystem("s3", skip_instance_cache=True,
+                           client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"})
+    times: dict[str, list[float]] = {"s3fs": [], "manyfiles first read": [], "manyfiles reread": []}
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        a = pq.read_table(f"{BUCKET}/{key}", filesystem=s3)
+        times["s3fs"].append(time.perf_counter() - t0)
+        d = DATA / "scratch" / "pq"
+        shutil.rmtree(d, ignore_errors=True)
+        fs = fsspec.filesystem("manyfiles", cache=str(d / "cache"), settings=settings,
+                               skip_instance_cache=True)
+        t0 = time.perf_counter()
+        b = pq.read_table(url, filesystem=fs)
+        times["manyfiles first read"].append(time.perf_counter() - t0)
+        fs.cache.flush()
+        t0 = time.perf_counter()
+        c = pq.read_table(url, filesystem=fs)
+        times["manyfiles reread"].append(time.perf_counter() - t0)
+        assert a.equals(b) and b.equals(c)
+    size = (DATA / "events.parquet").stat().st_size
+    print()
+    print(f"## pyarrow Parquet scan, {args.rows:,} rows ({size / 1e6:.0f} MB), medians of {args.repeat}; "
+          f"load {os.getloadavg()[0]:.2f}")
+    print()
+    print("| read | seconds | vs s3fs |")
+    print("|---|---:|---:|")
+    base = median(times["s3fs"])
+    for name, xs in times.items():
+        print(f"| {name} | {median(xs):.3f} | {base / median(xs):.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
