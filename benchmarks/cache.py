@@ -5,7 +5,11 @@ Parts (each prints markdown tables of medians and same-run ratios):
 * ``seed``: FILES files of SIZE read by one thread each (10 x 100 MiB by default; the issue's
   shape is 10 x 500 MiB: ``--size 500M``), from S3 (versitygw behind toxiproxy, +LATENCY ms per
   response) and from sshfs (loopback, +LATENCY/2 ms each way).  Sequential first read (cold
-  cache) and reread, then random 4 KiB reads (IOPS) on the warm caches.
+  cache; ``--page-cache cold``: the page cache dropped before it, so the origin reads its disk),
+  reread (page cache warm, then one pass with it dropped: the cache reads its disk), then random
+  4 KiB reads (IOPS) on the warm caches.  Validation modes side by side: "manyfiles" asks the
+  origin at every open (a HEAD), as "fsspec filecache (check)" does (``check_files=True``: its
+  ``ukey``, a HEAD); "manyfiles (ttl)" does not, as fsspec's filecache by default.
 * ``ml``: OBJECTS objects of 100 KiB from S3 (+LATENCY ms): epoch 1 (cold) and epoch 2 through
   the cache (same process, and a new Cache as after a restart), against reading the same
   files from local disk (versitygw's own backing files) and against no cache.
@@ -49,10 +53,22 @@ KiB, MiB = 1 << 10, 1 << 20
 CHUNK = 1 * MiB
 
 
+# the name ``go install`` gives a tool, when it is not the name we call it by
+_BUILT_AS = {"toxiproxy-server": "server"}
+
+
 def _go_bin(name: str) -> str:
-    for d in (ROOT / ".cache" / "go" / "bin", Path.home() / "go" / "bin"):
-        if (d / name).exists():
-            return str(d / name)
+    """``name`` from .cache/go/bin or ~/go/bin (linked into .cache/go/bin under ``name`` when it was
+    built under another, so that benchmarks/s3pull.py finds it there too)."""
+    mine = ROOT / ".cache" / "go" / "bin"
+    for d in (mine, Path.home() / "go" / "bin"):
+        for built in (name, _BUILT_AS.get(name, name)):
+            if (d / built).exists():
+                if d != mine or built != name:
+                    mine.mkdir(parents=True, exist_ok=True)
+                    with contextlib.suppress(FileExistsError):
+                        (mine / name).symlink_to(d / built)
+                return str(d / built)
     sys.exit(f"{name} not found: GOBIN={ROOT / '.cache/go/bin'} go install (see docs/cache.md)")
 
 
@@ -66,10 +82,12 @@ def s3_with_latency(latency_ms: int) -> Iterator[tuple[str, str]]:
 
     s3pull.DATA = DATA
     s3pull.GOBIN = Path(_go_bin("versitygw")).parent
+    _go_bin("versitygw")
+    s3pull.GOBIN = ROOT / ".cache" / "go" / "bin"
     gw, port = s3pull.start_versitygw()
     tox = None
     try:
-        s3pull.GOBIN = Path(_go_bin("toxiproxy-server")).parent
+        _go_bin("toxiproxy-server")
         tox = s3pull.Toxiproxy(port)
         tox.set_latency(latency_ms)
         yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{tox.port}"
@@ -88,15 +106,18 @@ def client(endpoint: str, pool: int = 64):
     return settings, settings.client(pool=pool)
 
 
-def fsspec_fs(kind: str, storage: Path, endpoint: str | None):
-    """fsspec's ``filecache`` (whole files) or ``blockcache`` over s3fs (endpoint) or local files."""
+def fsspec_fs(kind: str, storage: Path, endpoint: str | None, check: bool = False):
+    """fsspec's ``filecache`` (whole files) or ``blockcache`` over s3fs (endpoint) or local files;
+    ``check``: ``check_files=True`` (the origin's ``ukey`` asked at every open)."""
     import fsspec
 
+    extra = {"check_files": True} if check else {}
     if endpoint is None:
-        return fsspec.filesystem(kind, target_protocol="file", cache_storage=str(storage))
+        return fsspec.filesystem(kind, target_protocol="file", cache_storage=str(storage), **extra)
     opts = {"key": KEY, "secret": SECRET,
             "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
-    return fsspec.filesystem(kind, target_protocol="s3", target_options=opts, cache_storage=str(storage))
+    return fsspec.filesystem(kind, target_protocol="s3", target_options=opts, cache_storage=str(storage),
+                             **extra)
 
 
 # -- measuring -------------------------------------------------------------------------------------
@@ -199,20 +220,24 @@ def part_seed(args) -> None:
             # fsspec's blockcache over local files fails on close (LocalFileOpener.closed has no
             # setter, fsspec 2026.9.0): it is left out of the sshfs runs.
             seed_runs("sshfs (loopback)", args, paths, size, None, None,
-                      nocache_open=_open_file, nocache_random=_open_file, methods=METHODS[:4])
+                      nocache_open=_open_file, nocache_random=_open_file, methods=METHODS[:5])
 
 
 # "manyfiles (ttl)": Cache(ttl=3600), no validation per open (HEAD) within the hour: what fsspec's
-# filecache does by default (it never asks the origin again), so the reread compares like with like.
-METHODS = ("no cache", "manyfiles", "manyfiles (ttl)", "fsspec filecache", "fsspec blockcache")
+# filecache does by default (it never asks the origin again), so the reread compares like with like;
+# "manyfiles" validates every open with a HEAD, as "fsspec filecache (check)" (check_files=True).
+METHODS = ("no cache", "manyfiles", "manyfiles (ttl)", "fsspec filecache", "fsspec filecache (check)",
+           "fsspec blockcache")
 
 
 def seed_runs(origin: str, args, srcs: list[str], size: int, settings, endpoint: str | None,
               nocache_open: Callable, nocache_random: Callable, methods: tuple[str, ...] = METHODS) -> None:
     total = size * len(srcs)
     threads = len(srcs)
+    methods = tuple(m for m in methods if m in args.methods.split(","))
     first: dict[str, list[float]] = {m: [] for m in methods}
     reread: dict[str, list[float]] = {m: [] for m in methods}
+    dropped: dict[str, list[float]] = {m: [] for m in methods}
     warm: dict[str, tuple] = {}
     failed: dict[str, str] = {}
     for rep in range(args.repeat):
@@ -221,10 +246,13 @@ def seed_runs(origin: str, args, srcs: list[str], size: int, settings, endpoint:
             open_first, between, open_again, close = _openers(name, storage, settings, endpoint,
                                                               nocache_open)
             try:
+                if args.page_cache == "cold":
+                    drop_caches()
                 secs, n = threaded(lambda s, o=open_first: _read_all(o, s), srcs, threads)
                 assert n == total, (name, n, total)
                 first[name].append(total / secs / MiB)
                 between()                    # not timed: e.g. a new Cache object, as a new process would
+                os.sync()                    # the first read's writes on disk: no writeback under the reread
                 # a pass over a warm cache takes ~0.1 s: time several, so one stall does not decide
                 secs = 0.0
                 for _ in range(args.reread_passes):
@@ -232,6 +260,10 @@ def seed_runs(origin: str, args, srcs: list[str], size: int, settings, endpoint:
                     assert n == total, (name, n, total)
                     secs += dt
                 reread[name].append(args.reread_passes * total / secs / MiB)
+                drop_caches()                # one more pass with nothing in the page cache
+                dt, n = threaded(lambda s, o=open_again: _read_all(o, s), srcs, threads)
+                assert n == total, (name, n, total)
+                dropped[name].append(total / dt / MiB)
             except Exception as exc:         # a peer that breaks is reported, the others go on
                 failed[name] = f"{type(exc).__name__}: {exc}"
                 print(f"  {origin}: {name} failed: {failed[name]}", file=sys.stderr, flush=True)
@@ -240,7 +272,8 @@ def seed_runs(origin: str, args, srcs: list[str], size: int, settings, endpoint:
                 shutil.rmtree(storage, ignore_errors=True)
                 continue
             print(f"  {origin} rep {rep}: {name} first {first[name][-1]:.0f} MiB/s, "
-                  f"reread {reread[name][-1]:.0f} MiB/s", file=sys.stderr, flush=True)
+                  f"reread {reread[name][-1]:.0f} MiB/s, page cache dropped {dropped[name][-1]:.0f} MiB/s",
+                  file=sys.stderr, flush=True)
             if rep == args.repeat - 1:
                 warm[name] = (open_again, close, storage)
             else:
@@ -250,6 +283,8 @@ def seed_runs(origin: str, args, srcs: list[str], size: int, settings, endpoint:
           [(k, statistics.median(v)) for k, v in first.items() if v], "MiB/s", "no cache", True)
     table(f"{origin}: reread, {len(srcs)} x {size // MiB} MiB, {threads} threads",
           [(k, statistics.median(v)) for k, v in reread.items() if v], "MiB/s", "no cache", True)
+    table(f"{origin}: reread with the page cache dropped (one pass), {len(srcs)} x {size // MiB} MiB",
+          [(k, statistics.median(v)) for k, v in dropped.items() if v], "MiB/s", "no cache", True)
     for name, why in failed.items():
         print(f"\n{name} failed: {why}")
     iops = {}
@@ -288,11 +323,12 @@ def _openers(name: str, storage: Path, settings, endpoint: str | None, nocache_o
         return (lambda s: mf.open(s, cache=caches[0])), between, (lambda s: mf.open(s, cache=caches[0])), \
             (lambda: caches[0].close())
     kind = name.split()[1]
+    check = "(check)" in name
     fs_path = (lambda s: s[5:]) if endpoint else (lambda s: s)
-    fss = [fsspec_fs(kind, storage, endpoint)]
+    fss = [fsspec_fs(kind, storage, endpoint, check)]
 
     def new_instance() -> None:
-        fss[0] = fsspec_fs(kind, storage, endpoint)
+        fss[0] = fsspec_fs(kind, storage, endpoint, check)
 
     def open_file(s: str):
         return fss[0].open(fs_path(s), "rb")
@@ -401,14 +437,13 @@ def part_hit(args) -> None:
     for c in caches.values():        # warm the memo and the page cache
         for p in paths:
             c.get_bytes(p)
-    from manyfiles.cache._format import HEADER_SIZE, block_relpath, object_id
+    from manyfiles.cache._format import object_id, whole_relpath
     from manyfiles.cache._origin import FileOrigin
 
     blocks = []
     for p in paths:
         o = FileOrigin(p)
-        v, _ = o.stat()
-        blocks.append(str(storage / "c" / block_relpath(object_id(o.source, v), 0)))
+        blocks.append(str(storage / "c" / whole_relpath(object_id(o.source, o.stat().validator))))
 
     def local_read():
         for p in paths:
@@ -417,10 +452,8 @@ def part_hit(args) -> None:
 
     def block_read():
         for b in blocks:
-            fd = os.open(b, os.O_RDONLY)
-            os.pread(fd, HEADER_SIZE, 0)
-            os.pread(fd, args.hit_size, HEADER_SIZE)
-            os.close(fd)
+            with open(b, "rb", buffering=0) as f:
+                f.read()
 
     def get_bytes(c):
         return lambda: [c.get_bytes(p) for p in paths]
@@ -433,7 +466,7 @@ def part_hit(args) -> None:
         return run
 
     methods = {"local file read (open/read/close)": local_read,
-               "block file read (open, 2 preads, close)": block_read,
+               "the cache's whole file read (open/read/close)": block_read,
                "get_bytes, validate on open (stat)": get_bytes(caches["validate"]),
                "get_bytes, ttl (no stat)": get_bytes(caches["ttl"]),
                "mf.open + read, validate on open": mf_open(caches["validate"]),
@@ -467,6 +500,9 @@ def main() -> int:
     p.add_argument("--latency", type=int, default=20, help="ms added to every S3 response / sshfs round trip")
     p.add_argument("--reads", type=int, default=3000, help="random reads per thread on a cache")
     p.add_argument("--reread-passes", type=int, default=5, help="seed: timed passes of the reread")
+    p.add_argument("--methods", default=",".join(METHODS), help="seed: the methods to run (comma-separated)")
+    p.add_argument("--page-cache", choices=["warm", "cold"], default="warm",
+                   help="seed: the first read with the page cache as it is (warm) or dropped before it")
     p.add_argument("--nocache-reads", type=int, default=100, help="random reads per thread without a cache")
     p.add_argument("--objects", type=int, default=20000)
     p.add_argument("--object-size", type=parse_size, default="100K")

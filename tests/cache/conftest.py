@@ -1,12 +1,17 @@
-"""Fixtures for the cache tests: a moto S3 server behind a counting proxy (cachekit.CountingProxy)."""
+"""Fixtures for the cache tests: a moto S3 server behind the fault proxy (tests/s3/s3util.FaultProxy),
+which checks every SigV4 signature, records every request and misbehaves on request."""
 
 from __future__ import annotations
 
 import os
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
-from cachekit import CountingProxy
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "s3"))
+from s3util import FAST_RETRY, SECRETS, FaultProxy
 
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
          "AWS_DEFAULT_REGION": "us-east-1"}
@@ -30,7 +35,7 @@ def cache_moto():
 
 @pytest.fixture
 def s3(cache_moto):
-    """A fresh bucket behind a fresh counting proxy: ``S3Env`` with put/delete helpers."""
+    """A fresh bucket behind a fresh fault proxy: ``S3Env`` with put/delete helpers."""
     import boto3
 
     from manyfiles.s3 import ClientSettings
@@ -39,14 +44,16 @@ def s3(cache_moto):
                          aws_access_key_id="testing", aws_secret_access_key="testing")
     bucket = f"c-{uuid.uuid4().hex[:12]}"
     admin.create_bucket(Bucket=bucket)
-    proxy = CountingProxy(cache_moto)
+    proxy = FaultProxy(cache_moto, secrets=SECRETS)
     env = S3Env(bucket, admin, proxy, ClientSettings(endpoint_url=proxy.url, region="us-east-1"))
     yield env
     proxy.close()
 
 
 class S3Env:
-    def __init__(self, bucket: str, admin, proxy: CountingProxy, settings) -> None:
+    retry = FAST_RETRY          # what the tests' caches retry with (fast: the tests exercise retries)
+
+    def __init__(self, bucket: str, admin, proxy: FaultProxy, settings) -> None:
         self.bucket, self.admin, self.proxy, self.settings = bucket, admin, proxy, settings
 
     def url(self, key: str) -> str:
@@ -55,6 +62,15 @@ class S3Env:
     def put(self, key: str, data: bytes) -> bytes:
         self.admin.put_object(Bucket=self.bucket, Key=key, Body=data)
         return data
+
+    def fault(self, kind: str, *, method: str = "GET", key: str = "", ranged: bool | None = None) -> None:
+        """Apply ``kind`` once to the next ``method`` request on an object whose key ends with
+        ``key`` (``ranged``: only to a ranged GET / only to a whole one)."""
+        def pred(m, path, headers) -> bool:
+            if m != method or "list-type" in path or not path.partition("?")[0].endswith(key):
+                return False
+            return ranged is None or ranged == bool(headers.get("Range"))
+        self.proxy.faults.append((pred, kind))
 
     def gets(self) -> list[tuple[str, str, str | None]]:
         """Object GETs seen by the proxy (listings excluded)."""
@@ -65,5 +81,5 @@ class S3Env:
 
     @property
     def env(self) -> dict[str, str]:
-        """Environment for subprocesses: the proxy as endpoint."""
-        return {**CREDS, "AWS_ENDPOINT_URL": self.proxy.url, "MANYFILES_RETRY_BASE": "0.01"}
+        """Environment for CLI subprocesses: the proxy as endpoint, fast retries."""
+        return {**CREDS, "AWS_ENDPOINT_URL": self.proxy.url, "MANYFILES_TESTING": "retry_base=0.01"}

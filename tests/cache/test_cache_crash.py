@@ -118,91 +118,99 @@ def test_two_processes_filling_the_same_entries(tmp_path: Path, s3):
         on_disk = sum(os.path.getsize(os.path.join(d, f))
                       for d, _, files in os.walk(os.path.join(cache_dir, "blocks")) for f in files)
     assert s.entries == len(objs)
-    assert s.bytes == on_disk == sum(len(d) + HEADER_SIZE * -(-len(d) // BS) for d in objs.values())
+    assert s.bytes == on_disk == sum(len(d) for d in objs.values()), "each object held whole, once"
 
 
-def _block_file(cache: Cache, s3, key: str, index: int) -> str:
-    from manyfiles.cache._origin import S3Origin
+def _large_file_in_blocks(tmp_path: Path, blocks: list[int]) -> tuple[Path, bytes, Cache]:
+    """A local file larger than ``verify_whole_max``, of which random reads cached ``blocks``
+    (block files with headers: what an object held in part looks like on disk)."""
+    path = tmp_path / "big.bin"
+    data = blob(8 * BS + 5, "big")
+    path.write_bytes(data)
+    cache = Cache(tmp_path / "c", block_size=BS, verify_whole_max=2 * BS)
+    with cache.open(path, buffering=0) as f:
+        for i in blocks:
+            f.seek(i * BS + 1)
+            assert f.read(10) == data[i * BS + 1:i * BS + 11]
+    cache.flush()
+    return path, data, cache
 
-    origin = S3Origin(s3.bucket, key, s3.settings)
-    validator, _ = origin.stat()
-    return os.path.join(cache.dir, block_relpath(object_id(origin.source, validator), index))
+
+def _block_file(cache: Cache, path: Path, index: int) -> str:
+    from manyfiles.cache._origin import FileOrigin
+
+    origin = FileOrigin(path)
+    return os.path.join(cache.dir, block_relpath(object_id(origin.source, origin.stat().validator), index))
 
 
-def test_a_flipped_byte_is_caught_by_verify_and_fetched_again(tmp_path: Path, s3):
-    data = s3.put("f.bin", blob(3 * BS, "flip"))
-    url = s3.url("f.bin")
-    with Cache(tmp_path / "c", block_size=BS, settings=s3.settings) as cache:
-        cache.warm([url])
-        path = _block_file(cache, s3, "f.bin", 1)
-    with open(path, "r+b") as f:                # one bit rot in the payload of block 1
+def test_a_flipped_byte_in_a_block_is_caught_by_verify_and_fetched_again(tmp_path: Path):
+    path, data, cache = _large_file_in_blocks(tmp_path, [1, 2])
+    cache.close()
+    block = _block_file(cache, path, 1)
+    with open(block, "r+b") as f:               # one bit rot in the payload of block 1
         f.seek(HEADER_SIZE + 1000)
         byte = f.read(1)
         f.seek(HEADER_SIZE + 1000)
         f.write(bytes([byte[0] ^ 0x01]))
-    gets = len(s3.gets())
-    with Cache(tmp_path / "c", verify=True, settings=s3.settings) as cache:
-        with pytest.warns(RuntimeWarning, match="corrupt cache block"):
-            assert cache.get_bytes(url) == data
-        assert cache.stats().corrupt == 1
-        assert len(s3.gets()) == gets + 1, "only the bad block is fetched again"
-        cache.flush()
-        assert cache.get_bytes(url) == data
-    assert len(s3.gets()) == gets + 1
-
+    with Cache(tmp_path / "c", verify=True, verify_whole_max=2 * BS) as cache:
+        before = cache.stats()
+        with cache.open(path, buffering=0) as f, pytest.warns(RuntimeWarning, match="corrupt cache file"):
+            f.seek(BS)
+            assert f.read(2 * BS) == data[BS:3 * BS]
+        s = cache.stats()
+        assert (s.corrupt, s.misses - before.misses, s.hits - before.hits) == (1, 1, 1), \
+            "only the bad block was read again"
     # verify() finds the same damage without reading through the cache
-    with open(path, "r+b") as f:
+    with open(block, "r+b") as f:
         f.seek(HEADER_SIZE + 7)
         f.write(b"\xff\xfe")
-    with Cache(tmp_path / "c", settings=s3.settings) as cache:
+    with Cache(tmp_path / "c", verify_whole_max=2 * BS) as cache:
         report = cache.verify()
-        assert report.corrupt == 1 and report.blocks == 2 and not os.path.exists(path)
-        assert cache.get_bytes(url) == data
-        cache.flush()
-        assert cache.verify().corrupt == 0
+        assert (report.corrupt, report.wrong, report.blocks) == (1, 1, 1) and not os.path.exists(block)
+        assert not report.ok and report.failures[0].reason == "1 cached blocks failed their CRC-32: dropped"
+        assert cache.verify().ok
 
 
-def test_a_truncated_or_foreign_block_is_a_miss_even_without_verify(tmp_path: Path, s3):
-    data = s3.put("t.bin", blob(3 * BS, "trunc"))
-    url = s3.url("t.bin")
-    with Cache(tmp_path / "c", block_size=BS, settings=s3.settings) as cache:
-        cache.warm([url])
-        b0, b2 = _block_file(cache, s3, "t.bin", 0), _block_file(cache, s3, "t.bin", 2)
+def test_a_truncated_or_foreign_block_is_a_miss_even_without_verify(tmp_path: Path):
+    path, data, cache = _large_file_in_blocks(tmp_path, [0, 1, 2])
+    cache.close()
+    b0, b1, b2 = (_block_file(cache, path, i) for i in range(3))
     os.truncate(b2, HEADER_SIZE + 100)             # a short block
-    with open(b2.replace(".2", ".1"), "rb") as f:
+    with open(b1, "rb") as f:
         header_of_block_1 = f.read(HEADER_SIZE)
     with open(b0, "r+b") as f:                     # block 0's file now claims to be another block
         f.write(header_of_block_1)
-    with Cache(tmp_path / "c", settings=s3.settings) as cache, warnings.catch_warnings():
+    with Cache(tmp_path / "c", verify_whole_max=2 * BS) as cache, warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        assert cache.get_bytes(url) == data
+        with cache.open(path, buffering=0) as f:
+            assert f.read(3 * BS) == data[:3 * BS]
         assert cache.stats().corrupt == 2
 
 
-def test_leftovers_of_killed_processes_are_cleaned(tmp_path: Path, s3):
-    data = s3.put("o.bin", blob(2 * BS, "orphan"))
+def test_leftovers_of_killed_processes_are_cleaned(tmp_path: Path):
+    path, data, cache = _large_file_in_blocks(tmp_path, [0, 1])
     cache_dir = tmp_path / "c"
-    with Cache(cache_dir, block_size=BS, settings=s3.settings) as cache:
-        cache.warm([s3.url("o.bin")])
-        block = _block_file(cache, s3, "o.bin", 1)
+    block = _block_file(cache, path, 1)
+    cache.close()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
     stale = cache_dir / "tmp" / f"{dead}-1-0"
     stale.write_bytes(b"half a block")
-    orphan = cache_dir / "blocks" / "00" / "11" / ("0011" + "ab" * 14 + ".0")
-    orphan.parent.mkdir(parents=True)
-    orphan.write_bytes(b"x" * 100)
-    os.utime(orphan, (time.time() - 3600, time.time() - 3600))
-    with Cache(cache_dir, settings=s3.settings) as cache:
+    orphans = [cache_dir / "blocks" / "00" / "11" / ("0011" + "ab" * 14 + suffix) for suffix in (".0", ".w")]
+    orphans[0].parent.mkdir(parents=True)
+    for orphan in orphans:
+        orphan.write_bytes(b"x" * 100)
+        os.utime(orphan, (time.time() - 3600, time.time() - 3600))
+    with Cache(cache_dir, verify_whole_max=2 * BS) as cache:
         assert not stale.exists(), "a dead process's temp file survived a restart"
         # forget block 1 in the index only: as if the kill came between rename and accounting
-        v = cache.version(cache.origin(s3.url("o.bin")))
+        v = cache.version(cache.origin(path))
         cache._store.index.drop_blocks(v.objid, [1])
         report = cache.verify()
-        assert report.orphans == 1 and report.adopted == 1 and report.corrupt == 0
-        assert not orphan.exists() and os.path.exists(block)
+        assert report.orphans == 2 and report.adopted == 1 and report.corrupt == 0
+        assert not any(o.exists() for o in orphans) and os.path.exists(block)
         assert cache.stats().bytes == 2 * (BS + HEADER_SIZE)
-        assert cache.get_bytes(s3.url("o.bin")) == data
+        assert cache.get_bytes(path) == data
 
 
 def test_restart_keeps_every_complete_entry(tmp_path: Path):
@@ -226,5 +234,5 @@ os.kill(os.getpid(), signal.SIGKILL)   # no close(), no atexit: the index must a
         for p, d in files.items():
             assert cache.get_bytes(p) == d
         after = cache.stats()
-    assert before.entries == sum(1 for d in files.values() if d)
+    assert before.entries == len(files), "every file, the empty ones too, is held whole"
     assert after.misses == before.misses

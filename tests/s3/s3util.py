@@ -72,12 +72,6 @@ def put_composite(client, bucket: str, key: str, parts: list[bytes], alg: str) -
     return b"".join(parts)
 
 
-def etag_count(etag: str) -> int:
-    """N of a multipart ETag ``"<md5>-N"`` (1 for a single-part one)."""
-    tail = etag.strip('"').rpartition("-")[2]
-    return int(tail) if "-" in etag and tail.isdigit() else 1
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -133,8 +127,6 @@ class FaultProxy:
     * "wrong-range-honest": the bytes of another offset with a Content-Range saying so;
     * "other-body": status 200 with the body of ``decoy_path`` (another object);
     * "500-always" and "403-always" (not consumed);
-    * ``part_gets_as_s3 = True``: ``GET ?partNumber=N`` answered as S3 does (206 with that part,
-      its Content-Range and the part's own CRC32), where moto answers with the whole object;
     * lying HEADs, as a broken gateway answers them (``HEAD_FAULTS``): "head-zero" (``Content-Length:
       0``), "head-size" (``Content-Length`` 1 MiB more than the truth: a wrong object size, or a
       plausible but wrong part size for ``?partNumber=N``), "head-parts-count"
@@ -154,6 +146,14 @@ class FaultProxy:
     ``secrets`` (access key -> secret) makes it check every signed request's SigV4 signature,
     as received and before any fault touches it (botocore's S3SigV4Auth recomputes it), and
     answer 403 SignatureDoesNotMatch / InvalidAccessKeyId otherwise, as S3 would.
+
+    More kinds: "flip@N" flips the byte at offset N of the body (a fault at a known place);
+    "head-etag" answers a HEAD with another ETag (a gateway that lies about the version);
+    "stall" holds the answer back until the proxy closes (a request that never ends).
+    ``parts_as_s3 = True`` answers ``GET ?partNumber=N`` as S3 does (moto answers it with the
+    whole object): 206 with that part's bytes, its Content-Range, ``x-amz-mp-parts-count`` and,
+    for an object uploaded with checksums, the part's own checksum (computed here from moto's
+    bytes, before any fault touches them).
     """
 
     def __init__(self, upstream: str, seed: int = 1234, tls=None,
@@ -167,7 +167,8 @@ class FaultProxy:
         self.decoy_path: str | None = None
         self.sse_kms = False
         self.head_as_s3 = False   # HEAD names a composite checksum with the "-N" S3 gives it
-        self.part_gets_as_s3 = False    # GET ?partNumber=N answered as S3 does (moto sends the whole object)
+        self.parts_as_s3 = False  # GET ?partNumber=N answered with that part (see above)
+        self.closing = threading.Event()
         self.delay = 0.0          # seconds added to every object GET
         self.clock_offset: float | None = None
         self.bucket_region: str | None = None
@@ -226,8 +227,12 @@ class FaultProxy:
                     a, b = (int(x) for x in rng_hdr.split("=")[1].split("-"))
                     shift = (b - a + 1) // 2 + 1 if a == 0 else -min(a, (b - a + 1) // 2 + 1)
                     headers["Range"] = f"bytes={a + shift}-{b + shift}"
-                if proxy.part_gets_as_s3 and self.command == "GET" and "partNumber=" in self.path:
-                    status, resp_headers, data = proxy._part_get(self._upstream, self.path, headers)
+                if fault == "stall":
+                    proxy.closing.wait()
+                    self.close_connection = True
+                    return
+                if proxy.parts_as_s3 and self.command == "GET" and "partNumber=" in self.path:
+                    status, resp_headers, data = proxy._s3_part(self._upstream, self.path, headers)
                 else:
                     status, resp_headers, data = self._upstream(self.command, self.path, body, headers)
                 if fault == "other-body" and proxy.decoy_path and status in (200, 206):
@@ -259,6 +264,8 @@ class FaultProxy:
                         v = proxy._fake_etag(v)
                     if lk.startswith("x-amz-checksum-") and proxy.head_as_s3 and self.command == "HEAD":
                         v = proxy._as_s3(v, resp_headers)
+                    if lk == "etag" and fault == "head-etag" and self.command == "HEAD":
+                        v = '"' + hashlib.md5(b"lie:" + v.encode()).hexdigest() + '"'
                     self.send_header(k, v)
                 an_object = self.command in ("GET", "HEAD") and "list-type" not in self.path
                 if proxy.sse_kms == "sse-c" and an_object:
@@ -276,6 +283,9 @@ class FaultProxy:
                 self.end_headers()
                 if fault in ("corrupt", "flip") and data:
                     i = proxy.rng.randrange(len(data))
+                    data = data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1:]
+                if fault and fault.startswith("flip@") and data:
+                    i = int(fault[5:]) % len(data)
                     data = data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1:]
                 if fault in ("reset", "truncate") and len(data) > 1:
                     self.wfile.write(data[: len(data) // 2])
@@ -335,36 +345,6 @@ class FaultProxy:
         if etag.startswith("&quot;"):
             return f"&quot;{fake}&quot;"
         return f'"{fake}"' if quoted else fake
-
-    @staticmethod
-    def _part_get(upstream, path: str, headers: dict):
-        """``GET ?partNumber=N`` as S3 answers it: 206, that part's bytes and Content-Range, and the
-        part's own CRC32 checksum (for an object uploaded with CRC32 part checksums)."""
-        import base64
-        import zlib
-        from urllib.parse import parse_qsl
-
-        base, _, query = path.partition("?")
-        n = int(dict(parse_qsl(query))["partNumber"])
-        plain = {k: v for k, v in headers.items() if k.lower() not in ("range", "if-match")}
-        status, head, _ = upstream("HEAD", base, None, {**plain, "x-amz-checksum-mode": "ENABLED"})
-        head_map = {k.lower(): v for k, v in head}
-        if status != 200:
-            return status, head, b""
-        sizes = []
-        for i in range(1, n + 1):
-            _, h, _ = upstream("HEAD", f"{base}?partNumber={i}", None, plain)
-            sizes.append(int({k.lower(): v for k, v in h}["content-length"]))
-        start = sum(sizes[:-1])
-        end = start + sizes[-1] - 1
-        ranged = {k: v for k, v in headers.items() if k.lower() != "range"}
-        status, resp_headers, data = upstream("GET", base, None, {**ranged, "Range": f"bytes={start}-{end}"})
-        out = [(k, v) for k, v in resp_headers if not k.lower().startswith("x-amz-checksum")]
-        out.append(("x-amz-mp-parts-count", str(etag_count(head_map.get("etag", "")))))
-        if "x-amz-checksum-crc32" in head_map and status == 206:
-            crc = zlib.crc32(data).to_bytes(4, "big")
-            out.append(("x-amz-checksum-crc32", base64.b64encode(crc).decode()))
-        return status, out, data
 
     @staticmethod
     def _as_s3(value: str, resp_headers) -> str:
@@ -430,6 +410,48 @@ class FaultProxy:
         want = signer.signature(signer.string_to_sign(req, signer.canonical_request(req)), req)
         return None if hmac.compare_digest(want, signature) else "SignatureDoesNotMatch"
 
+    def _s3_part(self, upstream, path: str, headers: dict):
+        """``GET ?partNumber=N`` as S3 answers it: (status, headers, body) of that part."""
+        import base64
+        import zlib
+        from urllib.parse import parse_qs
+
+        base, _, query = path.partition("?")
+        n = int(parse_qs(query)["partNumber"][0])
+        status, head, _ = upstream("HEAD", base, None, {"x-amz-checksum-mode": "ENABLED"})
+        if status != 200:
+            return upstream("GET", path, None, headers)
+        head = {k.lower(): v for k, v in head}
+        sizes = []
+        for i in range(1, n + 1):
+            _, part_head, _ = upstream("HEAD", f"{base}?partNumber={i}", None, {})
+            part_head = {k.lower(): v for k, v in part_head}
+            sizes.append(int(part_head["content-length"]))
+        total, start = int(head["content-length"]), sum(sizes[:-1])
+        end = start + sizes[-1] - 1
+        ranged = {k: v for k, v in headers.items() if k.lower() != "x-amz-checksum-mode"}
+        ranged["Range"] = f"bytes={start}-{end}"
+        status, resp_headers, data = upstream("GET", base, None, ranged)
+        if status != 206:
+            return status, resp_headers, data
+        out = [(k, v) for k, v in resp_headers if not k.lower().startswith("x-amz-checksum")
+               and k.lower() != "content-range"]
+        out += [("Content-Range", f"bytes {start}-{end}/{total}"),
+                ("x-amz-mp-parts-count", part_head.get("x-amz-mp-parts-count", "1"))]
+        alg = head.get("x-amz-checksum-algorithm", "").lower()
+        if alg and any(k.lower() == "x-amz-checksum-mode" for k in headers):
+            if alg == "crc32":
+                digest = zlib.crc32(data).to_bytes(4, "big")
+            elif alg == "crc32c":
+                import crc32c
+
+                digest = crc32c.crc32c(data).to_bytes(4, "big")
+            else:
+                digest = hashlib.new(alg, data).digest()
+            out += [(f"x-amz-checksum-{alg}", base64.b64encode(digest).decode()),
+                    ("x-amz-checksum-type", "COMPOSITE")]
+        return 206, out, data
+
     def _take(self, method, path, headers) -> str | None:
         with self.lock:
             for i, (pred, kind) in enumerate(self.faults):
@@ -450,6 +472,7 @@ class FaultProxy:
         return None
 
     def close(self) -> None:
+        self.closing.set()
         self.server.shutdown()
         self.server.server_close()
 

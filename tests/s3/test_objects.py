@@ -159,7 +159,7 @@ def test_a_part_with_its_own_checksum_is_checked_on_its_own(bucket, s3admin, pro
     name, _ = bucket
     parts = [blob(5 * MiB, "p1"), blob(MiB + 7, "p2")]
     data = put_composite(s3admin, name, "c/multi.bin", parts, "CRC32")
-    proxy.head_as_s3 = proxy.part_gets_as_s3 = True
+    proxy.head_as_s3 = proxy.parts_as_s3 = True
     objs = objects_via(proxy)
     head = objs.head(name, "c/multi.bin")
     assert head.claim.composite and head.parts == (5 * MiB, MiB + 7)
@@ -171,7 +171,7 @@ def test_a_part_with_its_own_checksum_is_checked_on_its_own(bucket, s3admin, pro
     with pytest.raises(IntegrityError, match="part 1"):
         objs.get_range(name, "c/multi.bin", 0, 5 * MiB - 1, if_match=head.etag, head=head)
     proxy.random_faults = None
-    proxy.part_gets_as_s3 = False
+    proxy.parts_as_s3 = False
     proxy.requests.clear()
     first = objs.get_range(name, "c/multi.bin", 0, 5 * MiB - 1, if_match=head.etag, head=head)
     assert first.data == parts[0] and first.claim is None

@@ -3,12 +3,20 @@
     DIR/
       manyfiles-cache.json     descriptor: format version, block size (written last, by link)
       index.sqlite             metadata (WAL): entries, LRU times, counters (see _index.py)
-      blocks/ab/cd/<objid>.<n> block n of one object version (shard layout, key = objid's hex)
-      tmp/<pid>-<tid>-<n>      a fill in progress; renamed into blocks/ once complete
+      blocks/ab/cd/<objid>.w   one object version whole: exactly its bytes, nothing else
+      blocks/ab/cd/<objid>.<n> block n of a partly cached version (shard layout, key = objid's hex)
+      tmp/<pid>-<tid>-<n>      a fill in progress; renamed into blocks/ once complete (and checked)
 
-A block file is a 64-byte header followed by the payload.  The header names the object
-version (``objid``) and the block's place in it, and carries the CRC-32 of the payload,
-so every block can be checked on its own, without the index.
+A *whole file* holds an object version that passed its whole-object check (the S3 checksum,
+MD5 or multipart ETag, or, for a local file, one read of the whole file): a reader reads it as
+a plain file.  What it passed, and what ``cache verify`` re-hashes it against, is in the index.
+
+A *block file* is a 64-byte header followed by the payload.  The header names the object
+version (``objid``) and the block's place in it, carries the CRC-32 of the payload, so every
+block can be checked on its own, without the index, and says whether the payload passed a
+check of the origin's (``FLAG_CHECKED``: a part checksum, or a local file's) or came from a
+ranged GET that nothing could check (then the object is completed and checked whole in the
+background, see _complete.py).
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ MAX_BLOCK_SIZE = 64 * MiB
 
 MAGIC = b"MFCBLK01"
 _HEADER = struct.Struct("<8sHHIQQQQ16s")
+FLAG_CHECKED = 1                      # the payload passed a check of the origin's (see above)
 HEADER_SIZE = _HEADER.size            # 64
 _VERSION = 1
 
@@ -56,6 +65,11 @@ def block_relpath(objid: bytes, index: int) -> str:
     return f"{BLOCKS}/{LAYOUT.relpath(f'{objid.hex()}.{index}')}"
 
 
+def whole_relpath(objid: bytes) -> str:
+    """``blocks/ab/cd/<hex>.w`` (the whole object) relative to the cache dir."""
+    return f"{BLOCKS}/{LAYOUT.relpath(f'{objid.hex()}.w')}"
+
+
 class BlockHeader(NamedTuple):
     crc: int
     index: int
@@ -63,11 +77,16 @@ class BlockHeader(NamedTuple):
     length: int
     object_size: int
     objid: bytes
+    flags: int = 0
+
+    @property
+    def checked(self) -> bool:
+        return bool(self.flags & FLAG_CHECKED)
 
 
 def pack_header(objid: bytes, index: int, offset: int, payload: bytes | memoryview,
-                object_size: int) -> bytes:
-    return _HEADER.pack(MAGIC, _VERSION, 0, zlib.crc32(payload), index, offset, len(payload), object_size,
+                object_size: int, flags: int = 0) -> bytes:
+    return _HEADER.pack(MAGIC, _VERSION, flags, zlib.crc32(payload), index, offset, len(payload), object_size,
                         objid)
 
 
@@ -75,10 +94,10 @@ def unpack_header(raw: bytes) -> BlockHeader | None:
     """The header, or None if ``raw`` is not one of ours (short, wrong magic or version)."""
     if len(raw) < HEADER_SIZE:
         return None
-    magic, version, _flags, crc, index, offset, length, size, objid = _HEADER.unpack_from(raw)
+    magic, version, flags, crc, index, offset, length, size, objid = _HEADER.unpack_from(raw)
     if magic != MAGIC or version != _VERSION:
         return None
-    return BlockHeader(crc, index, offset, length, size, objid)
+    return BlockHeader(crc, index, offset, length, size, objid, flags)
 
 
 def crc_ok(header: BlockHeader, payload: bytes | memoryview) -> bool:

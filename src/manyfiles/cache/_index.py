@@ -1,9 +1,15 @@
 """The cache's metadata: one SQLite database in WAL mode, shared by every thread and process.
 
 One row per cached object version (``objid``): its source, validator, size, a bitmap of
-the blocks on disk, their bytes, and the last validation and access times (LRU).  The
-block files are the truth for *content* (a block file only ever holds the right bytes for
-its objid); the index is the truth for *accounting*: what to evict, how much is used.
+the blocks on disk, their bytes, whether it is held as one whole file, and the last
+validation and access times (LRU).  The files are the truth for *content* (a file only
+ever holds bytes of its objid); the index is the truth for *accounting* (what to evict,
+how much is used) and holds, per whole file, the check its bytes passed (``verified``:
+the method, and the claim ``cache verify`` re-hashes the file against).
+
+Schema 2 added ``entries.whole`` and ``verified.claim``; a schema-1 index is migrated in
+place when first opened (its block entries stay readable; their blocks carry no
+``FLAG_CHECKED`` and are treated as unverified).
 
 Every connection belongs to one thread of one process (``threading.local`` + pid check,
 so a forked child opens its own).  Writes are short ``BEGIN IMMEDIATE`` transactions that
@@ -18,11 +24,12 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from manyfiles.cache._format import HEADER_SIZE
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 60.0
 
 _SCHEMA = """
@@ -35,14 +42,17 @@ CREATE TABLE IF NOT EXISTS entries(
     present BLOB NOT NULL,
     disk_bytes INTEGER NOT NULL,
     validated_at REAL NOT NULL,
-    last_access REAL NOT NULL
+    last_access REAL NOT NULL,
+    whole INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS entries_source ON entries(source);
 CREATE INDEX IF NOT EXISTS entries_lru ON entries(last_access);
 CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS verified(objid BLOB PRIMARY KEY, method TEXT NOT NULL, at REAL NOT NULL)
-    WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS verified(objid BLOB PRIMARY KEY, method TEXT NOT NULL, at REAL NOT NULL,
+    claim TEXT) WITHOUT ROWID;
 """
+_MIGRATE_1_TO_2 = ("ALTER TABLE entries ADD COLUMN whole INTEGER NOT NULL DEFAULT 0",
+                   "ALTER TABLE verified ADD COLUMN claim TEXT")
 
 COUNTERS = ("hits", "misses", "hit_bytes", "miss_bytes", "fills", "fill_bytes", "fills_dropped",
             "evictions", "evicted_bytes", "corrupt", "object_hits", "object_misses")
@@ -67,12 +77,48 @@ class Fill(NamedTuple):
     nblocks: int
 
 
+class Whole(NamedTuple):
+    """An object version just renamed into place as one whole file, to be accounted: the check
+    its bytes passed (``method``) and the claim ``cache verify`` re-hashes it against (JSON)."""
+
+    version: Version
+    method: str
+    claim: str
+    nblocks: int
+
+
+@dataclass
+class Recorded:
+    """What :meth:`Index.record_fills` leaves to do on disk, and what it counted."""
+
+    stale_blocks: list[tuple[bytes, int]] = field(default_factory=list)   # blocks to unlink (an older
+                                                                          # version, or held whole)
+    stale_wholes: list[bytes] = field(default_factory=list)       # whole files of an older version
+    superseded: list[Victim] = field(default_factory=list)        # older versions removed from the index
+    replaced: list[tuple[bytes, int]] = field(default_factory=list)   # blocks a whole file replaced
+    new: int = 0                                                  # blocks not accounted before
+    new_bytes: int = 0
+
+
 class Victim(NamedTuple):
-    """An entry removed from the index whose block files are to be unlinked."""
+    """An entry removed from the index whose files are to be unlinked."""
 
     objid: bytes
     present: bytes
     disk_bytes: int
+    whole: bool = False
+
+
+class Entry(NamedTuple):
+    """One row of the index, as ``cache verify`` walks them."""
+
+    objid: bytes
+    source: bytes
+    validator: bytes
+    size: int
+    present: bytes
+    disk_bytes: int
+    whole: bool
 
 
 def bits_set(bitmap: bytes) -> Iterator[int]:
@@ -81,6 +127,13 @@ def bits_set(bitmap: bytes) -> Iterator[int]:
             for bit in range(8):
                 if byte >> bit & 1:
                     yield byte_index * 8 + bit
+
+
+def _all_bits(n: int) -> bytes:
+    out = bytearray(b"\xff" * (n // 8))
+    if n % 8:
+        out.append((1 << (n % 8)) - 1)
+    return bytes(out)
 
 
 def _set_bit(bitmap: bytearray, i: int) -> bool:
@@ -107,6 +160,10 @@ class Index:
             row = c.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             if row is None:
                 c.execute("INSERT INTO meta VALUES('schema', ?)", (str(SCHEMA_VERSION),))
+            elif row[0] == "1":
+                for stmt in _MIGRATE_1_TO_2:
+                    c.execute(stmt)
+                c.execute("UPDATE meta SET value=? WHERE key='schema'", (str(SCHEMA_VERSION),))
             elif row[0] != str(SCHEMA_VERSION):
                 raise sqlite3.DatabaseError(f"index schema {row[0]}, this version reads {SCHEMA_VERSION}")
             c.executemany("INSERT OR IGNORE INTO counters VALUES(?, 0)",
@@ -164,95 +221,112 @@ class Index:
         row = self._conn().execute("SELECT present FROM entries WHERE objid=?", (objid,)).fetchone()
         return None if row is None else row[0]
 
-    def verification(self, objid: bytes) -> str | None:
-        """How the whole object of ``objid`` was checked ("md5", "crc32"...), None if never."""
-        row = self._conn().execute("SELECT method FROM verified WHERE objid=?", (objid,)).fetchone()
-        return None if row is None else row[0]
+    def verification(self, objid: bytes) -> tuple[str, str | None] | None:
+        """(method, claim record as JSON) of the whole-object check ``objid`` passed, None if never."""
+        row = self._conn().execute("SELECT method, claim FROM verified WHERE objid=?", (objid,)).fetchone()
+        return None if row is None else (row[0], row[1])
 
-    def verifications(self) -> dict[bytes, str]:
-        """objid -> method of every entry whose whole object was checked (``cache verify``)."""
-        return dict(self._conn().execute(
-            "SELECT v.objid, v.method FROM verified v JOIN entries e ON e.objid = v.objid").fetchall())
+    def verifications(self) -> dict[bytes, tuple[str, str | None]]:
+        """objid -> (method, claim) of every entry whose whole object was checked (``cache verify``)."""
+        rows = self._conn().execute(
+            "SELECT v.objid, v.method, v.claim FROM verified v JOIN entries e ON e.objid = v.objid"
+        ).fetchall()
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+    def entry(self, objid: bytes) -> Entry | None:
+        row = self._conn().execute(
+            "SELECT objid, source, validator, size, present, disk_bytes, whole FROM entries WHERE objid=?",
+            (objid,)).fetchone()
+        return None if row is None else Entry(*row[:6], bool(row[6]))
 
     def counters(self) -> dict[str, int]:
         return dict(self._conn().execute("SELECT name, value FROM counters").fetchall())
 
-    def entries(self) -> Iterator[tuple[bytes, bytes, bytes, int, bytes, int]]:
-        """(objid, source, validator, size, present, disk_bytes) of every entry, in pages."""
+    def entries(self) -> Iterator[Entry]:
+        """Every entry, in pages."""
         last = b""
         while True:
             rows = self._conn().execute(
-                "SELECT objid, source, validator, size, present, disk_bytes FROM entries WHERE objid > ? "
-                "ORDER BY objid LIMIT 1000", (last,)).fetchall()
+                "SELECT objid, source, validator, size, present, disk_bytes, whole FROM entries "
+                "WHERE objid > ? ORDER BY objid LIMIT 1000", (last,)).fetchall()
             if not rows:
                 return
-            yield from rows
+            yield from (Entry(*r[:6], bool(r[6])) for r in rows)
             last = rows[-1][0]
 
-    def sizes(self, objids: list[bytes]) -> dict[bytes, int]:
-        """objid -> object size, for those of ``objids`` that have an entry."""
+    def shapes(self, objids: list[bytes]) -> dict[bytes, tuple[int, bool]]:
+        """objid -> (object size, held whole), for those of ``objids`` that have an entry."""
         c = self._conn()
-        out: dict[bytes, int] = {}
+        out: dict[bytes, tuple[int, bool]] = {}
         for i in range(0, len(objids), 500):
             chunk = objids[i:i + 500]
             marks = ",".join("?" * len(chunk))
-            rows = c.execute(f"SELECT objid, size FROM entries WHERE objid IN ({marks})", chunk).fetchall()
-            out.update(rows)
+            rows = c.execute(f"SELECT objid, size, whole FROM entries WHERE objid IN ({marks})",
+                             chunk).fetchall()
+            out.update((r[0], (r[1], bool(r[2]))) for r in rows)
         return out
 
     # -- writers -----------------------------------------------------------------------------------
 
-    def record_fills(self, fills: list[Fill],
-                     now: float) -> tuple[list[tuple[bytes, int]], list[Victim], int]:
-        """Account blocks renamed into place.  Returns (stale blocks, superseded versions) to unlink,
-        and how many of the fills were blocks not accounted before (two readers may fill one block).
+    def record_fills(self, fills: Iterable[Fill | Whole], now: float) -> Recorded:
+        """Account files renamed into place: blocks (:class:`Fill`) and whole files (:class:`Whole`).
 
         A fill of a version older (by validation time) than one the index already has for the
-        same source is stale: its block is to be removed, not recorded.  A newer version
-        supersedes the older ones, which are removed from the index here.
+        same source is stale: its file is to be removed, not recorded.  A newer version
+        supersedes the older ones, which are removed from the index here.  A whole file
+        replaces the blocks of its version (to be unlinked); a block of a version already held
+        whole is stale.  Returns what to unlink and how many fills were new (two readers may
+        fill one block).
         """
-        stale: list[tuple[bytes, int]] = []
-        superseded: list[Victim] = []
-        added_bytes = added_entries = new = 0
+        out = Recorded()
+        added_bytes = added_entries = 0
         with self.write() as c:
             for f in fills:
                 v = f.version
-                row = c.execute("SELECT present, disk_bytes FROM entries WHERE objid=?",
+                is_whole = isinstance(f, Whole)
+                row = c.execute("SELECT present, disk_bytes, whole FROM entries WHERE objid=?",
                                 (v.objid,)).fetchone()
                 if row is None:
-                    others = c.execute("SELECT objid, present, disk_bytes, validated_at FROM entries "
+                    others = c.execute("SELECT objid, present, disk_bytes, validated_at, whole FROM entries "
                                        "WHERE source=? AND objid != ?", (v.source, v.objid)).fetchall()
                     if any(o[3] > v.validated_at for o in others):
-                        stale.append((v.objid, f.index))
+                        if is_whole:
+                            out.stale_wholes.append(v.objid)
+                        else:
+                            out.stale_blocks.append((v.objid, f.index))
                         continue
-                    for objid, present, disk_bytes, _ in others:
+                    for objid, present, disk_bytes, _, whole in others:
                         _delete(c, objid)
-                        superseded.append(Victim(objid, present, disk_bytes))
+                        out.superseded.append(Victim(objid, present, disk_bytes, bool(whole)))
                         added_bytes -= disk_bytes
                         added_entries -= 1
-                    present = bytearray((f.nblocks + 7) // 8)
-                    disk_bytes = 0
-                    c.execute("INSERT INTO entries VALUES(?, ?, ?, ?, ?, 0, ?, ?)",
+                    present, disk_bytes, whole = bytearray((f.nblocks + 7) // 8), 0, False
+                    c.execute("INSERT INTO entries VALUES(?, ?, ?, ?, ?, 0, ?, ?, 0)",
                               (v.objid, v.source, v.validator, v.size, bytes(present), v.validated_at, now))
                     added_entries += 1
                 else:
-                    present, disk_bytes = bytearray(row[0]), row[1]
-                if _set_bit(present, f.index):
-                    new += 1
+                    present, disk_bytes, whole = bytearray(row[0]), row[1], bool(row[2])
+                if is_whole:
+                    out.replaced.extend((v.objid, i) for i in bits_set(present) if not whole)
+                    full = _all_bits(f.nblocks)
+                    out.new += 0 if whole else f.nblocks - sum(1 for _ in bits_set(present))
+                    out.new_bytes += v.size - disk_bytes
+                    added_bytes += v.size - disk_bytes
+                    c.execute("UPDATE entries SET present=?, disk_bytes=?, whole=1, "
+                              "last_access=MAX(last_access, ?) WHERE objid=?", (full, v.size, now, v.objid))
+                    c.execute("INSERT OR REPLACE INTO verified VALUES(?, ?, ?, ?)",
+                              (v.objid, f.method, now, f.claim))
+                elif whole:
+                    out.stale_blocks.append((v.objid, f.index))
+                elif _set_bit(present, f.index):
+                    out.new += 1
+                    out.new_bytes += f.disk_bytes
                     disk_bytes += f.disk_bytes
                     added_bytes += f.disk_bytes
                     c.execute("UPDATE entries SET present=?, disk_bytes=?, last_access=MAX(last_access, ?) "
                               "WHERE objid=?", (bytes(present), disk_bytes, now, v.objid))
             self._add(c, {"bytes": added_bytes, "entries": added_entries})
-        return stale, superseded, new
-
-    def mark_verified(self, marks: dict[bytes, str], unmarks: Iterable[bytes], now: float) -> None:
-        """Record whole-object checks (objid -> method), then forget those of ``unmarks`` (versions
-        that got a block from elsewhere than a checked stream)."""
-        with self.write() as c:
-            c.executemany("INSERT OR REPLACE INTO verified VALUES(?, ?, ?)",
-                          [(o, m, now) for o, m in marks.items()])
-            c.executemany("DELETE FROM verified WHERE objid=?", [(o,) for o in unmarks])
+        return out
 
     def touch(self, accesses: dict[bytes, tuple[float, float]], counters: dict[str, int]) -> None:
         """Record batched accesses (objid -> (last access, validated at)) and counter increments."""
@@ -279,16 +353,17 @@ class Index:
         with self.write() as c:
             while need_bytes is None or freed < need_bytes:
                 if older_than is None:
-                    rows = c.execute("SELECT objid, present, disk_bytes FROM entries ORDER BY last_access "
-                                     "LIMIT ?", (batch,)).fetchall()
+                    rows = c.execute("SELECT objid, present, disk_bytes, whole FROM entries "
+                                     "ORDER BY last_access LIMIT ?", (batch,)).fetchall()
                 else:
-                    rows = c.execute("SELECT objid, present, disk_bytes FROM entries WHERE last_access < ? "
-                                     "ORDER BY last_access LIMIT ?", (older_than, batch)).fetchall()
+                    rows = c.execute("SELECT objid, present, disk_bytes, whole FROM entries "
+                                     "WHERE last_access < ? ORDER BY last_access LIMIT ?",
+                                     (older_than, batch)).fetchall()
                 if not rows:
                     break
-                for objid, present, disk_bytes in rows:
+                for objid, present, disk_bytes, whole in rows:
                     _delete(c, objid)
-                    victims.append(Victim(objid, present, disk_bytes))
+                    victims.append(Victim(objid, present, disk_bytes, bool(whole)))
                     freed += disk_bytes
                     if need_bytes is not None and freed >= need_bytes:
                         break
@@ -300,24 +375,25 @@ class Index:
         victims: list[Victim] = []
         with self.write() as c:
             for source in sources:
-                rows = c.execute("SELECT objid, present, disk_bytes FROM entries WHERE source=?",
+                rows = c.execute("SELECT objid, present, disk_bytes, whole FROM entries WHERE source=?",
                                  (source,)).fetchall()
                 for r in rows:
                     _delete(c, r[0])
-                victims.extend(Victim(*r) for r in rows)
+                victims.extend(Victim(r[0], r[1], r[2], bool(r[3])) for r in rows)
             self._count_removed(c, victims, evicted=False)
         return victims
 
     def remove_objects(self, objids: Iterable[bytes]) -> list[Victim]:
-        """Remove these object versions (a failed whole-object check)."""
+        """Remove these object versions (a failed whole-object check, a whole file found bad)."""
         victims: list[Victim] = []
         with self.write() as c:
             for objid in objids:
-                row = c.execute("SELECT present, disk_bytes FROM entries WHERE objid=?", (objid,)).fetchone()
+                row = c.execute("SELECT present, disk_bytes, whole FROM entries WHERE objid=?",
+                                (objid,)).fetchone()
                 c.execute("DELETE FROM verified WHERE objid=?", (objid,))
                 if row is not None:
                     _delete(c, objid)
-                    victims.append(Victim(objid, row[0], row[1]))
+                    victims.append(Victim(objid, row[0], row[1], bool(row[2])))
             self._count_removed(c, victims, evicted=False)
         return victims
 

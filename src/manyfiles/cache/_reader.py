@@ -1,22 +1,18 @@
-"""The file object ``mf.open(..., "rb")`` returns: a seekable raw reader over blocks.
+"""The file objects ``mf.open(..., "rb")`` returns.
 
-Each block comes, in this order, from the few blocks this reader fetched last (kept in
-memory), from the cache (a descriptor on the block file: ``preadv`` straight into the
-caller's buffer), or from the origin.  What comes from the origin goes to the caller at
-once and to the cache in the background.  Sequential reading prefetches the next blocks
-that are not cached yet, in a window that doubles up to ``prefetch`` blocks.
+* :func:`whole_file`: an object the cache holds whole (checked): the stdlib's own file object
+  on its whole file (``io.FileIO``, in an ``io.BufferedReader`` as ``open()`` makes it); reads,
+  seeks and random reads cost what a local file's cost, with no Python of ours per read.
+* :class:`MemoryFile`: an object up to ``verify_whole_max`` that was just fetched whole and
+  checked (the cache writes it behind the reader's back).
+* :class:`CachedReader`: a larger object not held whole: blocks from the cache, from the one
+  whole-object GET a cold open started (read ahead by a pump thread and written behind into the
+  object's whole file, installed once the object passed its check), or by ranged GETs.  A
+  ranged block that nothing could check is served (not with ``strict``), kept as unverified,
+  and its object is completed and checked whole in the background (_complete.py).
 
-An object the cache has never seen is opened with one GET of the whole object
-(:meth:`S3Origin.open_first`): a sequential reader then gets every block from that one
-stream, read ahead by a pump thread (up to ``prefetch`` blocks), as a reader without a cache
-would, instead of one ranged GET per block.  The stream is checked whole at its end (ETag
-MD5, multipart ETag or S3 checksum): the last block is handed out, and cached, only after the
-check passed; a failed check removes every block of the object from the cache and raises
-:class:`~manyfiles.errors.IntegrityError` to the reader.  A seek elsewhere ends the stream (the
-rest comes by ranged GETs, as before).
-
-Without a cache (``store`` None) the same reader serves S3 objects straight from the
-origin; its random reads then fetch only the bytes asked for.
+Without a cache (``store`` None) the same reader serves S3 objects straight from the origin;
+its random reads then fetch only the bytes asked for.
 """
 
 from __future__ import annotations
@@ -27,6 +23,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Executor, Future, InvalidStateError
 from typing import Any
 
@@ -34,55 +31,90 @@ from manyfiles import iotrace
 from manyfiles.cache._format import HEADER_SIZE
 from manyfiles.cache._index import Version
 from manyfiles.cache._store import BlockStore
-from manyfiles.errors import IntegrityError
+from manyfiles.errors import IntegrityError, ManyfilesError
 
 KEEP_FETCHED = 2      # blocks fetched from the origin kept in memory per reader
 OPEN_BLOCKS = 16      # cached blocks kept open per reader (random reads skip the open/header read)
 
 
+def whole_file(fd: int, name: str, size: int) -> io.FileIO:
+    """The whole file of a cached object: the stdlib's own ``io.FileIO`` (exactly that type, so
+    that an ``io.BufferedReader`` over it takes its fast paths), named after the source."""
+    f = io.FileIO(fd, "rb", closefd=True)
+    f.name = name
+    f.size = size  # type: ignore[attr-defined]
+    return f
+
+
+class MemoryFile(io.BytesIO):
+    """A whole object in memory (just fetched and checked), named after the source."""
+
+    def __init__(self, data: bytes, name: str) -> None:
+        super().__init__(data)
+        self.name = name
+        self.size = len(data)
+
+    @property
+    def raw(self) -> MemoryFile:
+        return self
+
+
 class CachedReader(io.RawIOBase):
-    """Seekable raw binary reader of one version of one source (wrap in io.BufferedReader)."""
+    """Seekable raw binary reader of one version of one source (wrap in io.BufferedReader).
+
+    ``origin_reader``: ranged reads of this version (``fetch``; ``part_spans`` for S3);
+    ``stream``: the whole-object read a cold open started (its first bytes unread); ``open_stream``:
+    how to start one if the first read is at the start (a cold local file);
+    ``on_unverified(version)``: called once when an unverified block was kept (the cache then
+    completes the object in the background); ``complete_now()``: a strict reader's way to
+    unverified bytes it must not hand out (the object checked whole, then read from its file).
+    """
 
     def __init__(self, origin: Any, version: Version, *, store: BlockStore | None, block_size: int,
-                 pool: Executor, prefetch: int = 4, first_block: bytes | None = None,
-                 stream: Any = None, first_checked: bool = False) -> None:
+                 pool: Executor, origin_reader: Any, prefetch: int = 4, stream: Any = None,
+                 strict: bool = False, max_part: int = 0,
+                 on_unverified: Callable[[Version], None] | None = None,
+                 complete_now: Callable[[], None] | None = None,
+                 open_stream: Callable[[], Any] | None = None) -> None:
         super().__init__()
         self.name = origin.display
         self.size = version.size
-        self._origin = origin
         self._v = version
         self._store = store
         self._bs = block_size
         self._nblocks = -(-version.size // block_size)
         self._pool = pool
+        self._origin = origin_reader
         self._max_ahead = max(0, prefetch)
-        self._fetcher_obj: Any = None
+        self._strict = strict
+        self._max_part = max_part
+        self._parts: tuple[int, ...] | bool | None = False     # False: not asked yet
+        self._on_unverified = on_unverified
+        self._complete_now = complete_now
+        self._told = False
         self._pos = 0
         self._fds: OrderedDict[int, int] = OrderedDict()    # block index -> open block file
+        self._whole_fd: int | None = None
         self._fetched: OrderedDict[int, bytes] = OrderedDict()
         self._pending: dict[int, Future] = {}
         self._seq_end = 0           # where the previous read ended
         self._window = 1            # prefetch window, doubling on sequential reads
         self._ahead_from = 0        # blocks below this were already considered for prefetch
         self._hits = self._misses = self._hit_bytes = self._miss_bytes = 0
-        self._stream = stream if store is not None and self._nblocks > 1 else None
         self._pump: _Pump | None = None
-        if stream is not None and self._stream is None:
-            stream.close()
+        self._open_stream = open_stream
+        if stream is not None:
+            self._start_pump(stream)
         if store is not None:
             store.note_access(version.objid, version.validated_at)
-        if first_block is not None:     # fetched along with the validation (Cache.get_bytes)
-            self._fetched[0] = first_block
-            self._misses += 1
-            self._miss_bytes += len(first_block)
-            if store is not None:
-                store.fill_async(version, 0, first_block, checked=first_checked)
 
-    @property
-    def _fetcher(self) -> Any:
-        if self._fetcher_obj is None:           # only a miss needs one
-            self._fetcher_obj = self._origin.fetcher(self._v.validator)
-        return self._fetcher_obj
+    def _start_pump(self, stream: Any) -> None:
+        if self._store is not None and self._nblocks > 0 and not self._strict:
+            futures = {j: Future() for j in range(self._nblocks)}
+            self._pending.update(futures)
+            self._pump = _Pump(stream, self._store, self._v, futures, self._bs, max(1, self._max_ahead))
+        else:
+            stream.close()
 
     # -- io.RawIOBase ------------------------------------------------------------------------------
 
@@ -116,12 +148,14 @@ class CachedReader(io.RawIOBase):
             raise ValueError("read of closed file")
         view = memoryview(b).cast("B")
         pos, size, bs = self._pos, self.size, self._bs
+        if self._open_stream is not None:       # a cold file: streamed if read from its start
+            opener, self._open_stream = self._open_stream, None
+            if pos == 0:
+                self._start_pump(opener())
         sequential = pos == self._seq_end
         fd = self._fds.get(pos // bs) if sequential else None
         if fd is not None and iotrace.TRACER is None:
-            # The hot path of a sequential reread: more of a block already open (so its prefetch
-            # was considered when it was opened).  Reads at memory speed are bound by the Python
-            # run per call under the GIL, so this one does the least it can.
+            # More of a block already open (so its prefetch was considered when it was opened).
             index, off = divmod(pos, bs)
             if len(view) <= min(bs, size - index * bs) - off:
                 got = os.preadv(fd, [view], HEADER_SIZE + off)
@@ -129,7 +163,7 @@ class CachedReader(io.RawIOBase):
                     self._hit_bytes += got
                     self._pos = self._seq_end = pos + got
                     return got
-        if not sequential and (self._pending or self._ahead_from or self._stream is not None):
+        if not sequential and (self._pending or self._ahead_from or self._pump is not None):
             self._restart_prefetch()
         done = 0
         n = len(view)
@@ -144,14 +178,14 @@ class CachedReader(io.RawIOBase):
             if data is not None:
                 dst[:] = memoryview(data)[off:off + take]
             elif not self._read_cached(index, off, dst, length):
-                if self._store is None and not sequential and index not in self._pending:
-                    dst[:] = self._fetcher.fetch(pos, take)     # pass-through random read: just these bytes
+                if self._store is None and not sequential:
+                    dst[:] = self._origin.fetch(pos, take).data     # pass-through: just these bytes
                     self._misses += 1
                     self._miss_bytes += take
                 else:
                     data = self._from_origin(index, length)
                     dst[:] = memoryview(data)[off:off + take]
-            if sequential and self._max_ahead:
+            if sequential and self._max_ahead and self._pump is None:
                 self._prefetch(index)
             done += take
             pos += take
@@ -172,14 +206,14 @@ class CachedReader(io.RawIOBase):
     def close(self) -> None:
         if self.closed:
             return
-        self._end_stream()
+        if self._pump is not None:
+            self._pump.stop()
         for fut in self._pending.values():
             fut.cancel()
         self._pending.clear()
         self._fetched.clear()
         self._close_fds()
-        if self._fetcher_obj is not None:
-            self._fetcher_obj.close()
+        self._origin.close()
         if self._store is not None:
             # one object read: a hit if no byte of it came from the origin
             objects = ({"object_misses": 1} if self._misses else
@@ -192,34 +226,37 @@ class CachedReader(io.RawIOBase):
     # -- blocks ------------------------------------------------------------------------------------
 
     def _read_cached(self, index: int, off: int, dst: memoryview, length: int) -> bool:
-        """Copy from the cached block into ``dst``; False on a miss."""
+        """Copy from the cache into ``dst``; False on a miss (or an unverified block, when strict)."""
         store = self._store
         if store is None:
             return False
         tr = iotrace.TRACER
         t0 = time.monotonic_ns() if tr is not None else 0
         fd = self._fds.get(index)
+        base = HEADER_SIZE
         if fd is None:
-            fd = store.open_block(self._v.objid, index, length)
-            if fd is None:
-                queued = store.queued_block(self._v.objid, index)
-                if queued is not None:         # fetched a moment ago, not on disk yet
-                    dst[:] = memoryview(queued)[off:off + len(dst)]
-                    self._hits += 1
-                    self._hit_bytes += len(dst)
-                    return True
-                if tr is not None:
-                    tr.record("cache.miss", self._v.source, index * self._bs, length, t0,
-                              time.monotonic_ns() - t0, 0)
-                return False
-            self._fds[index] = fd
-            if len(self._fds) > OPEN_BLOCKS:
-                os.close(self._fds.popitem(last=False)[1])
+            wfd = self._whole()
+            if wfd is not None:
+                fd, base = wfd, index * self._bs
+            else:
+                got = store.open_block(self._v.objid, index, length)
+                if got is not None and not got[1] and self._strict:
+                    os.close(got[0])
+                    got = None
+                if got is None:
+                    return self._read_queued(index, off, dst, tr, t0, length)
+                fd = got[0]
+                if not got[1]:
+                    self._unverified()
+                self._fds[index] = fd
+                if len(self._fds) > OPEN_BLOCKS:
+                    os.close(self._fds.popitem(last=False)[1])
             self._hits += 1
-        got = os.preadv(fd, [dst], HEADER_SIZE + off)
+        got = os.preadv(fd, [dst], base + off)
         if got != len(dst):          # truncated on disk: drop it, read from the origin
-            store.discard(self._v.objid, index, fd)
-            os.close(self._fds.pop(index))
+            if base == HEADER_SIZE:
+                store.discard(self._v.objid, index, fd)
+                os.close(self._fds.pop(index))
             return False
         self._hit_bytes += got
         if tr is not None:
@@ -227,9 +264,39 @@ class CachedReader(io.RawIOBase):
                       time.monotonic_ns() - t0, 0)
         return True
 
-    def _close_fds(self) -> None:
+    def _read_queued(self, index: int, off: int, dst: memoryview, tr: Any, t0: int, length: int) -> bool:
+        queued = self._store.fills.queued(self._v.objid, index, checked_only=self._strict)
+        if queued is not None:         # fetched a moment ago, not on disk yet
+            dst[:] = memoryview(queued)[off:off + len(dst)]
+            self._hits += 1
+            self._hit_bytes += len(dst)
+            return True
+        if tr is not None:
+            tr.record("cache.miss", self._v.source, index * self._bs, length, t0, time.monotonic_ns() - t0, 0)
+        return False
+
+    def _whole(self) -> int | None:
+        """A descriptor on the object's whole file, once it exists (a completion installed it)."""
+        if self._whole_fd is None:
+            self._whole_fd = self._store.open_whole(self._v.objid, self.size)
+            if self._whole_fd is not None:
+                self._close_block_fds()
+        return self._whole_fd
+
+    def _unverified(self) -> None:
+        if not self._told and self._on_unverified is not None:
+            self._told = True
+            self._on_unverified(self._v)
+
+    def _close_block_fds(self) -> None:
         while self._fds:
             os.close(self._fds.popitem()[1])
+
+    def _close_fds(self) -> None:
+        self._close_block_fds()
+        if self._whole_fd is not None:
+            os.close(self._whole_fd)
+            self._whole_fd = None
 
     def _from_origin(self, index: int, length: int) -> bytes:
         fut = self._pending.pop(index, None)
@@ -249,37 +316,82 @@ class CachedReader(io.RawIOBase):
             self._fetched.popitem(last=False)
         return data
 
+    def _part_spans(self) -> tuple[int, ...] | None:
+        if self._parts is False:
+            spans = getattr(self._origin, "part_spans", None)
+            self._parts = spans(self._max_part) if spans is not None and self._store is not None else None
+        return self._parts  # type: ignore[return-value]
+
     def _fetch(self, index: int, length: int) -> bytes:
         """Fetch a block from the origin and queue it for the cache (runs in prefetch threads too)."""
-        data = self._fetcher.fetch(index * self._bs, length)
-        if self._store is not None:
-            self._store.fill_async(self._v, index, data)
+        start = index * self._bs
+        parts = self._part_spans()
+        if parts:
+            return self._fetch_parts(index, parts)
+        piece = self._origin.fetch(start, length)
+        if not piece.checked and self._strict:
+            return self._checked_whole(index, length)
+        store = self._store
+        if store is not None:
+            store.fills.block(self._v, index, piece.data, checked=piece.checked)
+            if not piece.checked:
+                self._unverified()
+        return piece.data
+
+    def _fetch_parts(self, index: int, parts: tuple[int, ...]) -> bytes:
+        """The parts covering block ``index``, each checked against its own checksum; every block
+        they cover whole is kept (checked)."""
+        start, end = index * self._bs, min(self.size, (index + 1) * self._bs)
+        pos, pieces, checked = 0, [], True
+        for size in parts:
+            if pos + size > start and pos < end:
+                piece = self._origin.fetch(pos, size, part=True)
+                pieces.append((pos, piece.data))
+                checked = checked and piece.checked
+            pos += size
+        if not checked and self._strict:
+            return self._checked_whole(index, end - start)
+        lo = pieces[0][0]
+        span = b"".join(p[1] for p in pieces)
+        store = self._store
+        first, last = -(-lo // self._bs), (lo + len(span)) // self._bs
+        if lo + len(span) == self.size:
+            last = self._nblocks
+        for j in range(first, last):
+            a = j * self._bs - lo
+            store.fills.block(self._v, j, span[a:a + self._bs], checked=checked)
+        if not checked:
+            self._unverified()
+        a = start - lo
+        return span[a:a + end - start]
+
+    def _checked_whole(self, index: int, length: int) -> bytes:
+        """Strict: the object checked whole first, then the block from its whole file."""
+        if self._complete_now is None:
+            raise IntegrityError(f"{self.name}: no check covers this range (strict)")
+        self._complete_now()
+        fd = self._whole()
+        if fd is None:
+            raise ManyfilesError(f"{self.name}: the cache could not keep the checked object (strict)")
+        data = os.pread(fd, length, index * self._bs)
+        if len(data) != length:
+            raise ManyfilesError(f"{self.name}: the cached object is shorter than expected")
         return data
 
     def _restart_prefetch(self) -> None:
-        """After a seek: blocks fetched ahead for the old position are not wanted any more."""
-        self._end_stream()
+        """After a seek: blocks fetched ahead for the old position are not wanted any more, nor is
+        the stream (the rest comes by range; what it read is not kept: it was not checked)."""
+        if self._pump is not None:
+            self._pump.stop()
+            self._pump = None
         for fut in self._pending.values():
             fut.cancel()          # a fetch already running still fills the cache
         self._pending.clear()
         self._ahead_from = 0
         self._window = 1
 
-    def _end_stream(self) -> None:
-        if self._pump is not None:
-            self._pump.stop()
-        elif self._stream is not None:
-            self._stream.close()
-        self._stream = None
-
     def _prefetch(self, index: int) -> None:
         """Start fetching the blocks after ``index`` that are neither cached nor on their way."""
-        if self._stream is not None:
-            if self._pump is None:      # the rest of the object comes from the open whole-object GET
-                futures = {j: Future() for j in range(1, self._nblocks)}
-                self._pending.update(futures)
-                self._pump = _Pump(self._stream, self._store, self._v, futures, max(1, self._max_ahead))
-            return
         first = max(index + 1, self._ahead_from)
         last = min(index + 1 + self._window, self._nblocks)
         if first >= last:
@@ -288,8 +400,8 @@ class CachedReader(io.RawIOBase):
         for j in range(first, last):
             if j in self._pending or j in self._fetched:
                 continue
-            if store is not None and (store.queued_block(self._v.objid, j) is not None
-                                      or store.has_block(self._v.objid, j)):
+            if store is not None and (store.fills.queued(self._v.objid, j) is not None
+                                      or store.has_block(self._v.objid, j) or store.has_whole(self._v.objid)):
                 continue
             length = min(self._bs, self.size - j * self._bs)
             self._pending[j] = self._pool.submit(self._fetch, j, length)
@@ -298,21 +410,24 @@ class CachedReader(io.RawIOBase):
 
 
 class _Pump(threading.Thread):
-    """Reads the blocks of an open whole-object GET, in order, at most ``ahead`` blocks ahead of
-    the reader; each block goes to its Future and to the cache.  The last one goes only after
-    the whole-object check passed.  On a network error the remaining Futures get None (the
-    reader fetches those blocks by range); on a failed check the object is rejected from the
-    cache and the last block's Future raises IntegrityError."""
+    """Reads the blocks of a whole-object GET in order, at most ``ahead`` blocks ahead of the
+    reader; each block goes to its Future and, behind the reader, into the object's whole file.
+    The last block comes (to the reader and the file) only after the object passed its check; then the whole
+    file is installed.  On a network error the remaining Futures get None (the reader fetches
+    those blocks by range) and nothing is kept; on a failed check the last block's Future raises
+    IntegrityError."""
 
     def __init__(self, stream: Any, store: BlockStore, version: Version, futures: dict[int, Future],
-                 ahead: int) -> None:
+                 block_size: int, ahead: int) -> None:
         super().__init__(name="manyfiles-cache-stream", daemon=True)
         self._stream, self._store, self._v = stream, store, version
         self._futures = futures
+        self._bs = block_size
         self._ahead = ahead
         self._cond = threading.Condition()
         self._at = 0            # the block the reader is at
         self._stopped = False
+        self._writer = store.fills.writer(version)
         self.start()
 
     def reading(self, index: int) -> None:
@@ -327,26 +442,21 @@ class _Pump(threading.Thread):
             self._cond.notify()
 
     def run(self) -> None:
-        stream, store, v = self._stream, self._store, self._v
+        stream, writer = self._stream, self._writer
         last = max(self._futures)
-        j = 1
+        j = 0
         try:
-            for j in range(1, last + 1):
+            for j in range(last + 1):
                 with self._cond:
                     self._cond.wait_for(lambda j=j: self._stopped or j <= self._at + self._ahead)
                     if self._stopped:
                         return
-                data = stream.next_block()
-                if j == last:
-                    method = stream.finish()
-                    store.fill_async(v, j, data, checked=True)
-                    store.mark_verified(v, method)
-                else:
-                    store.fill_async(v, j, data, checked=True)
+                data = stream.read(self._bs)        # the last block only once the object passed its check
                 _settle(self._futures[j], data)
-            j += 1
+                writer.part(j * self._bs, data)     # dropped when the queue is full: then nothing is kept
+            writer.seal(stream.method, stream.claim)
+            j = last + 1
         except IntegrityError as exc:   # the whole object is not what the server says it is
-            store.reject(v)
             _settle(self._futures[j], exc=exc)
             j += 1
         except Exception:           # the stream broke: the reader fetches the rest by range
@@ -354,6 +464,8 @@ class _Pump(threading.Thread):
         finally:
             for k in range(j, last + 1):
                 _settle(self._futures[k], None)
+            if writer.sealed is None:
+                writer.abort()
             stream.close()
 
 

@@ -1,37 +1,44 @@
-"""``Cache.verify``: check every block on disk, and make the index match the disk.
+"""``Cache.verify``: check every cached file, make the index match the disk, sort objects by their check.
 
-Per entry, every block is read and checked against its header (object id, index,
-length) and its CRC-32: a corrupt block is removed, a block the index lists but that is
-missing is unlisted, a sound block the index does not list (a fill whose accounting a
-kill cut short) is adopted.  Then the block tree is walked for files of no entry
-(removed when older than ``ORPHAN_AGE``, so fills in flight are left alone), temporary
-files of dead processes are removed, and the entries/bytes counters are recomputed.
+Per object:
 
-Complete entries are also counted by their whole-object check (made when the object was
-read whole from one GET, or warmed): ``verified`` (its ETag MD5, multipart ETag or S3
-checksum matched), ``unverifiable`` (read whole, but nothing to check it against: an
-SSE-KMS object without a checksum; or a local file, whose version is its stat), and
-``unverified`` (assembled from ranged reads: each block is CRC-checked on disk, but the
-object as a whole was never compared with what the origin says it is).
+* held whole: its whole file is re-hashed against the check its object passed when it was
+  written (the S3 checksum, MD5 or multipart ETag; the CRC-32 of a file or of an object with
+  nothing to check against): *verified* (or *unverifiable*, when the origin gave nothing to
+  check), or wrong data: removed;
+* held in blocks: every block is checked against its header and CRC-32 (a corrupt block is
+  removed, a block the index lists but that is missing is unlisted, a sound block the index
+  does not list -- a fill whose accounting a kill cut short -- is adopted).  Blocks checked per
+  part (or of a local file) are verified; an object holding blocks no check covered is
+  *unverified* -- unless ``complete``: then it is fetched whole, checked and installed whole
+  (the blocks that differ from the checked bytes are wrong data), or dropped when it cannot be
+  checked.
+
+Then files of no entry are removed (when older than ``ORPHAN_AGE``, so fills in flight are
+left alone), temporary files of dead processes too, and the counters are recomputed.  The
+report is ``ok`` only when no wrong data was found and every object is verified or
+unverifiable (partial objects whose blocks are all checked are fine).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from typing import Any
 
 from manyfiles._progress import Progress
 from manyfiles.cache import _format as fmt
-from manyfiles.cache._index import Version
+from manyfiles.cache._index import Entry, Index, Version
 from manyfiles.cache._store import BlockStore
+from manyfiles.errors import IntegrityError, ManyfilesError, NotFound, ObjectChanged
 
 ORPHAN_AGE = 60.0
 
 
 def check_block(path: str, objid: bytes, index: int, length: int) -> str:
-    """"ok", "missing" or "corrupt"."""
+    """"checked", "unverified" (sound, no check of the origin's covered it), "missing" or "corrupt"."""
     try:
         with open(path, "rb") as f:
             raw = f.read(fmt.HEADER_SIZE + length + 1)
@@ -42,54 +49,40 @@ def check_block(path: str, objid: bytes, index: int, length: int) -> str:
     h = fmt.unpack_header(raw)
     if h is None or h.objid != objid or h.index != index or h.length != length:
         return "corrupt"
-    return "ok" if fmt.crc_ok(h, memoryview(raw)[fmt.HEADER_SIZE:]) else "corrupt"
+    if not fmt.crc_ok(h, memoryview(raw)[fmt.HEADER_SIZE:]):
+        return "corrupt"
+    return "checked" if h.checked else "unverified"
 
 
-def verify(store: BlockStore, report: Any, progress: Progress) -> Any:
-    """Fill ``report`` (a VerifyReport) while checking ``store``; ``progress`` counts entries."""
+def whole_sound(index: Index, objid: bytes, fd: int, size: int) -> bool:
+    """Does the whole file on ``fd`` still pass the check recorded for it?"""
+    from manyfiles.s3.integrity import Claim, rehash_file
+
+    check = index.verification(objid)
+    if check is None or not check[1]:
+        return False
+    try:
+        rehash_file(fd, size, Claim.from_record(json.loads(check[1])))
+    except (IntegrityError, ValueError, KeyError, OSError):
+        return False
+    return True
+
+
+def verify(cache: Any, report: Any, progress: Progress, *, complete: bool = False) -> Any:
+    """Fill ``report`` (a VerifyReport) while checking ``cache``; ``progress`` counts objects."""
     t0 = time.monotonic()
+    store: BlockStore = cache._store
     store.flush()
     index = store.index
     checks = index.verifications()
-    for objid, source, validator, size, present, _disk in list(index.entries()):
+    for e in list(index.entries()):
         report.entries += 1
-        unlisted, adopt = [], []
-        for i in range(-(-size // store.block_size)):
-            listed = i >> 3 < len(present) and present[i >> 3] >> (i & 7) & 1
-            length = store.block_length(size, i)
-            path = store.block_path(objid, i)
-            status = check_block(path, objid, i, length)
-            if status == "ok":
-                report.blocks += 1
-                report.bytes += length
-                if not listed:
-                    adopt.append(i)
-                continue
-            if status == "corrupt":
-                report.corrupt += 1
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-            elif listed:
-                report.missing += 1
-            if listed:
-                unlisted.append(i)
-        if unlisted:
-            index.drop_blocks(objid, unlisted)
-        if adopt:
-            v = Version(objid, source, validator, size, 0.0)
-            index.record_fills([store.fill_record(v, i) for i in adopt], time.time())
-            report.adopted += len(adopt)
-        if not unlisted and size:       # complete
-            method = checks.get(objid)
-            if method is None and source.startswith(b"file:"):
-                method = fmt.SIZE_ONLY
-            if method is None:
-                report.unverified += 1
-            elif method == fmt.SIZE_ONLY:
-                report.unverifiable += 1
-            else:
-                report.verified += 1
+        if e.whole:
+            _verify_whole(store, e, checks.get(e.objid), report)
+        else:
+            _verify_blocks(cache, e, checks.get(e.objid), report, complete)
         progress.add(1)
+    store.flush()
     report.orphans = _remove_orphans(store)
     report.temps = store.clean_stale_temps()
     index.recount()
@@ -99,27 +92,166 @@ def verify(store: BlockStore, report: Any, progress: Progress) -> Any:
     return report
 
 
+def _shown(e: Entry) -> str:
+    """What a user calls the entry's source: its path, or ``s3://bucket/key`` (without the endpoint)."""
+    text = e.source.decode(errors="replace")
+    if text.startswith("file:"):
+        return text[5:]
+    if text.startswith("s3+"):
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(text[3:])
+        return "s3:/" + text[3 + len(f"{parts.scheme}://{parts.netloc}"):]
+    return text
+
+
+def _verify_whole(store: BlockStore, e: Entry, check: tuple[str, str | None] | None, report: Any) -> None:
+    path = store.whole_path(e.objid)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        report.missing += 1
+        store.index.remove_objects([e.objid])
+        return
+    try:
+        sound = os.fstat(fd).st_size == e.size and whole_sound(store.index, e.objid, fd, e.size)
+    finally:
+        os.close(fd)
+    if not sound:
+        report.corrupt += 1
+        report.wrong += 1
+        report.add_failure(_shown(e), "its cached copy failed its check: dropped", "wrong")
+        store.remove_object(e.objid, e.size)
+        return
+    report.blocks += 1
+    report.bytes += e.size
+    if check is not None and check[0] == fmt.SIZE_ONLY:
+        report.unverifiable += 1
+    else:
+        report.verified += 1
+
+
+def _verify_blocks(cache: Any, e: Entry, check: tuple[str, str | None] | None, report: Any,
+                   complete: bool) -> None:
+    store: BlockStore = cache._store
+    unlisted, adopt, unverified, corrupt = [], [], 0, 0
+    for i in range(store.nblocks(e.size) if e.size else 0):
+        listed = i >> 3 < len(e.present) and e.present[i >> 3] >> (i & 7) & 1
+        length = store.block_length(e.size, i)
+        path = store.block_path(e.objid, i)
+        status = check_block(path, e.objid, i, length)
+        if status in ("checked", "unverified"):
+            report.blocks += 1
+            report.bytes += length
+            unverified += status == "unverified"
+            if not listed:
+                adopt.append(i)
+            continue
+        if status == "corrupt":
+            corrupt += 1
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        elif listed:
+            report.missing += 1
+        if listed:
+            unlisted.append(i)
+    if unlisted:
+        store.index.drop_blocks(e.objid, unlisted)
+    if adopt:
+        v = Version(e.objid, e.source, e.validator, e.size, 0.0)
+        store.index.record_fills([store.fill_record(v, i) for i in adopt], time.time())
+        report.adopted += len(adopt)
+    report.corrupt += corrupt
+    whole = not unlisted and e.size > 0
+    legacy_checked = whole and check is not None and not check[1] and check[0] != fmt.SIZE_ONLY
+    if corrupt:
+        report.wrong += 1
+        report.add_failure(_shown(e), f"{corrupt} cached blocks failed their CRC-32: dropped", "wrong")
+    if complete and (unverified or not whole) and not legacy_checked:
+        _complete(cache, e, report)
+    elif unverified and not legacy_checked:
+        report.unverified += 1
+        report.add_failure(_shown(e), f"holds {unverified} unverified blocks (`cache verify --complete` "
+                                      "checks them)", "unverified")
+    elif whole and e.source.startswith(b"file:"):
+        report.unverifiable += 1        # a file's blocks: as good as a read of it, nothing to check
+    elif whole:
+        report.verified += 1
+    else:
+        report.partial += 1
+
+
+def _complete(cache: Any, e: Entry, report: Any) -> None:
+    from manyfiles.cache._complete import complete
+
+    store: BlockStore = cache._store
+    v = Version(e.objid, e.source, e.validator, e.size, time.time())
+    try:
+        origin = origin_of(cache, e.source)
+        done = complete(store, origin, v, cache.retry)
+    except (ObjectChanged, NotFound):     # that version is gone from the origin: nothing to keep
+        store.fills.reject(v)
+        report.dropped += 1
+        return
+    except (ManyfilesError, OSError) as exc:
+        store.fills.reject(v)
+        report.dropped += 1
+        report.add_failure(_shown(e), f"could not be checked whole ({exc}): dropped", "dropped")
+        return
+    report.completed += 1
+    if done.wrong_blocks:
+        report.wrong += 1
+        report.add_failure(_shown(e), f"{done.wrong_blocks} cached blocks were wrong data: replaced by the "
+                                      "checked object", "wrong")
+    if done.method == fmt.SIZE_ONLY:
+        report.unverifiable += 1
+    else:
+        report.verified += 1
+
+
+def origin_of(cache: Any, source: bytes) -> Any:
+    """The origin of an index entry's ``source`` (the endpoint of an S3 source is part of it)."""
+    from manyfiles.cache._origin import FileOrigin
+
+    text = source.decode()
+    if text.startswith("file:"):
+        return FileOrigin(source[5:])
+    if text.startswith("s3://"):
+        return cache.origin(text)
+    from dataclasses import replace
+    from urllib.parse import urlsplit
+
+    from manyfiles.s3.client import ClientSettings
+
+    rest = text[3:]                                   # "s3+" endpoint "/" bucket "/" key
+    parts = urlsplit(rest)
+    endpoint = f"{parts.scheme}://{parts.netloc}"
+    settings = replace(cache.settings or ClientSettings(), endpoint_url=endpoint)
+    return cache.origin("s3://" + rest[len(endpoint) + 1:], settings)
+
+
 def _remove_orphans(store: BlockStore) -> int:
-    """Remove block files (named ``<32 hex>.<n>``) whose entry does not exist or is smaller."""
+    """Remove files (``<32 hex>.<n>`` blocks, ``<32 hex>.w`` whole files) of no entry, blocks past the
+    end of their entry's object, and blocks of an entry held whole."""
     removed = 0
     cutoff = time.time() - ORPHAN_AGE
     for folder, _dirs, files in os.walk(os.path.join(store.root, fmt.BLOCKS)):
         named: dict[bytes, list[tuple[str, int]]] = {}
         for name in files:
             hexid, _, n = name.partition(".")
-            if len(hexid) != 32 or not n.isdigit():
+            if len(hexid) != 32 or not (n.isdigit() or n == "w"):
                 continue
             try:
-                named.setdefault(bytes.fromhex(hexid), []).append((name, int(n)))
+                named.setdefault(bytes.fromhex(hexid), []).append((name, -1 if n == "w" else int(n)))
             except ValueError:
                 continue
         if not named:
             continue
-        sizes = store.index.sizes(list(named))
-        for objid, blocks in named.items():
-            nblocks = -(-sizes[objid] // store.block_size) if objid in sizes else 0
-            for name, n in blocks:
-                if n < nblocks:
+        shapes = store.index.shapes(list(named))
+        for objid, files_of in named.items():
+            size, whole = shapes.get(objid, (-1, False))
+            for name, n in files_of:
+                if size >= 0 and (whole if n < 0 else not whole and n < store.nblocks(size)):
                     continue
                 path = os.path.join(folder, name)
                 with contextlib.suppress(OSError):

@@ -2,27 +2,23 @@
 
 A local path is written to a temporary file next to it, fsynced and renamed over the
 target on close; an S3 object is spooled to a temporary file and uploaded on close
-(``put_object`` with Content-MD5 up to 64 MiB, a multipart upload above).  Then the
-cache entry of that source is invalidated.  Leaving a ``with`` block by an exception
+(:func:`manyfiles.s3.upload.upload`: one PUT with Content-MD5 up to 64 MiB, a multipart
+upload above).  Then the cache entry of that source is invalidated.  Leaving a ``with`` block by an exception
 abandons the write: the target keeps its old content.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import io
 import os
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
-from manyfiles.cache._origin import FileOrigin, S3Origin, _trace, s3_failed
+from manyfiles.cache._origin import FileOrigin, S3Origin
 from manyfiles.errors import from_oserror
-
-PUT_MAX = 64 << 20
 
 
 class WriteThrough(io.RawIOBase):
@@ -98,16 +94,9 @@ class WriteThrough(io.RawIOBase):
             except OSError as exc:
                 raise from_oserror(exc, origin.display) from exc
             return
+        from manyfiles.s3.upload import upload
+
         size = f.tell()
         f.seek(0)
-        t0 = time.monotonic_ns()
-        try:
-            if size <= PUT_MAX:
-                md5 = base64.b64encode(self._md5.digest()).decode()
-                origin.client().put_object(Bucket=origin.bucket, Key=origin.key, Body=f, ContentMD5=md5)
-            else:
-                origin.client().upload_fileobj(f, origin.bucket, origin.key)
-        except Exception as exc:
-            raise s3_failed("s3.put", origin, 0, size, t0, exc) from exc
-        _trace("s3.put", f"{origin.bucket}/{origin.key}", 0, size, t0, 200)
+        upload(origin.settings, origin.bucket, origin.key, f, size, md5=self._md5.digest())
         f.close()

@@ -7,7 +7,8 @@ Examples:
     manyfiles cache stats --json                           entries, bytes, hits, misses, evictions
     manyfiles cache evict --to 100G                        LRU down to 100 GB
     manyfiles cache evict -n --older-than 7d               what would go; nothing is removed
-    manyfiles cache verify                                 check every block's CRC, repair the index
+    manyfiles cache verify                                 check every cached file, repair the index
+    manyfiles cache verify --complete                      ... and fetch and check partly cached objects
     manyfiles cache clear                                  remove everything
 
 The cache directory is --dir, else $MANYFILES_CACHE_DIR, else ~/.cache/manyfiles.
@@ -87,17 +88,23 @@ def cache_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("--endpoint-url", default=None, metavar="URL",
                   help="Custom S3 endpoint (default: $AWS_ENDPOINT_URL).")
     @click.option("--no-sign-request", is_flag=True, help="Anonymous S3 requests (public buckets).")
+    @click.option("--strict", is_flag=True,
+                  help="Never use cached bytes that no check covered (fetch and check the object whole).")
     @functools.wraps(fn)
     def wrapper(*args: Any, cache_dir: str | None, max_size: int | None, min_free: int | None,
                 aws_profile: str | None, region: str | None, endpoint_url: str | None, no_sign_request: bool,
-                **kwargs: Any) -> Any:
+                strict: bool, **kwargs: Any) -> Any:
+        from manyfiles import _testing
         from manyfiles.cache import Cache
-        from manyfiles.s3 import ClientSettings
+        from manyfiles.s3 import ClientSettings, RetryPolicy
 
         settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,
                                   no_sign=no_sign_request)
-        extra = {} if min_free is None else {"min_free": min_free}
-        with Cache(cache_dir or default_dir(), max_size=max_size, settings=settings, **extra) as cache:
+        extra: dict[str, Any] = {} if min_free is None else {"min_free": min_free}
+        if _testing.retry_base is not None:
+            extra["retry"] = RetryPolicy(base=_testing.retry_base)
+        with Cache(cache_dir or default_dir(), max_size=max_size, settings=settings, strict=strict,
+                   **extra) as cache:
             killpoint("command")  # tests hold every command here (manyfiles._testing.hold_at)
             return fn(*args, cache=cache, **kwargs)
 
@@ -182,18 +189,25 @@ def evict(sources: tuple[str, ...], to_size: int | None, older_than: float | Non
 
 
 @command.command()
+@click.option("--complete", is_flag=True,
+              help="First fetch (whole, checked) every object held in part or unverified.")
 @progress_option
 @quiet_option("No progress, no summary when the cache was sound.")
 @json_option("Print the report as one JSON line.")
 @instrumented
 @cache_options
-def verify(progress: bool | None, quiet: bool, as_json: bool, cache: Any) -> int:
-    """Check every cached block's header and CRC-32; remove bad and orphaned blocks, fix the index.
+def verify(complete: bool, progress: bool | None, quiet: bool, as_json: bool, cache: Any) -> int:
+    """Check every cached file (a block's header and CRC-32, a whole file against its object's
+    checksum or ETag); remove what is wrong or orphaned, fix the index.
 
-    Exit 0 even when corrupt blocks were found and removed (the cache is sound afterwards;
-    the counts say what was repaired).
+    Exit 0 when every object is verified or unverifiable (nothing to check it against: SSE-KMS
+    objects without a checksum, local files); 1 when wrong data was found (and dropped), an
+    object holds unverified blocks (--complete checks them) or could not be checked (one line
+    each on stderr).
     """
-    report = cache.verify(progress=resolve_progress(progress, quiet=quiet, as_json=as_json))
+    progress = resolve_progress(progress, quiet=quiet, as_json=as_json)
+    report = cache.verify(complete=complete, progress=progress)
+    _print_failures(report.failures)
     _print_report(report, as_json, quiet and report.ok)
     return 0 if report.ok else 1
 

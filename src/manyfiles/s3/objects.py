@@ -187,6 +187,12 @@ class ObjectClient:
         self._fixed = transport
         self._part_gets = True       # False once the server answered a GET ?partNumber=N with more
 
+    @property
+    def part_gets(self) -> bool:
+        """Whether ``GET ?partNumber=N`` is still worth asking this store (False once it answered
+        one with more than the part): a caller choosing to fetch a whole part for one block asks."""
+        return self._part_gets
+
     def transport(self, bucket: str):
         return self._fixed if self._fixed is not None else transport(self.settings, bucket,
                                                                      checksum_mode=self.checksum_mode)

@@ -1,0 +1,459 @@
+"""The write-behind: what readers fetched reaches the cache disk without the readers waiting.
+
+Readers hand bytes to :class:`Fills` and go on: a block fetched by range (:meth:`Fills.block`),
+a whole object already checked (:meth:`Fills.whole`), or the parts of a whole-object stream
+still being checked (:meth:`WholeWriter.part`, then :meth:`WholeWriter.seal` once the check
+passed).  The queue is bounded (``fill_queue`` bytes): when the cache disk is slower than the
+network for longer than that, fills are dropped (``fills_dropped``), never waited for.  Writer
+threads write the files at a lower CPU priority (temp file, then rename: a file under its final
+name is always complete, and a whole file is renamed into place only after its object passed
+its check); one accounting thread records them in the index in batches, flushes batched
+accesses and counters about once a second and evicts past the watermarks.
+
+A whole file is written into a temp file preallocated to the object's size (one extent, large
+``pwrite`` s), which costs the kernel less than one new file per block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import queue
+import sqlite3
+import threading
+import time
+from typing import Any
+
+from manyfiles.cache._index import Fill, Version, Whole
+from manyfiles.cache._store import BlockStore, trace, write_all
+
+FILLERS = 4                          # writer threads per process
+# Fills are background work: their CPU (mostly the kernel's, allocating page-cache pages for new
+# files) yields to the readers' -- until the fill queue is BACKLOG full: then half the writers
+# run at normal priority, since a dropped fill costs a fetch again later.
+FILLER_NICE = 10
+BACKLOG = 0.75
+FLUSH_INTERVAL = 1.0                 # seconds between flushes of accesses and counters while reads go on
+QUIET = 0.05                         # ... and once reads paused this long (a worker between batches)
+_O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+
+
+def _default_fill_queue() -> int:
+    """Bytes of lazy fills that may wait for the disk: 1/16 of the RAM, 256 MiB to 1 GiB.  Enough
+    for bursts of parallel sequential readers; a disk slower than the network for longer drops."""
+    try:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        ram = 0
+    return max(256 << 20, min(1 << 30, ram // 16))
+
+
+FILL_QUEUE_BYTES = _default_fill_queue()
+
+
+class WholeWriter:
+    """One object version on its way into its whole file: parts written at their offsets into a
+    temp file preallocated to the object's size, renamed into place once every part is written
+    *and* the object passed its check (:meth:`seal`); aborted otherwise (nothing kept).
+
+    Parts come queued (:meth:`part`: write-behind, from a reader's stream) or are written at once
+    (:meth:`write`: warm and background completions, which are background work already).
+    """
+
+    def __init__(self, fills: Fills, version: Version) -> None:
+        self.fills, self.version = fills, version
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._tmp: str | None = None
+        self.seq = next(fills._seq)         # a rejection of the object after this gives the file up
+        self.pending = 0                    # parts queued, not yet written
+        self.sealed: tuple[str, dict] | None = None
+        self.failed = False
+        self.done = False
+
+    def _file(self) -> int:
+        # under self._lock
+        if self._fd is None:
+            store = self.fills.store
+            self._tmp = store.temp_path(".w")
+            self._fd = os.open(self._tmp, _O_NEW, 0o644)
+            if self.version.size:
+                # one extent for the whole object: cheaper for the kernel than growing the file
+                with contextlib.suppress(OSError):
+                    os.posix_fallocate(self._fd, 0, self.version.size)
+        return self._fd
+
+    def write(self, offset: int, data: bytes | memoryview) -> None:
+        """Write ``data`` at ``offset`` now (raises OSError: the caller aborts)."""
+        with self._lock:
+            fd = self._file()
+        write_all(fd, data, offset)
+
+    def part(self, offset: int, data: bytes) -> bool:
+        """Queue ``data`` for ``offset``; False when it was dropped (the whole file is then given up)."""
+        with self._lock:
+            if self.failed or self.done:
+                return False
+            self.pending += 1
+        if self.fills.enqueue("part", self, offset, data, key=(self.version.objid,
+                                                              offset // self.fills.store.block_size)):
+            return True
+        self._written(ok=False)
+        return False
+
+    def _written(self, ok: bool) -> None:
+        """A queued part was written (or failed, or was dropped)."""
+        with self._lock:
+            self.pending -= 1
+            if not ok:
+                self.failed = True
+            ready = not self.pending and (self.sealed is not None or self.failed)
+        if ready:
+            self._finish()
+
+    def seal(self, method: str, claim: dict) -> None:
+        """The object passed its check (``method``; ``claim``: what the file is re-hashed against at
+        rest): install the file once every part is written."""
+        with self._lock:
+            self.sealed = (method, claim)
+            ready = not self.pending
+        if ready:
+            self._finish()
+
+    def abort(self) -> None:
+        with self._lock:
+            self.failed = True
+            ready = not self.pending
+        if ready:
+            self._finish()
+
+    def _finish(self) -> None:
+        """Install (sealed, every part written) or give up (failed, rejected): once."""
+        store, v = self.fills.store, self.version
+        with self._lock:
+            if self.done:
+                return
+            self.done = True
+            install = (self.sealed is not None and not self.failed
+                       and not self.fills.rejected(v.objid, self.seq))
+            fd, tmp = self._fd, self._tmp
+            self._fd = None
+        try:
+            if not install:
+                return
+            if fd is None:                 # an empty object: nothing was written
+                tmp = store.temp_path(".w")
+                fd = os.open(tmp, _O_NEW, 0o644)
+            t0 = time.monotonic_ns()
+            os.close(fd)
+            fd = None
+            store.install(tmp, store.whole_path(v.objid))
+            tmp = None
+            trace("cache.fill", v.source, 0, v.size, t0)
+            method, claim = self.sealed
+            self.fills.account(Whole(v, method, json.dumps(claim, sort_keys=True), store.nblocks(v.size)))
+        except OSError as exc:
+            self.fills.count_dropped(1)
+            store.degrade(exc)
+        finally:
+            if fd is not None:
+                os.close(fd)
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+
+
+class Fills:
+    """The fill queue of one store, its writer threads and its accounting thread."""
+
+    def __init__(self, store: BlockStore, queue_bytes: int | None) -> None:
+        self.store = store
+        self.queue_bytes = FILL_QUEUE_BYTES if queue_bytes is None else queue_bytes
+        self._closed = False
+        self.after_fork()
+
+    def after_fork(self) -> None:
+        """What belongs to one process (called again in a forked child)."""
+        self._lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue()              # files to write (the writers')
+        self._accounting: queue.Queue = queue.Queue()         # what was written (the accounting thread's)
+        self._backlog = threading.Event()                     # wakes the writers at normal priority
+        self._queued_bytes = 0
+        # What is queued stays readable from memory until it is on disk, so a reader coming back
+        # to a block it just fetched does not fetch it again: (objid, index) -> (bytes, checked),
+        # and objid -> a whole object already checked.
+        self._inflight: dict[tuple[bytes, int], tuple[bytes, bool]] = {}
+        self._inflight_whole: dict[bytes, bytes] = {}
+        self._threads: list[threading.Thread] = []
+        # objid -> the fill sequence number when it was rejected (its whole-object check failed):
+        # fills queued before that are never written; a later fetch of the same version fills again
+        self._rejected: dict[bytes, int] = {}
+        self._seq = itertools.count(1)
+
+    # -- what readers call ---------------------------------------------------------------------------
+
+    def block(self, version: Version, index: int, data: bytes, *, checked: bool) -> None:
+        """Queue a block fetched by range (``checked``: a check of the origin's covered it)."""
+        self.enqueue("block", version, index, data, key=(version.objid, index), checked=checked)
+
+    def whole(self, version: Version, data: bytes, method: str, claim: dict) -> None:
+        """Queue a whole object that passed its check, to become its whole file."""
+        w = WholeWriter(self, version)
+        w.sealed = (method, claim)
+        self.enqueue("whole", w, 0, data, key=None)
+
+    def writer(self, version: Version) -> WholeWriter:
+        return WholeWriter(self, version)
+
+    def queued(self, objid: bytes, index: int, *, checked_only: bool = False) -> bytes | None:
+        """A block waiting in the queue (not yet on disk), if any."""
+        got = self._inflight.get((objid, index))
+        if got is not None and (got[1] or not checked_only):
+            return got[0]
+        return None
+
+    def queued_whole(self, objid: bytes) -> bytes | None:
+        """A whole object (checked) waiting in the queue, if any."""
+        return self._inflight_whole.get(objid)
+
+    def account(self, fill: Fill | Whole) -> None:
+        """Queue the accounting of a file already renamed into place."""
+        self.start()
+        self._accounting.put([(fill, next(self._seq))])
+
+    def count_dropped(self, n: int) -> None:
+        self.store.count(fills_dropped=n)
+
+    def reject(self, version: Version) -> None:
+        """The object failed its whole-object check: never keep a file of it (queued, being written
+        or on disk) in this process, and remove what is on disk and in the index now."""
+        with self._lock:
+            if len(self._rejected) > 100_000:
+                self._rejected.clear()
+            self._rejected[version.objid] = next(self._seq)
+            for key in [k for k in self._inflight if k[0] == version.objid]:
+                del self._inflight[key]
+            self._inflight_whole.pop(version.objid, None)
+        self.store.remove_object(version.objid, version.size)
+
+    def rejected(self, objid: bytes, seq: int) -> bool:
+        """Was ``objid`` rejected after the fill numbered ``seq`` was queued?"""
+        return self._rejected.get(objid, 0) > seq
+
+    # -- the queue -----------------------------------------------------------------------------------
+
+    def enqueue(self, kind: str, target: Any, at: int, data: bytes, *, key: tuple[bytes, int] | None,
+                checked: bool = False) -> bool:
+        """Queue one write (``target``: a Version for a block, a WholeWriter for a part or a whole
+        object; ``at``: the block's index or the part's offset); False, counted as dropped, when the
+        queue is full, the disk failed or the store is closed.  ``key``: where readers find the
+        bytes until they are on disk."""
+        store, n = self.store, len(data)
+        with self._lock:
+            dropped = self._closed or store.degraded() or self._queued_bytes + n > self.queue_bytes
+            if not dropped:
+                self._queued_bytes += n
+                if key is not None:
+                    self._inflight[key] = (data, checked)
+                elif kind == "whole":
+                    self._inflight_whole[target.version.objid] = data
+                if self._queued_bytes > BACKLOG * self.queue_bytes:
+                    self._backlog.set()
+                seq = next(self._seq)
+        if dropped:        # (counted outside the lock: counting may start the threads, which takes it)
+            store.count(fills_dropped=store.nblocks(n) if kind == "whole" else 1)
+            return False
+        self.start()
+        self._queue.put((kind, target, at, data, seq, checked, key))
+        return True
+
+    def start(self) -> None:
+        """Start the writer and accounting threads (once per process)."""
+        if not self._threads:
+            with self._lock:
+                if not self._threads and not self._closed:
+                    # Several writers: creating and renaming a file waits on the filesystem's journal
+                    # (with the GIL released), and a busy disk makes one writer fall behind the network.
+                    for i in range(FILLERS):
+                        t = threading.Thread(target=self._run, args=(i % 2 == 0,),
+                                             name=f"manyfiles-cache-filler-{i}", daemon=True)
+                        t.start()
+                        self._threads.append(t)
+                    t = threading.Thread(target=self._run_accounting, name="manyfiles-cache-accounting",
+                                         daemon=True)
+                    t.start()
+                    self._threads.append(t)
+
+    def _run(self, niced: bool) -> None:
+        """A writer: files only; ``niced``: at a lower CPU priority, else only while the queue has a
+        backlog.  Everything that holds the GIL for long (SQLite batches, counters, eviction) is the
+        accounting thread's: a niced thread preempted while holding the GIL would stall every reader
+        of the process."""
+        if niced:
+            with contextlib.suppress(OSError, AttributeError):     # this thread only (Linux: a tid)
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                               max(FILLER_NICE, os.getpriority(os.PRIO_PROCESS, 0)))
+        while True:
+            if not niced:
+                self._backlog.wait()
+            batch = [self._queue.get()]
+            while len(batch) < 64 and batch[-1][0] != "stop":   # one stop per writer
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                done = [self._write(*item) for item in batch if item[0] != "stop"]
+                self._accounting.put([d for d in done if d is not None])
+            except Exception as exc:  # never let a writer die: flush() would wait for it forever
+                self.store.degrade(exc)
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+            if batch[-1][0] == "stop":
+                return
+
+    def _write(self, kind: str, target: Any, at: int, data: bytes, seq: int, checked: bool,
+               key: tuple[bytes, int] | None) -> tuple[Fill, int] | None:
+        """Write one queued item; returns the block to account (and its sequence number)."""
+        store = self.store
+        try:
+            if kind == "part":
+                self._write_part(target, at, data, seq)
+                return None
+            if kind == "whole":
+                self._write_whole(target, data, seq)
+                return None
+            v = target
+            if store.has_whole(v.objid):        # held whole already: the block adds nothing
+                return None
+            if store.degraded() or self.rejected(v.objid, seq):
+                self.count_dropped(1)
+                return None
+            try:
+                return store.write_block(v, at, data, checked), seq
+            except OSError as exc:
+                self.count_dropped(1)
+                store.degrade(exc)
+                return None
+        finally:
+            with self._lock:
+                self._queued_bytes -= len(data)
+                if key is not None and self._inflight.get(key, (None,))[0] is data:
+                    del self._inflight[key]
+                if kind == "whole" and self._inflight_whole.get(target.version.objid) is data:
+                    del self._inflight_whole[target.version.objid]
+                if self._queued_bytes < BACKLOG / 2 * self.queue_bytes:
+                    self._backlog.clear()
+
+    def _write_part(self, w: WholeWriter, offset: int, data: bytes, seq: int) -> None:
+        ok = False
+        try:
+            if not (w.failed or self.rejected(w.version.objid, seq)):
+                w.write(offset, data)
+                ok = True
+        except OSError as exc:
+            self.count_dropped(1)
+            self.store.degrade(exc)
+        finally:
+            w._written(ok)
+
+    def _write_whole(self, w: WholeWriter, data: bytes, seq: int) -> None:
+        try:
+            store = self.store
+            if store.degraded() or self.rejected(w.version.objid, seq) or store.has_whole(w.version.objid):
+                w.abort()
+                return
+            w.write(0, data)
+        except OSError as exc:
+            self.count_dropped(1)
+            self.store.degrade(exc)
+            w.abort()
+            return
+        w._finish()
+
+    # -- accounting ----------------------------------------------------------------------------------
+
+    def _run_accounting(self) -> None:
+        """Records what the writers wrote, flushes accesses and counters about once a second,
+        evicts past the watermarks."""
+        while True:
+            try:
+                wait = QUIET if self.store.counts_pending() else FLUSH_INTERVAL
+                items = [self._accounting.get(timeout=wait)]
+            except queue.Empty:
+                items = []
+            while items and items[-1] is not None:
+                try:
+                    items.append(self._accounting.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self._record([f for batch in items if batch is not None for f in batch])
+            except Exception as exc:  # never let it die: flush() would wait for it forever
+                self.store.degrade(exc)
+            finally:
+                for _ in items:
+                    self._accounting.task_done()
+            if items and items[-1] is None:
+                return
+
+    def _record(self, items: list[tuple[Fill | Whole, int]]) -> None:
+        store = self.store
+        fills = [f for f, _ in items]
+        if fills:
+            try:
+                done = store.index.record_fills(fills, time.time())
+            except sqlite3.Error as exc:
+                # Not accounted means not evictable: take the files back out.
+                for f in fills:
+                    if isinstance(f, Whole):
+                        store.unlink_files(f.version.objid, 0)
+                    else:
+                        store.unlink_block(f.version.objid, f.index)
+                self.count_dropped(len(fills))
+                store.degrade(exc)
+                return
+            store.count(fills=done.new, fill_bytes=done.new_bytes)
+            for objid, index in (*done.stale_blocks, *done.replaced):
+                store.unlink_block(objid, index)
+            for objid in done.stale_wholes:
+                store.unlink_files(objid, 0)
+            store.unlink_victims(done.superseded)
+            # a whole-object check that failed while these were being written: take them back out
+            for objid, size in {(f.version.objid, f.version.size) for f, seq in items
+                                if self.rejected(f.version.objid, seq)}:
+                store.remove_object(objid, size)
+        now = time.monotonic()
+        if fills or now - store.last_flush >= FLUSH_INTERVAL or (store.counts_pending()
+                                                                 and now - store.last_count >= QUIET):
+            store.flush_counters()
+            store.evict_to_watermarks()
+
+    # -- flush and close -----------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Wait until every queued fill is written and accounted."""
+        if any(t.is_alive() for t in self._threads):
+            self._queue.join()          # the writers hand their batch over before task_done
+            self._accounting.join()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        with self._lock:
+            self._closed = True
+        writers, accounting = self._threads[:-1], self._threads[-1:]
+        self._backlog.set()
+        for _ in writers:
+            self._queue.put(("stop",))
+        for t in writers:
+            t.join()
+        for _ in accounting:
+            self._accounting.put(None)
+        for t in accounting:
+            t.join()
+
