@@ -1,13 +1,13 @@
 """s3pull against its peers on a fast local S3 server (versitygw), direct and behind added latency.
 
 One run measures, on the same server and the same data: s3pull --strategy auto and each forced
-engine, s3pull auto without content checks (--no-verify) and with ETag/MD5 checks only
+engine, s3pull auto without content checks (--no-checksum) and with ETag/MD5 checks only
 (--etag-only), s5cmd, the aws cli, a plain aioboto3 script with default settings, rclone
 (`rclone copy`, 64 transfers), boto3's CRT transfer manager (`s3transfer.crt`, awscrt's native S3
 client) and obstore (Rust object_store from Python, asyncio, 64 GETs in flight).  Each tool
 downloads the whole bucket into an empty folder; the median of --repeat runs is reported, with
 ratios against s5cmd, (for auto) against the best forced engine and the other peers, and the cost
-of verification (auto against auto --no-verify) measured in the same run.
+of verification (auto against auto --no-checksum) measured in the same run.
 
 Shapes: 1k, 1m, 50m, 1g, mixed, 100k (100,000 x 4 KiB) (uploaded by s5cmd), and for the
 verification cost three 1 GiB
@@ -24,7 +24,7 @@ botocore pins fight the aws cli's).  Data lives in benchmarks/_data/s3pull (git-
     .venv/bin/python benchmarks/s3pull.py                       # all shapes, direct
     .venv/bin/python benchmarks/s3pull.py --latency 0,5,20 --shapes 1k,1m
     .venv/bin/python benchmarks/s3pull.py --shapes 1k,1g-md5,1g-multi,1g-crc32c --repeat 5 \\
-        --tools "auto,auto --no-verify,auto --etag-only,s5cmd,aws cli"    # verification cost
+        --tools "auto,auto --no-checksum,auto --etag-only,s5cmd,aws cli"    # verification cost
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ ENGINES = ["auto", "lean", "http", "async", "threads", "processes", "ranged", "s
 VARIANTS = {"auto --no-checksum": ["--no-checksum"], "auto --etag-only": ["--etag-only"]}
 PEERS = ("s5cmd", "aws cli", "aioboto3 default", "rclone", "boto3 crt", "obstore")
 IN_FLIGHT = 64     # rclone's --transfers and obstore's GETs in flight: s3pull's default -j
+ALIASES = {"auto --no-verify": "auto --no-checksum"}    # the flag's old name, as older commands say
 
 
 def free_port() -> int:
@@ -96,7 +97,8 @@ def wait_port(port: int, timeout: float = 30) -> None:
 
 def go_tool(name: str) -> Path:
     """``name`` from .cache/go/bin, ~/go/bin or PATH; else built with ``go install`` into .cache/go/bin."""
-    for candidate in (GOBIN / name, Path.home() / "go" / "bin" / name):
+    built = GO_TOOLS[name][1] if name in GO_TOOLS else name
+    for candidate in (GOBIN / name, Path.home() / "go" / "bin" / name, Path.home() / "go" / "bin" / built):
         if candidate.exists():
             return candidate
     found = shutil.which(name)
@@ -317,15 +319,15 @@ BASELINE = ""                   # --baseline: another s3pull executable
 
 
 def verification_cost(times: dict[str, list[float]], checked: str) -> str | None:
-    """Throughput lost to checking, against auto --no-verify in the same run: from the medians,
+    """Throughput lost to checking, against auto --no-checksum in the same run: from the medians,
     and the median of the per-round ratios (each round ran both back to back)."""
-    off = times.get("s3pull auto --no-verify")
+    off = times.get("s3pull auto --no-checksum")
     on = times.get(checked)
     if not off or not on:
         return None
     cost = 1 - statistics.median(off) / statistics.median(on)
     paired = statistics.median(1 - a / b for a, b in zip(off, on, strict=True))
-    return (f"verification cost, {checked.removeprefix('s3pull ')} vs auto --no-verify: {cost:.1%} of "
+    return (f"verification cost, {checked.removeprefix('s3pull ')} vs auto --no-checksum: {cost:.1%} of "
             f"throughput (paired rounds: {paired:.1%}; target <= 10%)")
 
 
@@ -486,7 +488,7 @@ def main() -> None:
     ap.add_argument("--latency-shapes", default="1k,1m,mixed", help="shapes measured behind latency")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tools", default="",
-                    help="comma-separated subset (e.g. auto,http,s5cmd,auto --no-verify)")
+                    help="comma-separated subset (e.g. auto,http,s5cmd,auto --no-checksum)")
     ap.add_argument("--clean", action="store_true", help="delete the server's data at the end")
     ap.add_argument("--baseline", default="", metavar="S3PULL",
                     help="another s3pull executable (e.g. main's .venv/bin/s3pull), run as 'auto (baseline)'")
@@ -499,7 +501,7 @@ def main() -> None:
         if peer:
             fn(*peer)
             return
-    only = set(args.tools.split(",")) if args.tools else None
+    only = {ALIASES.get(t, t) for t in args.tools.split(",")} if args.tools else None
     global BASELINE
     BASELINE = args.baseline
     if only is not None and BASELINE:

@@ -8,6 +8,61 @@ from pathlib import Path
 
 import pytest
 
+# -- running in parallel (pytest-xdist: `make test` runs -n auto --dist loadgroup --no-loadscope-reorder)
+#
+# Tests that share an expensive session fixture form one group, which one worker runs whole, so that
+# the fixture is built once: the Dask cluster (and the tests that kill its workers), the wheel and
+# venvs of tests/packaging/test_install.py, the [all] venv of the notebooks.  The groups go first,
+# the longest first; the other workers take the rest test by test meanwhile.
+#
+# The groups are assigned here by path, with a scheduler of our own, not by xdist_group marks:
+# xdist (3.8) groups by rewriting item._nodeid, which pytest 9.2 no longer reads (the marks are
+# silently ignored).  Collection stops with an error when a test uses one of these fixtures from
+# outside its group (it would build a second one).
+XDIST_GROUPS = {
+    "tests/packaging/test_notebooks_all.py": "notebooks",   # all_venv
+    "tests/scale/": "dask",                                   # dask_client
+    "tests/s3/test_pull_cluster.py": "dask",
+    "tests/packaging/test_install.py": "venvs",              # nocc_wheel, bare_venv, boto_venv
+}
+GROUP_ORDER = ("notebooks", "dask", "venvs")
+GROUP_FIXTURES = {"all_venv": "notebooks", "dask_client": "dask", "nocc_wheel": "venvs", "bare_venv": "venvs",
+                  "boto_venv": "venvs"}
+
+
+def xdist_group(nodeid: str) -> str | None:
+    """The group of the test ``nodeid`` (relative to the repository), None for a test on its own."""
+    return next((g for prefix, g in XDIST_GROUPS.items() if nodeid.startswith(prefix)), None)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in GROUP_FIXTURES.keys() & set(getattr(item, "fixturenames", ())):
+            if xdist_group(item.nodeid) != GROUP_FIXTURES[fixture]:
+                raise pytest.UsageError(f"{item.nodeid} uses {fixture} but is not in the "
+                                        f"{GROUP_FIXTURES[fixture]!r} group: add its path to XDIST_GROUPS "
+                                        "in tests/conftest.py")
+
+    def rank(item: pytest.Item) -> int:
+        group = xdist_group(item.nodeid)
+        return GROUP_ORDER.index(group) if group else len(GROUP_ORDER)
+
+    items.sort(key=rank)  # stable: within a rank, the order pytest (or pytest-randomly) chose
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup`` with the groups above: each group is one unit of work, every other test
+    its own, handed out in collection order (with --no-loadscope-reorder)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid) or nodeid
+
+    return GroupScheduling(config, log)
+
 
 @pytest.fixture
 def run_cli(tmp_path: Path):
@@ -76,6 +131,12 @@ def dask_client():
 
     from manyfiles.scale._dask import LOCAL_QUIET, SPAWN_ENV, dask, worker_environ
 
+    # A killed worker's nanny starts a new one; but 15 s (Dask's lost-worker-timeout) after each
+    # loss, the cluster closes that worker's nanny for good unless a worker of that name is up at
+    # that instant.  A second kill of the same worker just before then (kill tests run back to
+    # back) left the cluster at one worker for the rest of the session.  Read when a worker is
+    # lost, so it is set for the session, not around the start.
+    dask.config.set({"distributed.deploy.lost-worker-timeout": "1 hour"})
     with dask.config.set({SPAWN_ENV: worker_environ()}):
         cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                            silence_logs=logging.CRITICAL, **LOCAL_QUIET)

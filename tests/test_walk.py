@@ -19,6 +19,7 @@ import manyfiles as mf
 from manyfiles import _fastls_core, _testing, fastls, iotrace, listing
 from manyfiles.errors import PartialFailure
 from manyfiles.listing import DirDone, DirListing, Filter
+from procstate import fds_into, threads_named
 
 HAVE_C = listing._dents is not None
 # (backend, threads)
@@ -178,16 +179,17 @@ def test_closing_a_walk_midway_joins_threads_and_closes_fds(tmp_path: Path) -> N
         d = tmp_path / f"d{i}" / "x" / "y"
         d.mkdir(parents=True)
         (d / "f").touch()
-    fds = len(os.listdir("/proc/self/fd"))
-    tasks = len(os.listdir("/proc/self/task"))
+    # only the walk's own fds (into tmp_path) and threads (named mf-walker-N by the C core):
+    # the rest of the process (a Dask cluster, servers of other tests) opens and closes its own
+    assert fds_into(tmp_path) == {} and threads_named("mf-walker") == []
     for _ in range(5):
         it = mf.walk(tmp_path, threads=4, postorder=True)
         for i, _d in enumerate(it):
             if i == 3:
                 break
         it.close()
-    assert len(os.listdir("/proc/self/fd")) == fds
-    assert len(os.listdir("/proc/self/task")) == tasks
+    assert fds_into(tmp_path) == {}
+    assert threads_named("mf-walker") == []
 
 
 @pytest.mark.skipif(not HAVE_C, reason="C core only")

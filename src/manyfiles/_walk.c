@@ -1465,6 +1465,10 @@ static void *worker_main(void *arg) {
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the Python thread's business */
     wk->ktid = (long)syscall(SYS_gettid);
+    /* a name in top -H, py-spy and /proc/PID/task/TID/comm (the tests count the walkers by it) */
+    char tname[16];
+    snprintf(tname, sizeof tname, "mf-walker-%d", (int)(wk - w->workers));
+    pthread_setname_np(pthread_self(), tname);
     WDir *d;
     while ((d = next_dir(wk)) != NULL) {
         if (w->cfg.mode == M_REMOVE) process_remove(wk, d);

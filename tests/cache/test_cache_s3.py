@@ -242,10 +242,10 @@ def _plain_client(s3):
                         config=Config(request_checksum_calculation="when_required"))
 
 
-def _put_kind(s3, kind: str, key: str) -> bytes:
-    """An object of several blocks whose whole-object check is ``kind``."""
+def _put_kind(s3, kind: str, key: str, blocks: int = 6) -> bytes:
+    """An object of several blocks (``blocks`` for md5 and crc32) whose whole-object check is ``kind``."""
     if kind == "md5":                     # single-part upload, ETag = MD5 of the body
-        data = blob(5 * BS + 321, key)
+        data = blob((blocks - 1) * BS + 321, key)
         _plain_client(s3).put_object(Bucket=s3.bucket, Key=key, Body=data)
         return data
     if kind == "multipart-md5":           # ETag md5-of-md5s-2: part size from HEAD ?partNumber=1
@@ -260,7 +260,7 @@ def _put_kind(s3, kind: str, key: str) -> bytes:
         client.complete_multipart_upload(Bucket=s3.bucket, Key=key, UploadId=up["UploadId"],
                                          MultipartUpload={"Parts": done})
         return b"".join(parts)
-    return s3.put(key, blob(5 * BS + 321, key))      # boto3's default: a CRC32 checksum
+    return s3.put(key, blob((blocks - 1) * BS + 321, key))      # boto3's default: a CRC32 checksum
 
 
 def _blocks_of(cache: Cache) -> list[str]:

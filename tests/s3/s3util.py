@@ -59,6 +59,19 @@ def put_multipart(client, bucket: str, key: str, parts: list[bytes]) -> bytes:
     return b"".join(parts)
 
 
+def put_composite(client, bucket: str, key: str, parts: list[bytes], alg: str) -> bytes:
+    """A multipart object with a COMPOSITE flexible checksum (``<checksum of part checksums>-N``)."""
+    up = client.create_multipart_upload(Bucket=bucket, Key=key, ChecksumAlgorithm=alg)
+    done = []
+    for i, body in enumerate(parts, 1):
+        r = client.upload_part(Bucket=bucket, Key=key, UploadId=up["UploadId"], PartNumber=i, Body=body,
+                               ChecksumAlgorithm=alg)
+        done.append({"ETag": r["ETag"], "PartNumber": i, f"Checksum{alg}": r[f"Checksum{alg}"]})
+    client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up["UploadId"],
+                                     MultipartUpload={"Parts": done})
+    return b"".join(parts)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from s3util import CONTENT_FAULTS, blob, files_under, put_multipart
+from s3util import CONTENT_FAULTS, blob, files_under, put_composite, put_multipart
 
 from manyfiles.errors import IntegrityError
 from manyfiles.s3 import ClientSettings, RetryPolicy, get_objects, pull
@@ -225,19 +225,6 @@ def test_multipart_ranges_follow_the_parts_that_head_partnumber_gives(s3plain, b
     record = {r["k"]: r for r in map(json.loads, (tmp_path / "o" / ".s3pull" / "state.jsonl").open())}
     assert Claim.from_record(record["mp/mixed.bin"]).parts == tuple(map(len, mixed))
     assert record["mp/mixed.bin"]["m"] == "multipart-md5"
-
-
-def put_composite(client, bucket: str, key: str, parts: list[bytes], alg: str) -> bytes:
-    """A multipart object with a COMPOSITE flexible checksum (``<checksum of part checksums>-N``)."""
-    up = client.create_multipart_upload(Bucket=bucket, Key=key, ChecksumAlgorithm=alg)
-    done = []
-    for i, body in enumerate(parts, 1):
-        r = client.upload_part(Bucket=bucket, Key=key, UploadId=up["UploadId"], PartNumber=i, Body=body,
-                               ChecksumAlgorithm=alg)
-        done.append({"ETag": r["ETag"], "PartNumber": i, f"Checksum{alg}": r[f"Checksum{alg}"]})
-    client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up["UploadId"],
-                                     MultipartUpload={"Parts": done})
-    return b"".join(parts)
 
 
 @pytest.mark.parametrize("strategy", ["auto", "auto, S3's HEAD", "lean", "sync"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from s3util import CREDS, blob, put_multipart
+from s3util import CREDS, blob, put_composite, put_multipart
 
 from manyfiles.errors import CredentialsError, IntegrityError, NotFound, TransferError, UsageError
 from manyfiles.s3 import ClientSettings, RetryPolicy
@@ -191,6 +191,35 @@ def test_keys_are_resolved_for_each_call(seeded, proxy, monkeypatch, tmp_path):
         objs.head(name, "o/crc.bin")
     assert isinstance(object_error(f"s3://{name}/o/crc.bin", info.value), CredentialsError)
     assert proxy.signed == signed and not proxy.refused
+
+
+def test_a_part_with_its_own_checksum_is_checked_on_its_own(bucket, s3admin, proxy):
+    """A range that is exactly one part of an object uploaded with part checksums is fetched as
+    ``GET ?partNumber=N`` and checked against that part's checksum (a flip is caught and asked
+    again); where the server answers that with the whole object (moto), a plain ranged GET,
+    unverified (claim None), and no more part GETs."""
+    name, _ = bucket
+    parts = [blob(5 * MiB, "p1"), blob(MiB + 7, "p2")]
+    data = put_composite(s3admin, name, "c/multi.bin", parts, "CRC32")
+    proxy.head_as_s3 = proxy.parts_as_s3 = True
+    objs = objects_via(proxy)
+    head = objs.head(name, "c/multi.bin")
+    assert head.claim.composite and head.parts == (5 * MiB, MiB + 7)
+    proxy.faults.append((lambda m, p, h: m == "GET" and "partNumber=2" in p, "flip"))
+    got = objs.get_range(name, "c/multi.bin", 5 * MiB, len(data) - 1, if_match=head.etag, head=head)
+    assert got.data == parts[1] and got.claim.method == "crc32" and not got.claim.composite
+    assert proxy.applied == ["flip"] and len(objs.retries) == 1
+    proxy.random_faults = (1.0, "flip", lambda m, p, h: m == "GET" and "partNumber=1" in p)
+    with pytest.raises(IntegrityError, match="part 1"):
+        objs.get_range(name, "c/multi.bin", 0, 5 * MiB - 1, if_match=head.etag, head=head)
+    proxy.random_faults = None
+    proxy.parts_as_s3 = False
+    proxy.requests.clear()
+    first = objs.get_range(name, "c/multi.bin", 0, 5 * MiB - 1, if_match=head.etag, head=head)
+    assert first.data == parts[0] and first.claim is None
+    again = objs.get_range(name, "c/multi.bin", 5 * MiB, len(data) - 1, if_match=head.etag, head=head)
+    assert again.data == parts[1] and again.claim is None
+    assert [p.rpartition("?")[2] for m, p, _ in proxy.requests if "?" in p] == ["partNumber=1"]
 
 
 def test_parse_object_url():

@@ -46,7 +46,9 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from manyfiles.errors import IntegrityError
+from manyfiles._retry import RetryPolicy, aretrying, retrying
+from manyfiles.errors import IntegrityError, TransferError
+from manyfiles.s3.retry import Inconsistent, classify
 
 SIZE_ONLY = "size-only"
 SEARCHED = "-searched"       # suffix of the kind of a multipart check whose part sizes were searched
@@ -360,6 +362,37 @@ async def apart_layout(size: int, etag: str | None, head_part) -> tuple[int, ...
             part = steps.send(await head_part(part))
     except StopIteration as done:
         return done.value
+
+
+def _layout_or_raise(layout: tuple[int, ...]) -> tuple[int, ...]:
+    if not layout:
+        raise Inconsistent("HEAD ?partNumber=1 gave no usable part size or part count")
+    return layout
+
+
+def learn_layout(size: int, etag: str | None, head_part: Callable[[int], Mapping[str, str]],
+                 policy: RetryPolicy | None = None, *, on_retry: Callable[[TransferError], None] | None = None
+                 ) -> tuple[int, ...]:
+    """The part sizes of a multipart object (``head_part(n)``: the headers of ``HEAD ?partNumber=n``),
+    asked again while the answer is unusable; ``()`` when it stays unusable: :func:`object_claim`
+    then makes the check a layout search over the whole object.  Other errors are raised."""
+    try:
+        return retrying(lambda: _layout_or_raise(part_layout(size, etag, head_part)), policy or RetryPolicy(),
+                        classify=classify, on_retry=on_retry)
+    except Inconsistent:
+        return ()
+
+
+async def alearn_layout(size: int, etag: str | None, head_part, policy: RetryPolicy | None = None, *,
+                        on_retry: Callable[[TransferError], None] | None = None) -> tuple[int, ...]:
+    """The coroutine twin of :func:`learn_layout` (``head_part(n)`` returns an awaitable)."""
+    async def attempt() -> tuple[int, ...]:
+        return _layout_or_raise(await apart_layout(size, etag, head_part))
+
+    try:
+        return await aretrying(attempt, policy or RetryPolicy(), classify=classify, on_retry=on_retry)
+    except Inconsistent:
+        return ()
 
 
 def _layout_steps(size: int, etag: str | None):

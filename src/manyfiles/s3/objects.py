@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from manyfiles._retry import RetryPolicy, aretrying, retrying
+from manyfiles._retry import RetryPolicy, retrying
 from manyfiles.errors import (
     AccessDenied,
     IntegrityError,
@@ -57,12 +57,13 @@ from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.integrity import (
     SIZE_ONLY,
     Claim,
+    alearn_layout,
     digest_for,
     encrypted,
     etag_parts,
+    learn_layout,
     new_hash,
     object_claim,
-    part_layout,
 )
 from manyfiles.s3.keys import parse_object_url
 from manyfiles.s3.retry import Inconsistent, classify, coded, failure_code, stopping_error
@@ -116,39 +117,6 @@ class RangeData(NamedTuple):
 
 # -- the check of an answer, and the part layout ---------------------------------------------------
 
-def _layout_or_raise(layout: tuple[int, ...]) -> tuple[int, ...]:
-    if not layout:
-        raise Inconsistent("HEAD ?partNumber=1 gave no usable part size or part count")
-    return layout
-
-
-def learn_layout(size: int, etag: str | None, head_part: Callable[[int], Mapping[str, str]],
-                 policy: RetryPolicy | None = None, *, on_retry: Callable[[TransferError], None] | None = None
-                 ) -> tuple[int, ...]:
-    """The part sizes of a multipart object (``head_part(n)``: the headers of ``HEAD ?partNumber=n``),
-    asked again while the answer is unusable; ``()`` when it stays unusable: :func:`object_claim`
-    then makes the check a layout search over the whole object.  Other errors are raised."""
-    try:
-        return retrying(lambda: _layout_or_raise(part_layout(size, etag, head_part)), policy or RetryPolicy(),
-                        classify=classify, on_retry=on_retry)
-    except Inconsistent:
-        return ()
-
-
-async def alearn_layout(size: int, etag: str | None, head_part, policy: RetryPolicy | None = None, *,
-                        on_retry: Callable[[TransferError], None] | None = None) -> tuple[int, ...]:
-    """The coroutine twin of :func:`learn_layout` (``head_part(n)`` returns an awaitable)."""
-    from manyfiles.s3.integrity import apart_layout
-
-    async def attempt() -> tuple[int, ...]:
-        return _layout_or_raise(await apart_layout(size, etag, head_part))
-
-    try:
-        return await aretrying(attempt, policy or RetryPolicy(), classify=classify, on_retry=on_retry)
-    except Inconsistent:
-        return ()
-
-
 # -- transports, per configuration and credentials --------------------------------------------------
 
 _transports: dict = {}
@@ -187,7 +155,7 @@ def transport(settings: ClientSettings | None, bucket: str, *, checksum_mode: bo
         if cur is not None and cur[0] == built_from and cur[1].route.region == region:
             return cur[1]
         client = LeanClient(Route(settings, bucket), settings.read_timeout, checksum_mode=checksum_mode)
-    except TransferError:
+    except ManyfilesError:      # TransferError, a profile that is not configured (UsageError)
         raise
     except Exception as exc:     # no credentials, no region...
         raise classify(exc) from exc

@@ -100,8 +100,6 @@ def botocore_session(settings: ClientSettings):
     try:
         sess.get_scoped_config()
     except ProfileNotFound as exc:
-        import os
-
         source = "--aws-profile" if settings.profile else "AWS_PROFILE"
         name = settings.profile or os.environ.get("AWS_PROFILE", "")
         raise UsageError(f"AWS profile {name!r} ({source}) is not in the AWS config or credentials "

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 
 from manyfiles import iotrace
 from manyfiles.errors import IntegrityError
-from manyfiles.s3.integrity import Claim, check_or_search, digest_for, encrypted, etag_parts, object_claim
+from manyfiles.s3.integrity import (
+    Claim,
+    check_or_search,
+    digest_for,
+    encrypted,
+    etag_parts,
+    learn_layout,
+    object_claim,
+)
 from manyfiles.s3.retry import Inconsistent, ObjectChanged, TransferError, cause_of, classify
 
 CHUNK = 1 << 20
@@ -149,7 +157,7 @@ def get_kwargs(bucket: str, job: Job, checksum_mode: bool) -> dict:
 def get_whole(client, bucket: str, job: Job, target, *, verify: bool = True, checksum_mode: bool = True,
               on_bytes=None, retry=None, on_retry=None) -> Fetched:
     """One GET of the whole object into ``target`` (sequential appends), checked; a multipart
-    ETag's part sizes are learnt first (:func:`manyfiles.s3.objects.learn_layout`, under ``retry``)."""
+    ETag's part sizes are learnt first (:func:`~manyfiles.s3.integrity.learn_layout`, under ``retry``)."""
     kw = get_kwargs(bucket, job, checksum_mode)
     t0 = time.monotonic_ns()
     status = 0
@@ -157,8 +165,6 @@ def get_whole(client, bucket: str, job: Job, target, *, verify: bool = True, che
     try:
         layout = None
         if needs_layout(job, verify):
-            from manyfiles.s3.objects import learn_layout
-
             layout = learn_layout(job.size, job.etag, lambda n: head_part_boto3(client, bucket, job.key, n),
                                   retry, on_retry=on_retry)
         resp = client.get_object(**kw)

@@ -166,10 +166,13 @@ class ProcessesEngine(Engine):
         exited = 0
         ctx = self.ctx
         while exited < self.n and not self._stopped.is_set():
+            # liveness first: a worker that wrote its last outcomes and exited between a wait that
+            # timed out and this check would otherwise leave them unread in the pipe
+            gone = all(not p.is_alive() for p in self.procs)
             try:
-                ev = self.outq.get(timeout=1.0)
+                ev = self.outq.get(timeout=0 if gone else 1.0)
             except queue.Empty:
-                if all(not p.is_alive() for p in self.procs):
+                if gone:
                     return
                 continue
             kind, job, _value = ev

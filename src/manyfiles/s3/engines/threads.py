@@ -25,8 +25,8 @@ from manyfiles._retry import retrying
 from manyfiles.errors import IntegrityError
 from manyfiles.s3 import objects
 from manyfiles.s3.engines.base import Ctx, Engine, Failed, cancelled, fail, finish, open_target
-from manyfiles.s3.integrity import NO_CHECKSUM, SIZE_ONLY, Claim, Digest, check_or_search
-from manyfiles.s3.objects import Inconsistent, ObjectClient, learn_layout
+from manyfiles.s3.integrity import NO_CHECKSUM, SIZE_ONLY, Claim, Digest, check_or_search, learn_layout
+from manyfiles.s3.objects import Inconsistent, ObjectClient
 from manyfiles.s3.retry import ObjectChanged, TransferError, classify
 from manyfiles.s3.transfer import Fetched, Job, get_whole, needs_layout
 
