@@ -65,6 +65,11 @@ FILL_QUEUE_BYTES = _default_fill_queue()
 IDLE_BUFFERS = 8                     # recycled block buffers kept while no stream needs them
 
 
+# Recycling trusts sys.getrefcount, which is exact only while the GIL serializes every change of a
+# count (a free-threaded build counts per thread and merges later).
+_GIL = getattr(sys, "_is_gil_enabled", lambda: True)()
+
+
 def _refs_when_idle() -> int:
     """What ``sys.getrefcount`` says of a pooled buffer nobody else holds, seen from the loop of
     :meth:`BlockBuffers.get` (the list, the loop variable, the argument)."""
@@ -92,6 +97,8 @@ class BlockBuffers:
         self._idle_refs = _refs_when_idle()
 
     def get(self) -> bytearray:
+        if not _GIL:            # reference counts are not exact without the GIL: never recycle
+            return bytearray(self.size)
         with self._lock:
             for b in self._bufs:
                 if sys.getrefcount(b) <= self._idle_refs:
