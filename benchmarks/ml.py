@@ -297,11 +297,13 @@ def parquet(args, seeding: str, endpoint: str, settings) -> None:
     s3 = fsspec.filesystem("s3", skip_instance_cache=True,
                            client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"})
     times: dict[str, list[float]] = {"s3fs": [], "manyfiles first read": [], "manyfiles reread": []}
-    for _ in range(args.repeat):
+    for rep in range(args.repeat):
         t0 = time.perf_counter()
         a = pq.read_table(f"{BUCKET}/{key}", filesystem=s3)
         times["s3fs"].append(time.perf_counter() - t0)
-        d = DATA / "scratch" / "pq"
+        # a directory per repetition: the process keeps one Cache per directory open, and one
+        # removed under it would read through without caching
+        d = DATA / "scratch" / f"pq-{rep}"
         shutil.rmtree(d, ignore_errors=True)
         fs = fsspec.filesystem("manyfiles", cache=str(d / "cache"), settings=settings,
                                skip_instance_cache=True)

@@ -178,7 +178,7 @@ class Cache:
             client = self._clients.get(resolved)
             if client is None:
                 client = self._clients[resolved] = ObjectClient(resolved, retry=self.retry)
-            return parse_source(src, resolved, self.retry, client)
+            return parse_source(src, resolved, self.retry, client, resolved=True)
         return parse_source(src)
 
     def version(self, origin: FileOrigin | S3Origin, *, revalidate: bool = False) -> Version:

@@ -415,8 +415,9 @@ class _S3Reader:
 
 
 def parse_source(src: Any, settings: Any = None, retry: RetryPolicy | None = None,
-                 client: Any = None) -> FileOrigin | S3Origin:
-    """``s3://bucket/key`` -> S3Origin; anything else is a path."""
+                 client: Any = None, *, resolved: bool = False) -> FileOrigin | S3Origin:
+    """``s3://bucket/key`` -> S3Origin; anything else is a path.  ``resolved``: ``settings`` were
+    resolved by the caller just now (not again: a cache hit pays for one resolution)."""
     if isinstance(src, (FileOrigin, S3Origin)):
         return src
     if isinstance(src, str) and src.startswith("s3://"):
@@ -425,7 +426,9 @@ def parse_source(src: Any, settings: Any = None, retry: RetryPolicy | None = Non
         bucket, _, key = src[5:].partition("/")
         if not bucket:
             raise UsageError(f"{src}: missing bucket name")
-        return S3Origin(bucket, key, (settings or ClientSettings()).resolved(), retry, client)
+        if not resolved:
+            settings = (settings or ClientSettings()).resolved()
+        return S3Origin(bucket, key, settings, retry, client)
     if isinstance(src, str) and _SCHEME.match(src):
         raise UsageError(f"{src}: only local paths and s3:// URLs are supported")
     return FileOrigin(src)
