@@ -53,7 +53,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import HERE, machine_line, make_flat, make_hashed_tree
-from manyfiles import listing, listing_cluster
+from manyfiles import listing
+from manyfiles.listing import _cluster as listing_cluster
 from manyfiles.scale._dask import DaskExecutor
 from manyfiles.scale.executor import InProcessExecutor, NoopJob
 

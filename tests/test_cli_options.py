@@ -270,7 +270,7 @@ def test_read_names_detects_nul_lists_past_the_sniffed_bytes() -> None:
 
 
 def test_fastls_auto_progress_rule_keeps_the_terminal_listing_clean() -> None:
-    from manyfiles._fastls_core import progress_fits
+    from manyfiles.listing._fastls_core import progress_fits
 
     assert progress_fits(False, stderr_tty=True, stdout_tty=False)       # fastls -r /d > list.txt
     assert progress_fits(True, stderr_tty=True, stdout_tty=True)         # fastls -r -c /d

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from manyfiles import _fastls_main
 from manyfiles.fastls import ListRequest, decode_json_path
+from manyfiles.listing import _fastls_main
 from terminal import stderr_on_a_terminal
 
 ODD_NAMES = [b"plain", b"with\nnewline", b"bad\xff\xfebytes", b"-dash", b"x" * 255, b"tab\there"]
@@ -201,7 +201,7 @@ def test_anything_else_goes_to_click(argv: list[str]) -> None:
 def test_fast_path_does_not_import_click(tmp_path: Path) -> None:
     (tmp_path / "f").touch()
     code = ("import sys; sys.argv = ['fastls', '-r', '-c', sys.argv[1]]\n"
-            "from manyfiles import _fastls_main\n"
+            "from manyfiles.listing import _fastls_main\n"
             "try:\n    _fastls_main.main()\nexcept SystemExit as e:\n    code = e.code\n"
             "print(code, 'click' in sys.modules, 'rich' in sys.modules, file=sys.stderr)\n")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, timeout=60)

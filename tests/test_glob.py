@@ -62,7 +62,7 @@ def table_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _c_and_python() -> list[str]:
-    return ["dents", "scandir"] if listing._dents is not None else ["scandir"]
+    return ["dents", "scandir"] if listing._directory._dents is not None else ["scandir"]
 
 
 @pytest.mark.parametrize("backend", _c_and_python())

@@ -52,11 +52,14 @@ def module_names() -> dict[str, Path]:
         if parts[-1] == "__init__":
             parts.pop()
         out[".".join(parts)] = path
-    for path in sorted((SRC / PACKAGE).rglob("*.c")):  # an extension module per setup.py source set
-        name = ".".join(path.relative_to(SRC).with_suffix("").parts)
-        if (path.with_suffix(".h")).exists() or name.endswith("._dents"):
-            out.setdefault(name, path)
+    for name, source in EXTENSIONS.items():
+        if (SRC / source).exists():
+            out.setdefault(name, SRC / source)
     return out
+
+
+# the C extensions, as setup.py builds them: module name -> the source with its init function
+EXTENSIONS = {"manyfiles._dents": "manyfiles/listing/_dents.c"}
 
 
 MODULES = module_names()

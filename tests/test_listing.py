@@ -12,9 +12,10 @@ import pytest
 
 import manyfiles as mf
 from manyfiles import _testing, listing
+from manyfiles.listing._directory import _dents
 
 pytestmark = pytest.mark.skipif(
-    listing._dents is None and os.environ.get("MANYFILES_REQUIRE_C_EXTENSION") != "1",
+    _dents is None and os.environ.get("MANYFILES_REQUIRE_C_EXTENSION") != "1",
     reason="C core not built (CI requires it: MANYFILES_REQUIRE_C_EXTENSION=1 makes this a failure)",
 )
 
@@ -24,7 +25,7 @@ NAME_255 = "n" * 255
 
 def test_c_core_is_built_when_required() -> None:
     if os.environ.get("MANYFILES_REQUIRE_C_EXTENSION") == "1":
-        assert listing._dents is not None
+        assert _dents is not None
         assert listing.default_backend() == "dents"
 
 
@@ -162,7 +163,7 @@ def test_getdents_batches_are_reported(odd_dir: Path) -> None:
     batches: list = []
     fd = os.open(odd_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        n = listing._dents.count(fd, 4096, batches=batches)
+        n = _dents.count(fd, 4096, batches=batches)
     finally:
         os.close(fd)
     assert n == len(os.listdir(odd_dir))

@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 
 import manyfiles as mf
-from manyfiles import _fastls_core, _testing, fastls, iotrace, listing
+from manyfiles import _testing, fastls, iotrace, listing
 from manyfiles.errors import PartialFailure
-from manyfiles.listing import DirDone, DirListing, Filter
+from manyfiles.listing import DirDone, DirListing, Filter, _fastls_core
+from manyfiles.listing._directory import _dents
 from procstate import fds_into, threads_named
 
-HAVE_C = listing._dents is not None
+HAVE_C = _dents is not None
 # (backend, threads)
 WALKERS = ([("dents", 1), ("dents", 4)] if HAVE_C else []) + [("scandir", 1), ("getdents", 1)]
 ODD = [b"plain", b"with\nnewline", b"bad\xff\xfebytes", b"caf\xc3\xa9", b"tab\there", b"q\"uote\\",
@@ -196,7 +197,7 @@ def test_closing_a_walk_midway_joins_threads_and_closes_fds(tmp_path: Path) -> N
 def test_walk_from_an_fd_with_a_label(tree: Path) -> None:
     fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        got = {d.path for d in listing._dents.Walk(fd, label=b"LABEL", threads=2, max_depth=1, as_bytes=True)}
+        got = {d.path for d in _dents.Walk(fd, label=b"LABEL", threads=2, max_depth=1, as_bytes=True)}
     finally:
         os.close(fd)
     assert got == {b"LABEL", b"LABEL/d0", b"LABEL/d1", b"LABEL/d2"}
@@ -336,7 +337,7 @@ def test_buffers_of_4_gib_and_more_are_clamped(tree: Path) -> None:
         assert listing.count_tree(tree, bufsize=size).entries == len(os_walk_paths(os.fsencode(tree)))
         fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            assert listing._dents.count(fd, size) == n  # the C core clamps too, not only Python
+            assert _dents.count(fd, size) == n  # the C core clamps too, not only Python
         finally:
             os.close(fd)
 
@@ -347,7 +348,7 @@ def test_errors_keep_their_errno(tree: Path, tmp_path: Path) -> None:
     fd = os.open(tmp_path / "file", os.O_RDONLY)
     try:
         with pytest.raises(NotADirectoryError) as info:
-            listing._dents.count(fd, 4096, path=b"the-file")
+            _dents.count(fd, 4096, path=b"the-file")
     finally:
         os.close(fd)
     assert info.value.errno == errno.ENOTDIR and info.value.filename == b"the-file"

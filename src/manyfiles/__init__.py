@@ -24,8 +24,8 @@ _EXPORTS: dict[str, str] = {
     "walk": "manyfiles.listing",
     "Entry": "manyfiles.listing",
     "BACKENDS": "manyfiles.listing",
-    "scan": "manyfiles.table",
-    "ListingTable": "manyfiles.table",
+    "scan": "manyfiles.listing.table",
+    "ListingTable": "manyfiles.listing.table",
     # sharding
     "ShardedDir": "manyfiles.shard",
     "Layout": "manyfiles.shard",

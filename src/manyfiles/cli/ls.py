@@ -8,7 +8,6 @@ import sys
 import click
 
 from manyfiles import _native, fastls, listing
-from manyfiles._fastls_core import exit_code, failure_lines, progress_fits
 from manyfiles.cli._common import (
     Directory,
     Size,
@@ -24,6 +23,7 @@ from manyfiles.cli._common import (
     run_main,
     version_option,
 )
+from manyfiles.listing.fastls import exit_code, failure_lines, progress_fits
 
 EPILOG = """\b
 Examples:
@@ -169,6 +169,6 @@ def build_request(
 
 
 def main() -> None:
-    """Entry point of the ``fastls`` script (``manyfiles._fastls_main`` handles the common
+    """Entry point of the ``fastls`` script (``manyfiles.listing._fastls_main`` handles the common
     invocations without importing click, and everything else here)."""
     run_main(command, "fastls")

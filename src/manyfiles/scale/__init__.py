@@ -12,8 +12,8 @@ never imported; with it and without the [dask] extra, one line says what to inst
   re-run shard learns what its lost attempts noted (:func:`~manyfiles.scale.lease.current`).
 
 This package imports no tool: each tool keeps its cluster job in its own package (``s3/pull.py``,
-``shard/_cluster.py``, ``remove/_cluster.py``, ``cache/_cluster.py``,
-:mod:`manyfiles.listing_cluster`) and reaches the executors through :mod:`~manyfiles.scale.executor`.
+``shard/_cluster.py``, ``remove/_cluster.py``, ``cache/_cluster.py``, ``listing/_cluster.py``)
+and reaches the executors through :mod:`~manyfiles.scale.executor`.
 
 Example:
     >>> import manyfiles as mf

@@ -22,8 +22,8 @@ Executors:
   (``Client.subscribe_topic``) for the progress display.
 
 This module imports no tool: each tool keeps its own job beside its code (``s3/pull.py``,
-``shard/_cluster.py``, ``remove/_cluster.py``, ``cache/_cluster.py``,
-:mod:`manyfiles.listing_cluster`) and reaches the executors through here.  Without ``cluster``
+``shard/_cluster.py``, ``remove/_cluster.py``, ``cache/_cluster.py``, ``listing/_cluster.py``)
+and reaches the executors through here.  Without ``cluster``
 a tool runs its normal library call; nothing here is imported.
 
 Example:

@@ -1,6 +1,6 @@
 """The ``fastls`` job itself: list one or more directories to a file descriptor.
 
-:func:`list_to` is what the click-free ``fastls`` script runs (``manyfiles._fastls_main``)
+:func:`list_to` is what the click-free ``fastls`` script runs (``manyfiles.listing._fastls_main``)
 and what :func:`manyfiles.fastls.run` wraps into a report.  It imports nothing heavy
 (no dataclasses, no typing): ``fastls -r`` on a warm 150k-entry tree takes ~0.1 s, so a few
 milliseconds of imports show.  The plan is chosen once per request:
@@ -71,18 +71,20 @@ class Tally:
         self.seconds = 0.0
 
 
-#: called with the entries listed so far, from the calling thread, about ten times a second
-Progress = Callable[[int], None]
+#: the raw entries hook (``on_entries`` of :func:`manyfiles.listing.count_tree`): called with the
+#: entries listed so far, from the calling thread, about ten times a second.  Not a
+#: :class:`manyfiles._progress.Progress`: fastls.run turns one into this.
+OnEntries = Callable[[int], None]
 
 
-def list_to(request: ListRequest, out_fd: int, progress: Progress | None = None) -> Tally:
+def list_to(request: ListRequest, out_fd: int, on_entries: OnEntries | None = None) -> Tally:
     """List ``request.paths`` to ``out_fd`` (counts only, with ``count_only``)."""
     tally = Tally()
     t0 = time.perf_counter()
     writer = _Output(out_fd)
     for path in request.paths:
         try:
-            _run_one(request, path, writer, tally, progress)
+            _run_one(request, path, writer, tally, on_entries)
         except BrokenPipeError:
             raise  # the reader went away: stop everything, not just this path
         except OSError as exc:
@@ -110,7 +112,7 @@ def _uses_c_walker(request: ListRequest) -> bool:
 
 
 def _run_one(request: ListRequest, path: str, writer: _Output, report: Tally,
-             progress: Progress | None) -> None:
+             on_entries: OnEntries | None) -> None:
     # one path of several: print full paths so the output stays unambiguous
     prefix = os.fsencode(os.path.join(path, "")) if len(request.paths) > 1 or request.recursive else b""
     if request.count_only and not request.recursive:
@@ -118,9 +120,9 @@ def _run_one(request: ListRequest, path: str, writer: _Output, report: Tally,
         _add_count(report, path, n)
         return
     if _uses_c_walker(request):
-        _run_c_walker(request, path, writer, report, progress)
+        _run_c_walker(request, path, writer, report, on_entries)
         return
-    if _uses_fast_path(request) and progress is None:
+    if _uses_fast_path(request) and on_entries is None:
         writer.flush()
         n = listing.write_names(
             path, writer.fd, sep=request.sep, prefix=prefix, bufsize=request.bufsize, filter=request.filter
@@ -141,13 +143,13 @@ def _run_one(request: ListRequest, path: str, writer: _Output, report: Tally,
         n += len(d.entries)
         if not request.count_only:
             writer.write(_format(request, d, prefix if d.depth == 0 and not request.recursive else None))
-        if progress is not None:
-            progress(base + n)
+        if on_entries is not None:
+            on_entries(base + n)
     _add_count(report, path, n)
 
 
 def _run_c_walker(request: ListRequest, path: str, writer: _Output, report: Tally,
-                  progress: Progress | None) -> None:
+                  on_entries: OnEntries | None) -> None:
     options = {
         "threads": request.threads if request.recursive else 1,
         "max_depth": request.max_depth if request.recursive else 0,
@@ -156,7 +158,7 @@ def _run_c_walker(request: ListRequest, path: str, writer: _Output, report: Tall
         "filter": request.filter,
     }
     base = report.entries
-    ticks = None if progress is None else (lambda n: progress(base + n))
+    ticks = None if on_entries is None else (lambda n: on_entries(base + n))
     # bytes root: the paths in failures stay exactly what the walker saw
     root = os.fsencode(path)
     if request.count_only:

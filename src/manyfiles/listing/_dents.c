@@ -8,7 +8,7 @@
  * object per entry.  Trees are walked by _walk.c; glob patterns are _glob.c's.
  *
  * Only syscalls and buffer parsing live here: sorting, error wording and the public
- * API are the Python side's (manyfiles/listing.py).
+ * API are the Python side's (manyfiles/listing/).
  *
  * State is per module (PEP 489 multi-phase init + module state): every interpreter
  * that imports the module gets its own Entry type, letters and test knob.
@@ -319,7 +319,7 @@ static PyObject *collect(PyObject *module, PyObject *args, PyObject *kw, int wan
     Filter f;
     ModState *st = mod_state(module);
     if (want_entries && !st->entry_type) {
-        PyErr_SetString(PyExc_RuntimeError, "_set_types() was not called");
+        PyErr_SetString(PyExc_RuntimeError, "set_types() was not called");
         return NULL;
     }
     if (!parse_common(args, kw, &a)) return NULL;
@@ -482,9 +482,9 @@ static int is_tuple_type(PyObject *t) {
 
 /* Registers the tuple subclasses built in C.  Once per module: they are read by walks in
  * progress, so they are never replaced (no object is freed under a reader's feet). */
-static PyObject *dents_set_types(PyObject *self, PyObject *args) {
+static PyObject *dentsset_types(PyObject *self, PyObject *args) {
     PyObject *entry, *listing;
-    if (!PyArg_ParseTuple(args, "OO:_set_types", &entry, &listing)) return NULL;
+    if (!PyArg_ParseTuple(args, "OO:set_types", &entry, &listing)) return NULL;
     if (!is_tuple_type(entry) || !is_tuple_type(listing)) {
         PyErr_SetString(PyExc_TypeError, "Entry and DirListing must be tuple subclasses");
         return NULL;
@@ -492,7 +492,7 @@ static PyObject *dents_set_types(PyObject *self, PyObject *args) {
     ModState *st = mod_state(self);
     if (st->entry_type || st->listing_type) {
         if (st->entry_type == entry && st->listing_type == listing) Py_RETURN_NONE;
-        PyErr_SetString(PyExc_RuntimeError, "_set_types() was already called with other types");
+        PyErr_SetString(PyExc_RuntimeError, "set_types() was already called with other types");
         return NULL;
     }
     st->entry_type = Py_NewRef(entry);
@@ -514,8 +514,8 @@ static PyMethodDef methods[] = {
     {"write_names", (PyCFunction)(void (*)(void))dents_write_names, METH_VARARGS | METH_KEYWORDS,
      "write_names(fd, out_fd, sep=b'\\n', prefix=b'', bufsize=1<<20, include=None, exclude=None, types=0, "
      "path=None, batches=None) -> count; writes prefix+name+sep per entry straight to out_fd"},
-    {"_set_types", dents_set_types, METH_VARARGS,
-     "_set_types(Entry, DirListing): the tuple subclasses built in C (once per interpreter)."},
+    {"set_types", dentsset_types, METH_VARARGS,
+     "set_types(Entry, DirListing): the tuple subclasses built in C (once per interpreter)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -2194,7 +2194,7 @@ static PyObject *walkobj_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *module = PyType_GetModule(type);
     ModState *st = mod_state(module);
     if (!st->entry_type || !st->listing_type) {
-        PyErr_SetString(PyExc_RuntimeError, "_set_types() was not called");
+        PyErr_SetString(PyExc_RuntimeError, "set_types() was not called");
         return NULL;
     }
     Config cfg = {.mode = M_EVENTS, .postorder = post};

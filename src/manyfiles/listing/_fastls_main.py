@@ -45,7 +45,7 @@ def parse_fast(argv: list[str]) -> dict[str, object] | None:
 def main() -> None:
     """Entry point of the ``fastls`` script."""
     fields = parse_fast(sys.argv[1:])
-    from manyfiles._fastls_core import progress_fits
+    from manyfiles.listing._fastls_core import progress_fits
 
     if fields is not None and fields.get("format") != "json" and progress_fits(
             bool(fields.get("count_only")), os.isatty(2), os.isatty(1)):
@@ -60,7 +60,7 @@ def main() -> None:
 
         click_main()
         return
-    from manyfiles import _fastls_core as fastls  # the job without the report (no dataclasses import)
+    from manyfiles.listing import _fastls_core as fastls  # the job without the report (no dataclasses import)
 
     testing = os.environ.get("MANYFILES_TESTING")  # the subprocess tests' bridge, as cli._common.run_main
     if testing:
