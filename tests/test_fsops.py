@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from manyfiles import _fsops, iotrace
+from manyfiles import _fsops
+from manyfiles.trace import iotrace
 
 
 class _Ops:

@@ -237,7 +237,7 @@ def test_the_checker_sees_what_it_must() -> None:
     """The parser itself: known imports, a function-level one, a private name, a C module."""
     assert "manyfiles._dents" in MODULES and "manyfiles.remove" in MODULES
     walker = {(u.target, u.name) for u in uses("manyfiles.remove._walker")}
-    assert ("manyfiles._dents", None) in walker and ("manyfiles.iotrace", "native_sink") in walker
+    assert ("manyfiles._dents", None) in walker and ("manyfiles.trace.iotrace", "native_sink") in walker
     executor = {(u.target, u.name) for u in uses("manyfiles.remove._executor")}
     assert ("manyfiles._retry", "retrying") in executor  # imported inside a method
     assert package_of("manyfiles.remove") == "manyfiles.remove"
@@ -264,7 +264,7 @@ def test_no_private_name_is_used_outside_its_package() -> None:
 
 
 # what manyfiles.scale may use besides itself and manyfiles' shared private modules (manyfiles._x)
-SCALE_MAY_USE = ("manyfiles.errors", "manyfiles.iotrace")
+SCALE_MAY_USE = ("manyfiles.errors", "manyfiles.trace.iotrace", "manyfiles.trace.format")
 
 
 def test_scale_imports_no_tool() -> None:

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from manyfiles import _fsops, iotrace, listing, trace
+from manyfiles import _fsops, listing, trace
 from manyfiles._worker import instrumented_worker
 from manyfiles.errors import ManyfilesError
+from manyfiles.trace import iotrace
 from manyfiles.trace.format import read_file
 
 
@@ -177,7 +178,7 @@ def test_unwritable_trace_file_is_a_clear_error(tmp_path: Path) -> None:
 
 KILLED_CHILD = textwrap.dedent("""
     import sys, time
-    from manyfiles import iotrace
+    from manyfiles.trace import iotrace
     with iotrace.tracing(sys.argv[1], flush_interval=0.02) as tr:
         for i in range(500):
             tr.record("rename", f"/before/{i}", 0, 0, time.monotonic_ns(), 1, 0)

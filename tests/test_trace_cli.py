@@ -118,7 +118,8 @@ def test_getdents_batches_match_strace(tmp_path: Path, run_cli) -> None:
 
 RENAMER = textwrap.dedent("""
     import os, sys
-    from manyfiles import _fsops, iotrace
+    from manyfiles import _fsops
+    from manyfiles.trace import iotrace
     folder, n = sys.argv[1], int(sys.argv[2])
     for i in range(n):
         os.close(os.open(os.path.join(folder, f"a{i}"), os.O_CREAT | os.O_WRONLY))

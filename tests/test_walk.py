@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 import manyfiles as mf
-from manyfiles import _testing, fastls, iotrace, listing
+from manyfiles import _testing, fastls, listing
 from manyfiles.errors import PartialFailure
 from manyfiles.listing import DirDone, DirListing, Filter, _fastls_core
 from manyfiles.listing._directory import _dents
+from manyfiles.trace import iotrace
 from procstate import fds_into, threads_named
 
 HAVE_C = _dents is not None

@@ -39,8 +39,8 @@ _EXPORTS: dict[str, str] = {
     "Dataset": "manyfiles.ml.dataset",
     "IterableDataset": "manyfiles.ml.dataset",
     # profiling and I/O tracing
-    "profile": "manyfiles.profiling",
-    "tracing": "manyfiles.iotrace",
+    "profile": "manyfiles.trace.profiling",
+    "tracing": "manyfiles.trace.iotrace",
     # what this installation can do
     "info": "manyfiles._info",
     # errors

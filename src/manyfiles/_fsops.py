@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from manyfiles import iotrace
+from manyfiles.trace import iotrace
 
 PathLike = str | bytes
 

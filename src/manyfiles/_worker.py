@@ -18,8 +18,8 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from manyfiles import iotrace
-from manyfiles.profiling import ENV_DIR as ENV_PROFILE_DIR
+from manyfiles.trace import iotrace
+from manyfiles.trace.profiling import ENV_DIR as ENV_PROFILE_DIR
 
 __all__ = ["instrumented_worker", "worker_initializer"]
 
@@ -34,7 +34,7 @@ def instrumented_worker() -> Iterator[None]:
     finally:
         try:
             if prof is not None:
-                from manyfiles.profiling import stop_worker
+                from manyfiles.trace.profiling import stop_worker
 
                 stop_worker(prof)
         finally:
@@ -58,6 +58,6 @@ def worker_initializer() -> None:
 def _start_profile() -> object | None:
     if not os.environ.get(ENV_PROFILE_DIR):
         return None  # keeps viztracer unimported in the common case
-    from manyfiles.profiling import start_worker
+    from manyfiles.trace.profiling import start_worker
 
     return start_worker()

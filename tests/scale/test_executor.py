@@ -14,7 +14,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from manyfiles import iotrace, scale, trace
+from manyfiles import scale, trace
 from manyfiles._report import Failure, Report
 from manyfiles.errors import ManyfilesError, MissingExtra, UsageError
 from manyfiles.listing import _cluster as listing_cluster
@@ -28,6 +28,7 @@ from manyfiles.scale.executor import (
     parse_cluster,
     run_job,
 )
+from manyfiles.trace import iotrace
 
 # The jobs below are defined in this test module, which the workers cannot import: ship it by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

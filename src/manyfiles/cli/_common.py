@@ -66,16 +66,16 @@ def instrumented(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, profile_file: str | None, trace_file: str | None, **kwargs: Any) -> Any:
         if profile_file:  # a missing [profile] extra: one line, before the trace file is created
             from manyfiles._extras import require_installed
-            from manyfiles.profiling import FEATURE
+            from manyfiles.trace.profiling import FEATURE
 
             require_installed("profile", "viztracer", FEATURE)
         with contextlib.ExitStack() as stack:
             if trace_file:
-                from manyfiles.iotrace import tracing
+                from manyfiles.trace.iotrace import tracing
 
                 stack.enter_context(tracing(trace_file))
             if profile_file:
-                from manyfiles.profiling import profile
+                from manyfiles.trace.profiling import profile
 
                 stack.enter_context(profile(profile_file))
             killpoint("command")  # tests hold every command here (manyfiles._testing.hold_at)

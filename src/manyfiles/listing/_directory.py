@@ -146,9 +146,9 @@ def _check_bufsize(bufsize: int) -> int:
 
 
 def _tracer() -> Any:
-    """The active I/O tracer, or None.  manyfiles.iotrace is not imported for this (fastls
+    """The active I/O tracer, or None.  manyfiles.trace.iotrace is not imported for this (fastls
     starts ~3 ms sooner): tracing can only be on if something imported it already."""
-    module = sys.modules.get("manyfiles.iotrace")
+    module = sys.modules.get("manyfiles.trace.iotrace")
     return None if module is None else module.TRACER
 
 
@@ -156,7 +156,7 @@ def _native_trace() -> Any:
     """What the C walker hands its I/O log to (each record attributed to the worker thread that
     made the call), or None when tracing is off."""
     tr = _tracer()
-    return None if tr is None else sys.modules["manyfiles.iotrace"].native_sink(tr)
+    return None if tr is None else sys.modules["manyfiles.trace.iotrace"].native_sink(tr)
 
 
 def _trace_batches(path: str | bytes, batches: list | None) -> None:

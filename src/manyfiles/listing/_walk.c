@@ -54,7 +54,7 @@ enum { EV_DIR, EV_POST };
 #define OUT_BUFSIZE (256 * 1024)
 #define WAIT_SLICE_NS (100 * 1000 * 1000) /* the Python thread checks signals this often */
 
-/* Operations in the I/O log (names as manyfiles.iotrace calls them). */
+/* Operations in the I/O log (names as manyfiles.trace.iotrace calls them). */
 enum { OP_GETDENTS, OP_OPEN, OP_UNLINK, OP_RMDIR, OP_STAT, N_OPS };
 static const char *const OP_NAMES[N_OPS] = {"getdents", "open", "unlink", "rmdir", "stat"};
 
@@ -1802,7 +1802,7 @@ static PyObject *failures_list(Walk *w) {
 
 /* ---- the I/O log -------------------------------------------------------------------------------------
  * Records go to the trace callable as trace(flat, threads): `flat` holds 8 values per record,
- * manyfiles.iotrace's layout (op, path, offset, length, start_ns, dur_ns, result, tid; getdents:
+ * manyfiles.trace.iotrace's layout (op, path, offset, length, start_ns, dur_ns, result, tid; getdents:
  * offset = entries, length = bytes), `threads` maps each kernel tid to a thread name. */
 
 static int trace_append(PyObject *flat, PyObject *const *ops, const TraceLog *t, long tid) {

@@ -31,10 +31,11 @@ import os
 import threading
 from collections.abc import Callable
 
-from manyfiles import _fsops, iotrace, listing
+from manyfiles import _fsops, listing
 from manyfiles._pool import Pool
 from manyfiles.remove._report import RemoveReport
 from manyfiles.remove._targets import Rules, Target
+from manyfiles.trace import iotrace
 
 DEFAULT_WORKERS = 8
 # ENOTEMPTY retries, with full-jitter back-off from RETRY_BACKOFF doubling per attempt: a writer

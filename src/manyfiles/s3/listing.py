@@ -11,13 +11,13 @@ import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from manyfiles import iotrace
 from manyfiles._retry import retrying
 from manyfiles.errors import ManyfilesError, TransferError
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.keys import S3Url
 from manyfiles.s3.retry import RetryPolicy, classify, listing_error
 from manyfiles.s3.sigv4 import query_string
+from manyfiles.trace import iotrace
 
 
 class ObjectInfo(NamedTuple):

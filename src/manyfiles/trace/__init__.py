@@ -8,7 +8,8 @@ Example:
     [('rename', 200000, 41000), ...]
     >>> trace.export_chrome(ts, "run.json")        # doctest: +SKIP
 
-The writer lives in :mod:`manyfiles.iotrace`, the file format in :mod:`manyfiles.trace.format`.
+The writer is :mod:`manyfiles.trace.iotrace` (also at its old path ``manyfiles.iotrace``), the file
+format :mod:`manyfiles.trace.format`; :mod:`manyfiles.trace.profiling` writes viztracer profiles.
 Names are loaded lazily so that starting a trace imports only the format module.
 """
 
