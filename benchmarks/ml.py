@@ -194,7 +194,7 @@ def main() -> None:
                     help="objects s3fs+filecache reads (its cost per object grows with the files it holds)")
     ap.add_argument("--boto3-objects", type=int, default=4_000, help="objects the boto3 loop reads")
     args = ap.parse_args()
-    from manyfiles._units import parse_size
+    from manyfiles._core.units import parse_size
 
     size = parse_size(args.size)
     env()

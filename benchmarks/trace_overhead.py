@@ -228,7 +228,7 @@ def bench_s3(n: int, repeat: int, with_strace: bool) -> dict | None:
 
 def micro() -> list[tuple[str, float]]:
     """ns per record() call, and per _fsops.rename with tracing off / on."""
-    from manyfiles import _fsops
+    from manyfiles._core import fsops as _fsops
     from manyfiles.trace import iotrace
 
     rows = []

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from manyfiles import _files_from
+from manyfiles._core import files_from as _files_from
 from manyfiles.cli import group
 from manyfiles.cli._common import deprecation_line, resolve_progress
 from manyfiles.errors import NotFound

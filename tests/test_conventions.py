@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import pytest
 
 import manyfiles as mf
-from manyfiles._pool import Pool
-from manyfiles._progress import Snapshot, check_progress, progress_for
-from manyfiles._report import Failure, Report
-from manyfiles._units import format_size, parse_size
+from manyfiles._core.pool import Pool
+from manyfiles._core.progress import Snapshot, check_progress, progress_for
+from manyfiles._core.report import Failure, Report
+from manyfiles._core.units import format_size, parse_size
 from manyfiles.errors import (
     AccessDenied,
     ManyfilesError,
@@ -153,7 +153,7 @@ def test_progress_false_costs_nothing_and_bad_values_are_refused_before_work():
 
 
 def test_progress_true_without_terminal_prints_plain_lines():
-    code = ("from manyfiles._progress import progress_for\n"
+    code = ("from manyfiles._core.progress import progress_for\n"
             "with progress_for(True, 'demo', unit='files', total=3) as p:\n"
             "    p.add(3)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

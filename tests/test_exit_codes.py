@@ -242,7 +242,7 @@ def _ctrl_c_reaches_child() -> None:
 @pytest.mark.parametrize("verb", [v for v, c in CELLS if c == "interrupted"])
 def test_ctrl_c_exits_130_with_one_line(verb: str, place: Path, tmp_path: Path) -> None:
     """The command is held where every command passes once its options are parsed (the
-    ``command`` point of manyfiles._testing.hold_at); SIGINT lands there, on an event, not a sleep."""
+    ``command`` point of manyfiles._core.testing.hold_at); SIGINT lands there, on an event, not a sleep."""
     argv, env, _ = _case(verb, "interrupted", place, None, tmp_path)
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()

@@ -82,7 +82,7 @@ def test_type_and_glob_filters(odd: Path, run_cli) -> None:
 
 
 def _fastls_with_knobs(*args: str, knobs: str = "fake_dtype=0") -> subprocess.CompletedProcess:
-    """fastls in a subprocess with manyfiles._testing knobs set (through their one bridge)."""
+    """fastls in a subprocess with manyfiles._core.testing knobs set (through their one bridge)."""
     env = {**os.environ, "MANYFILES_TESTING": knobs}
     return subprocess.run([Path(sys.executable).parent / "fastls", *args], capture_output=True, env=env,
                           timeout=120)
@@ -230,7 +230,7 @@ def test_library_run_returns_the_shared_report(odd: Path, tmp_path: Path, recurs
     import tempfile
 
     from manyfiles import fastls
-    from manyfiles._progress import Snapshot
+    from manyfiles._core.progress import Snapshot
     from manyfiles.errors import PartialFailure
 
     missing = str(tmp_path / "missing")
@@ -253,7 +253,7 @@ def test_library_run_returns_the_shared_report(odd: Path, tmp_path: Path, recurs
 
 
 def test_progress_on_a_terminal_uses_the_shared_display(tmp_path: Path) -> None:
-    """The shared rich bar (manyfiles._progress) on a terminal, by default (stdout elsewhere) or
+    """The shared rich bar (manyfiles._core.progress) on a terminal, by default (stdout elsewhere) or
     with --progress; --no-progress: none; not a terminal: none by default, log lines with --progress."""
     for i in range(30):
         (tmp_path / "t" / f"d{i}").mkdir(parents=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from manyfiles import _fsops
+from manyfiles._core import fsops as _fsops
 from manyfiles.trace import iotrace
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from globcases import NAMES, PATTERNS, expected, make_files
-from manyfiles import _glob, listing
+from manyfiles import listing
+from manyfiles._core import glob as _glob
 from manyfiles.listing import Filter
 
 BACKENDS = [b for b in _glob.BACKENDS if b != "c" or _glob._CGlob is not None]

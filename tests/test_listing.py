@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import manyfiles as mf
-from manyfiles import _testing, listing
+from manyfiles import listing
+from manyfiles._core import testing as _testing
 from manyfiles.listing._directory import _dents
 
 pytestmark = pytest.mark.skipif(

@@ -55,7 +55,7 @@ def test_profile_and_trace_together_put_io_events_on_the_profile_timeline(tmp_pa
 WORKERS = textwrap.dedent("""
     import multiprocessing, sys
     import manyfiles as mf
-    from manyfiles._worker import instrumented_worker
+    from manyfiles._core.worker import instrumented_worker
 
     def busy_function_in_worker(n):
         return sum(i * i for i in range(n))
@@ -71,7 +71,7 @@ WORKERS = textwrap.dedent("""
         return sum(range(n))
 
     if __name__ == "__main__":
-        from manyfiles._worker import worker_initializer
+        from manyfiles._core.worker import worker_initializer
         with mf.profile(sys.argv[1]):
             pids = []
             for method in ("fork", "spawn"):

@@ -2,7 +2,7 @@
 
 Every test runs on both engines: the C walker (where the core is built: the default) and the
 Python engine (what runs without the core), switched by the test knob
-``manyfiles._testing.remove_engine``.  Both must give the same results.
+``manyfiles._core.testing.remove_engine``.  Both must give the same results.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import pytest
 import manyfiles as mf
 import manyfiles.remove
 from globcases import NAMES, PATTERNS, expected, make_files, selects
-from manyfiles import _fsops, _testing
-from manyfiles._progress import Snapshot
+from manyfiles._core import fsops as _fsops
+from manyfiles._core import testing as _testing
+from manyfiles._core.progress import Snapshot
 from manyfiles.errors import UsageError
 from manyfiles.remove import _walker
 from procstate import fds_into
@@ -263,7 +264,8 @@ def test_permission_denied_deep_in_tree_rest_still_removed(tmp_path: Path, engin
     (root / "deep" / "sibling").touch()
     locked.chmod(0o555)
     code = (
-        "import json, sys, manyfiles as mf; from manyfiles import _testing; _testing.configure(sys.argv[2]); "
+        "import json, sys, manyfiles as mf; from manyfiles._core import testing; "
+        "testing.configure(sys.argv[2]); "
         "r = mf.remove_tree(sys.argv[1], workers=4); "
         "print(json.dumps({'files': r.files, 'failures': [[f.path, f.code] for f in r.failures]}))"
     )
@@ -353,7 +355,8 @@ def test_progress_callback_sees_growing_counts(tmp_path: Path) -> None:
 
 def test_progress_true_works_without_a_terminal(tmp_path: Path, engine: str) -> None:
     make_tree(tmp_path / "tree", 50)
-    code = ("import sys, manyfiles as mf; from manyfiles import _testing; _testing.configure(sys.argv[2]); "
+    code = ("import sys, manyfiles as mf; from manyfiles._core import testing; "
+            "testing.configure(sys.argv[2]); "
             "print(mf.remove_tree(sys.argv[1], progress=True).files)")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tree"), knobs(engine)],
                          capture_output=True, text=True, check=True, timeout=60)

@@ -187,7 +187,7 @@ def test_dt_unknown_recursion_is_driven_by_eisdir(run_cli, tmp_path: Path) -> No
     # so unlink's EISDIR is what reveals each directory (seen in the I/O trace)
     import json
 
-    env = {"MANYFILES_TESTING": "fake_dtype=0"}  # the manyfiles._testing bridge
+    env = {"MANYFILES_TESTING": "fake_dtype=0"}  # the manyfiles._core.testing bridge
     root = tmp_path / "tree"
     files, dirs = make_tree(root, 150)
     (root / "a.tmp").touch()

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from manyfiles import _testing
+from manyfiles._core import testing as _testing
 
 
 def test_configure_parses_and_rejects_unknown_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -23,7 +23,7 @@ def test_configure_parses_and_rejects_unknown_knobs(monkeypatch: pytest.MonkeyPa
 
 
 def test_importing_the_library_never_reads_the_bridge() -> None:
-    code = ("import manyfiles.shard, manyfiles.remove, manyfiles._testing as t; "
+    code = ("import manyfiles.shard, manyfiles.remove, manyfiles._core.testing as t; "
             "print(t.kill_at); t.apply_environ(); print(t.kill_at)")
     env = {"MANYFILES_TESTING": "kill_at=finish:2", "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

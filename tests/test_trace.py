@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from manyfiles import _fsops, listing, trace
-from manyfiles._worker import instrumented_worker
+from manyfiles import listing, trace
+from manyfiles._core import fsops as _fsops
+from manyfiles._core.worker import instrumented_worker
 from manyfiles.errors import ManyfilesError
 from manyfiles.trace import iotrace
 from manyfiles.trace.format import read_file

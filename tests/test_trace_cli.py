@@ -118,7 +118,7 @@ def test_getdents_batches_match_strace(tmp_path: Path, run_cli) -> None:
 
 RENAMER = textwrap.dedent("""
     import os, sys
-    from manyfiles import _fsops
+    from manyfiles._core import fsops as _fsops
     from manyfiles.trace import iotrace
     folder, n = sys.argv[1], int(sys.argv[2])
     for i in range(n):

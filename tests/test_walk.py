@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import manyfiles as mf
-from manyfiles import _testing, fastls, listing
+from manyfiles import fastls, listing
+from manyfiles._core import testing as _testing
 from manyfiles.errors import PartialFailure
 from manyfiles.listing import DirDone, DirListing, Filter, _fastls_core
 from manyfiles.listing._directory import _dents
@@ -372,7 +373,7 @@ def test_state_is_per_interpreter() -> None:
     interp = interpreters.create()
     try:
         interpreters.run_string(interp, (
-            "from manyfiles import listing, _testing\n"
+            "from manyfiles import listing\nfrom manyfiles._core import testing as _testing\n"
             "_testing.fake_dtype = 0\n"
             "assert {e.type for e in listing.iter_entries('/usr', resolve_unknown=False)} == {'?'}\n"
         ))

@@ -63,7 +63,7 @@ _SUBMODULES = ("cache", "errors", "listing", "ml", "remove", "s3", "shard", "tab
 __all__ = [*sorted(_EXPORTS), *_SUBMODULES, "__version__"]
 
 
-# The same pair as manyfiles._lazy.lazy_exports builds for the subpackages, written out here:
+# The same pair as manyfiles._core.lazy.lazy_exports builds for the subpackages, written out here:
 # importing that helper module too costs ~0.25 ms of every fastls start-up.
 def __getattr__(name: str) -> object:  # (no typing import: it is ~7 ms of fastls' start-up)
     if name in _SUBMODULES:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from s3util import FAST_RETRY, blob, files_under
 
-from manyfiles import _testing
+from manyfiles._core import testing as _testing
 from manyfiles.s3 import pull
 from manyfiles.s3.keys import STATE_DIR
 from manyfiles.s3.routing import STRATEGIES

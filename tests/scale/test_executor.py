@@ -15,7 +15,7 @@ import cloudpickle
 import pytest
 
 from manyfiles import scale, trace
-from manyfiles._report import Failure, Report
+from manyfiles._core.report import Failure, Report
 from manyfiles.errors import ManyfilesError, MissingExtra, UsageError
 from manyfiles.listing import _cluster as listing_cluster
 from manyfiles.scale.executor import (

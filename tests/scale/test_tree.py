@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from manyfiles import _testing
+from manyfiles._core import testing as _testing
 from manyfiles.errors import NotFound
 from manyfiles.listing import _cluster as listing_cluster
 from manyfiles.listing._cluster import Dir, Split, SubdirSlice, TreeJob

@@ -25,8 +25,8 @@ from typing import Any
 import click
 
 from manyfiles import __version__
-from manyfiles._testing import killpoint
-from manyfiles._units import parse_size
+from manyfiles._core.testing import killpoint
+from manyfiles._core.units import parse_size
 from manyfiles.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -65,7 +65,7 @@ def instrumented(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, profile_file: str | None, trace_file: str | None, **kwargs: Any) -> Any:
         if profile_file:  # a missing [profile] extra: one line, before the trace file is created
-            from manyfiles._extras import require_installed
+            from manyfiles._core.extras import require_installed
             from manyfiles.trace.profiling import FEATURE
 
             require_installed("profile", "viztracer", FEATURE)
@@ -78,7 +78,7 @@ def instrumented(fn: Callable[..., Any]) -> Callable[..., Any]:
                 from manyfiles.trace.profiling import profile
 
                 stack.enter_context(profile(profile_file))
-            killpoint("command")  # tests hold every command here (manyfiles._testing.hold_at)
+            killpoint("command")  # tests hold every command here (manyfiles._core.testing.hold_at)
             result = fn(*args, **kwargs)
         if trace_file and profile_file and profile_file.endswith(".json"):
             # Both asked: put the I/O operations into the profile too, one timeline.
@@ -173,7 +173,7 @@ def dry_run_option(help: str, *, old: tuple[str, ...] = ()) -> Callable[[Callabl
 def filter_options(include_help: str, exclude_help: str) -> Callable[[Callable[..., Any]], Any]:
     """``--include GLOB`` / ``--exclude GLOB`` (repeatable; exclude wins), passed as ``include``
     and ``exclude``; ``--glob`` is the deprecated spelling of ``--include``.  The glob rules
-    are the one set of :mod:`manyfiles._glob`."""
+    are the one set of :mod:`manyfiles._core.glob`."""
     return _shared(
         click.option("--include", "include", multiple=True, metavar="GLOB", help=include_help),
         deprecated_alias("include", "--include", "--glob", multiple=True, metavar="GLOB"),
@@ -220,7 +220,7 @@ def _stderr_isatty() -> bool:
 
 def files_from_option(help: str, *, old: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Any]:
     """``--files-from FILE|-``: names one a line (or NUL-terminated, detected), ``-`` = stdin;
-    passed as ``files_from`` (read with :func:`manyfiles._files_from.read_names`)."""
+    passed as ``files_from`` (read with :func:`manyfiles._core.files_from.read_names`)."""
     kind = click.Path(exists=True, dir_okay=False, allow_dash=True)  # a missing list: usage error, exit 2
     decorators = [click.option("--files-from", "files_from", type=kind, default=None, metavar="FILE|-",
                                help=help)]
@@ -316,7 +316,7 @@ def _first_line(text: str) -> str:
 def run_main(command: click.Command, prog: str) -> None:
     """Run a click command as a standalone script: its exit code, or one ``prog: message`` line on
     stderr and the code of :func:`exit_code` (a usage error: 2, with no usage block)."""
-    from manyfiles import _testing
+    from manyfiles._core import testing as _testing
 
     _testing.apply_environ()  # the one bridge for subprocess tests (kill points); unset in production
     try:

@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from manyfiles._testing import killpoint
+from manyfiles._core.testing import killpoint
 from manyfiles.cli._common import (
     GROUP_OPTIONS,
     Directory,
@@ -94,7 +94,7 @@ def cache_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, cache_dir: str | None, max_size: int | None, min_free: int | None,
                 aws_profile: str | None, region: str | None, endpoint_url: str | None, no_sign_request: bool,
                 strict: bool, **kwargs: Any) -> Any:
-        from manyfiles import _testing
+        from manyfiles._core import testing as _testing
         from manyfiles.cache import Cache
         from manyfiles.s3 import ClientSettings, RetryPolicy
 
@@ -105,7 +105,7 @@ def cache_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             extra["retry"] = RetryPolicy(base=_testing.retry_base)
         with Cache(cache_dir or default_dir(), max_size=max_size, settings=settings, strict=strict,
                    **extra) as cache:
-            killpoint("command")  # tests hold every command here (manyfiles._testing.hold_at)
+            killpoint("command")  # tests hold every command here (manyfiles._core.testing.hold_at)
             return fn(*args, cache=cache, **kwargs)
 
     return wrapper
@@ -137,7 +137,7 @@ def warm(sources: tuple[str, ...], files_from: str | None, jobs: int, progress: 
         raise click.UsageError("nothing to warm: give SOURCES or --files-from")
     srcs: Iterable[str] = sources
     if files_from is not None:
-        from manyfiles._files_from import read_names
+        from manyfiles._core.files_from import read_names
 
         srcs = list(itertools.chain(sources, map(os.fsdecode, read_names(files_from))))
     if any(s.startswith("s3://") for s in srcs):

@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from manyfiles import _native, fastls, listing
+from manyfiles import fastls, listing
+from manyfiles._core import native as _native
 from manyfiles.cli._common import (
     Directory,
     Size,
@@ -112,7 +113,7 @@ def command(
     if backend is None and not quiet:
         _native.warn_fallback(click.get_current_context().command_path)
     if files_from is not None:
-        from manyfiles._files_from import read_names
+        from manyfiles._core.files_from import read_names
 
         paths = (*paths, *map(os.fsdecode, read_names(files_from)))
         if not paths:

@@ -14,7 +14,7 @@ import sys
 
 import click
 
-from manyfiles import _testing
+from manyfiles._core import testing as _testing
 from manyfiles.cli._common import (
     Directory,
     Size,

@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from manyfiles import listing
-from manyfiles._progress import ProgressArg
-from manyfiles._report import Failure, Report
-from manyfiles._testing import killpoint
+from manyfiles._core.progress import ProgressArg
+from manyfiles._core.report import Failure, Report
+from manyfiles._core.testing import killpoint
 from manyfiles.errors import UsageError, from_oserror
 from manyfiles.listing import NO_FILTER, Filter
 from manyfiles.scale.executor import ClusterArg, ClusterReport, Job, Publish, ShardResult, run_job

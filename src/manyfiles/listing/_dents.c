@@ -522,7 +522,7 @@ static PyMethodDef methods[] = {
 static int dents_exec(PyObject *m) {
     ModState *st = mod_state(m);
     if (!(st->knob_name = PyUnicode_InternFromString("fake_dtype"))) return -1;
-    if (!(st->testing_name = PyUnicode_InternFromString("manyfiles._testing"))) return -1;
+    if (!(st->testing_name = PyUnicode_InternFromString("manyfiles._core.testing"))) return -1;
     static const char letters[] = "?pc?d?b?f?l?s???";
     for (int i = 0; i < N_DTYPES; i++) {
         st->type_letters[i] = PyUnicode_FromStringAndSize(&letters[i], 1);

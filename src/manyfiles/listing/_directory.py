@@ -17,15 +17,15 @@ import sys
 from collections import namedtuple
 from collections.abc import Callable, Iterator
 
-from manyfiles import _glob
+from manyfiles._core import glob as _glob
 
 TYPE_CHECKING = False  # typing is not imported at run time: ~7 ms of fastls' start-up
 if TYPE_CHECKING:
     from typing import Any
 
-    from manyfiles._progress import Progress, ProgressArg
+    from manyfiles._core.progress import Progress, ProgressArg
 
-# The C core is imported here directly, not through manyfiles._native (which says why it is
+# The C core is imported here directly, not through manyfiles._core.native (which says why it is
 # missing): _native imports pathlib and _extras importlib.metadata, ~40 ms of fastls' start-up,
 # so both are imported only on the paths that need them.
 try:
@@ -70,7 +70,7 @@ class DirDone(namedtuple("DirDone", "path depth")):
 
 
 class Filter(namedtuple("Filter", "include exclude types", defaults=((), (), ""))):
-    """What to keep: ``include`` / ``exclude`` glob patterns (:mod:`manyfiles._glob`, Python's
+    """What to keep: ``include`` / ``exclude`` glob patterns (:mod:`manyfiles._core.glob`, Python's
     fnmatch rules; tuples of str) and ``types`` (type letters, e.g. ``"fl"``).
 
     A pattern containing ``/`` is matched against the path relative to the walk's root,
@@ -121,11 +121,11 @@ def _resolve_backend(backend: str | None) -> str:
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
     if name == "dents" and _dents is None:
-        from manyfiles import _native
+        from manyfiles._core import native as _native
 
         _native.require("the dents backend")
     elif name == "getdents":
-        from manyfiles._extras import require_installed
+        from manyfiles._core.extras import require_installed
 
         require_installed("getdents", "getdents", GETDENTS_FEATURE)
     return name
@@ -182,13 +182,13 @@ def _on_dir(path: str | bytes, c_function: Any, *args: Any, **kwargs: Any) -> An
     return result
 
 
-# ---- progress (manyfiles._progress, imported only when someone listens: fastls' start-up) -----
+# ---- progress (manyfiles._core.progress, imported only when someone listens: fastls' start-up) -----
 
 
 def _check_progress(progress: object) -> None:
     """UsageError for a bad ``progress=`` (before any work), without importing _progress for good ones."""
     if not (progress is None or isinstance(progress, bool) or callable(progress)):
-        from manyfiles._progress import check_progress
+        from manyfiles._core.progress import check_progress
 
         check_progress(progress)
 
@@ -216,10 +216,10 @@ _SILENT = _Silent()
 
 
 def _progress_for(progress: ProgressArg, task: str) -> Any:
-    """A context manager yielding a :class:`~manyfiles._progress.Progress` (or a silent stand-in)."""
+    """A context manager yielding a :class:`~manyfiles._core.progress.Progress` (or a silent stand-in)."""
     if not progress:
         return _SILENT
-    from manyfiles._progress import progress_for
+    from manyfiles._core.progress import progress_for
 
     return progress_for(progress, task, unit="entries")
 
@@ -352,7 +352,7 @@ def _getdents_entries(path: str | bytes | int, bufsize: int, resolve: bool,
                       filter: Filter) -> Iterator[Entry]:
     # The PyPI package: filter_function=None, because its default filter drops every
     # DT_UNKNOWN entry (all of them on sshfs); it then also returns "." and "..".
-    from manyfiles._extras import require
+    from manyfiles._core.extras import require
 
     getdents = require("getdents", "getdents", GETDENTS_FEATURE)
 

@@ -46,7 +46,7 @@ class ListRequest(namedtuple("ListRequest", list(_REQUEST_DEFAULTS), defaults=_R
 
 
 class Failed(namedtuple("Failed", "path reason code")):
-    """A path or directory that could not be listed (the fields of manyfiles._report.Failure)."""
+    """A path or directory that could not be listed (the fields of manyfiles._core.report.Failure)."""
 
     __slots__ = ()
 
@@ -73,7 +73,7 @@ class Tally:
 
 #: the raw entries hook (``on_entries`` of :func:`manyfiles.listing.count_tree`): called with the
 #: entries listed so far, from the calling thread, about ten times a second.  Not a
-#: :class:`manyfiles._progress.Progress`: fastls.run turns one into this.
+#: :class:`manyfiles._core.progress.Progress`: fastls.run turns one into this.
 OnEntries = Callable[[int], None]
 
 

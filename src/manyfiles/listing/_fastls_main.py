@@ -64,7 +64,7 @@ def main() -> None:
 
     testing = os.environ.get("MANYFILES_TESTING")  # the subprocess tests' bridge, as cli._common.run_main
     if testing:
-        from manyfiles import _testing
+        from manyfiles._core import testing as _testing
 
         _testing.apply_environ()
 

@@ -11,7 +11,7 @@
  * Text is matched as Python sees it after os.fsdecode: bytes are decoded as UTF-8 and a
  * byte that is not part of a valid sequence becomes the lone surrogate U+DC80..U+DCFF
  * (surrogateescape).  So `?` is one character, not one byte, and a str pattern behaves
- * the same on str names and on raw bytes names.  (manyfiles._glob uses this only where the
+ * the same on str names and on raw bytes names.  (manyfiles._core.glob uses this only where the
  * filesystem encoding is UTF-8, which Python guarantees on Linux unless a non-UTF-8
  * locale is set explicitly; elsewhere it falls back to fnmatch.translate.)
  *

@@ -14,7 +14,7 @@ import time
 from collections import namedtuple
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from manyfiles import _glob
+from manyfiles._core import glob as _glob
 from manyfiles.listing._directory import (
     _LETTER_OF_DT,
     DEFAULT_BUFSIZE,
@@ -40,7 +40,7 @@ TYPE_CHECKING = False  # typing is not imported at run time: ~7 ms of fastls' st
 if TYPE_CHECKING:
     from typing import Any
 
-    from manyfiles._progress import ProgressArg
+    from manyfiles._core.progress import ProgressArg
 
 
 # ---- count: one directory, or a tree (recursive=True) ------------------------------
@@ -215,7 +215,7 @@ def walk(
     below it have been yielded (children before parents), for bottom-up work.
 
     ``progress``: True for the shared live display, or a callable taking a
-    :class:`~manyfiles._progress.Snapshot` (``done`` = entries yielded so far, ``failures`` =
+    :class:`~manyfiles._core.progress.Snapshot` (``done`` = entries yielded so far, ``failures`` =
     directories that could not be listed); it is updated as each listing is yielded and
     finished when the walk ends or the iterator is closed.  Every argument is checked when
     ``walk`` is called, before anything is read.
@@ -387,7 +387,7 @@ def count_tree(
 
     With the C core no Python object is created per entry or per directory.  ``progress``:
     True for the shared live display, or a callable taking a
-    :class:`~manyfiles._progress.Snapshot` (``done`` = entries so far; the last one has the
+    :class:`~manyfiles._core.progress.Snapshot` (``done`` = entries so far; the last one has the
     final count).  ``on_entries`` is the raw hook under it: called with the entries counted
     so far about ten times a second, from the calling thread (an exception it raises stops the
     walk and propagates).  A root that cannot be listed raises ``OSError``; other unreadable

@@ -19,8 +19,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from manyfiles._progress import Progress, ProgressArg, check_progress, progress_for
-from manyfiles._report import Failure, Report
+from manyfiles._core.progress import Progress, ProgressArg, check_progress, progress_for
+from manyfiles._core.report import Failure, Report
 from manyfiles.errors import AccessDenied, NotFound, UsageError
 
 # what the fastls CLI (manyfiles.cli.ls) uses besides run(): reached here, the module's public face
@@ -56,7 +56,7 @@ def run(request: ListRequest, out_fd: int, progress: ProgressArg = False, *, clu
     """List ``request.paths`` to ``out_fd`` (counts only, with ``count_only``); see ListRequest.
 
     ``progress``: True (a rich line on a terminal, a bar in Jupyter, plain lines otherwise) or
-    a callable taking a :class:`~manyfiles._progress.Snapshot` (``done`` = entries so far).
+    a callable taking a :class:`~manyfiles._core.progress.Snapshot` (``done`` = entries so far).
     ``cluster`` (``"local:N"``, ``"tcp://HOST:8786"``, a ``distributed.Client``): a recursive
     request runs on Dask workers (:mod:`manyfiles.listing._cluster`; paths printed absolute,
     part files in ``parts_dir``).

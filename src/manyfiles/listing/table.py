@@ -34,9 +34,9 @@ from operator import itemgetter
 from typing import Any
 
 from manyfiles import listing
-from manyfiles._extras import require
-from manyfiles._progress import ProgressArg, check_progress
-from manyfiles._report import Failure
+from manyfiles._core.extras import require
+from manyfiles._core.progress import ProgressArg, check_progress
+from manyfiles._core.report import Failure
 from manyfiles.listing._tree import _walk_shown
 
 _NAME, _TYPE, _INODE = itemgetter(0), itemgetter(1), itemgetter(2)
@@ -55,7 +55,7 @@ class ListingTable:
 
     ``len(t)``, ``iter(t)`` (:class:`Row` tuples), ``t.column(name)``, ``t.to_pandas()``,
     ``t.to_arrow()``; ``t.failures`` lists the directories that could not be read
-    (:class:`~manyfiles._report.Failure`), ``t.seconds`` the time the scan took.
+    (:class:`~manyfiles._core.report.Failure`), ``t.seconds`` the time the scan took.
     """
 
     def __init__(self, root: str, *, stat: bool) -> None:

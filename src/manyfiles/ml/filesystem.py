@@ -29,7 +29,7 @@ import stat as _stat
 import time
 from typing import Any
 
-from manyfiles._extras import require
+from manyfiles._core.extras import require
 from manyfiles.cache import Cache
 from manyfiles.errors import NotFound, ObjectChanged, UsageError
 from manyfiles.ml._source import CacheRef

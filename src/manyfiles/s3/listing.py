@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from manyfiles._retry import retrying
+from manyfiles._core.retry import retrying
 from manyfiles.errors import ManyfilesError, TransferError
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.keys import S3Url
@@ -167,11 +167,11 @@ def read_manifest(path: str, url: S3Url) -> Iterator[ObjectInfo]:
     """Yield the keys of a manifest: one key a line, optionally ``key<TAB>size[<TAB>etag]``.
 
     ``path`` ``"-"`` is stdin; NUL-terminated records (keys with newlines) are detected
-    (:func:`manyfiles._files_from.read_names`).  Keys are full keys in ``url.bucket``; blank
+    (:func:`manyfiles._core.files_from.read_names`).  Keys are full keys in ``url.bucket``; blank
     lines are ignored.  A key that does not start with the source prefix is still downloaded
     (the manifest is explicit).
     """
-    from manyfiles._files_from import read_names
+    from manyfiles._core.files_from import read_names
 
     for lineno, raw in enumerate(read_names(path), 1):  # NotFound / AccessDenied name the file
         try:

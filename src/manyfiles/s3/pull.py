@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
-from manyfiles._progress import Progress, ProgressArg, check_progress, progress_for
+from manyfiles._core.progress import Progress, ProgressArg, check_progress, progress_for
 from manyfiles.errors import IntegrityError, ManyfilesError, PartialFailure, UsageError
 from manyfiles.s3 import routing as _plan
 from manyfiles.s3.client import ClientSettings
@@ -452,7 +452,7 @@ def pull(source: str | None = None, dest: str | os.PathLike | None = None, *, st
     ``dry_run=True`` lists and plans only and returns a :class:`PullPlan` (a report with the
     planned objects and ``execute()``); ``plan=`` fetches a plan's objects (``source``, ``dest``
     and the options come from it).  ``progress``: True for a live display, or a callable taking
-    a :class:`~manyfiles._progress.Snapshot` (objects done/total, bytes).  ``on_event``
+    a :class:`~manyfiles._core.progress.Snapshot` (objects done/total, bytes).  ``on_event``
     receives every :class:`Event` in the calling thread.  Extra keyword arguments go to
     :class:`PullConfig` (``verify``, ``verify_existing``, ``fsync``, ``part_size``, ``retry``...).
     ``cluster`` (``"local:N"``, ``"tcp://HOST:8786"``, a ``distributed.Client``): listing and

@@ -23,7 +23,7 @@ Example:
 
 from __future__ import annotations
 
-from manyfiles._lazy import lazy_exports
+from manyfiles._core.lazy import lazy_exports
 
 _EXPORTS = {
     "ClusterReport": ".executor",

@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from manyfiles._extras import require
+from manyfiles._core.extras import require
 from manyfiles.errors import ManyfilesError, UsageError
 from manyfiles.scale._seam import (
     CLUSTER_FEATURE,

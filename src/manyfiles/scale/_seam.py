@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from manyfiles import errors as _errors
-from manyfiles._progress import Progress, ProgressArg, check_progress, progress_for
-from manyfiles._report import Report
+from manyfiles._core.progress import Progress, ProgressArg, check_progress, progress_for
+from manyfiles._core.report import Report
 from manyfiles.errors import ManyfilesError, UsageError
 from manyfiles.scale.lease import NO_LEASE, Attempt, guarded, running
 

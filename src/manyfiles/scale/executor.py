@@ -39,7 +39,7 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from manyfiles._progress import ProgressArg, check_progress
+from manyfiles._core.progress import ProgressArg, check_progress
 from manyfiles.errors import UsageError
 from manyfiles.scale._seam import (
     ClusterReport,

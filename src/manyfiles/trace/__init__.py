@@ -15,7 +15,7 @@ Names are loaded lazily so that starting a trace imports only the format module.
 
 from __future__ import annotations
 
-from manyfiles._lazy import lazy_exports
+from manyfiles._core.lazy import lazy_exports
 
 _EXPORTS = {
     "export_chrome": ".chrome",

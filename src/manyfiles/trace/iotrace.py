@@ -25,7 +25,7 @@ so a process killed with SIGKILL leaves every block flushed before the kill.
 Memory is bounded: when the deque holds ``buffer_records`` records, new ones are
 counted as dropped and the caller carries on without waiting.
 
-Worker processes (``manyfiles._worker.instrumented_worker()``) write their own
+Worker processes (``manyfiles._core.worker.instrumented_worker()``) write their own
 ``FILE.worker-<pid>``, found and merged by ``manyfiles trace summary FILE``.
 """
 

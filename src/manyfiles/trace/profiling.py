@@ -2,7 +2,7 @@
 
 The parent traces itself with viztracer and publishes a scratch directory in
 ``MANYFILES_PROFILE_DIR``; every worker process that runs inside
-``manyfiles._worker.instrumented_worker()`` saves its own profile there (forked
+``manyfiles._core.worker.instrumented_worker()`` saves its own profile there (forked
 workers reuse the tracer they inherited, spawned ones start a fresh one), and the
 parent combines them all into ``output_file`` with viztracer's ReportBuilder, the
 code behind ``viztracer --combine``.  Open the result with ``vizviewer FILE`` or
@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from manyfiles._extras import require
+from manyfiles._core.extras import require
 from manyfiles.errors import ManyfilesError, UsageError
 
 FEATURE = "--profile-out (manyfiles.profile)"

@@ -23,7 +23,7 @@ def _why_not(exc: ImportError) -> str:
     if not sys.platform.startswith("linux"):
         return f"getdents64 is Linux-only, this is {sys.platform}"
     try:
-        note = Path(__file__).with_name(NOTE_FILE).read_text().strip()
+        note = (Path(__file__).parent.parent / NOTE_FILE).read_text().strip()  # beside manyfiles/_dents
     except OSError:
         note = ""
     return _one_line(f"the build failed: {note}" if note else str(exc))

@@ -18,8 +18,8 @@ filesystem encoding is UTF-8 (always on Linux unless a non-UTF-8 locale is force
 tests/globcases.py holds the parity table every tool's tests run through both.
 
 Example:
-    >>> from manyfiles import _glob
-    >>> m = _glob.compile(["*.jpg", "raw/*"])
+    >>> from manyfiles._core import glob
+    >>> m = glob.compile(["*.jpg", "raw/*"])
     >>> m.match("a.jpg"), m.match(b"b.png"), m.match("x.png", rel="raw/x.png")
     (True, False, True)
 """
