@@ -319,3 +319,30 @@ def test_help_text_shows_no_markup() -> None:
         assert not leaks, (root, words, leaks)
         seen += 1
     assert seen >= 24   # every command: the five entry points, shard's 5, cache's 5, trace's 2...
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf"])
+@pytest.mark.parametrize("command", [("s3pull", "s3://bucket/prefix/", "DEST"),
+                                     ("manyfiles", "cache", "warm", "--dir", "CACHE", "s3://bucket/prefix/")])
+def test_a_bad_retry_base_setting_is_a_usage_error_before_any_work(run_cli, tmp_path: Path, value: str,
+                                                                  command: tuple[str, ...]) -> None:
+    """MANYFILES_RETRY_BASE (docs/cli.md) is a documented setting, checked like an option: exit 2,
+    one line naming it, nothing created (no destination, no cache directory)."""
+    args = [str(tmp_path / a) if a in ("DEST", "CACHE") else a for a in command]
+    proc = run_cli(*args, env={"MANYFILES_RETRY_BASE": value, "AWS_ACCESS_KEY_ID": "x",
+                               "AWS_SECRET_ACCESS_KEY": "x", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"})
+    lines = proc.stderr.decode().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert lines == [f"{command[0]}: MANYFILES_RETRY_BASE={value!r}: expected a number of seconds >= 0"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_retry_base_setting_reaches_the_retry_policy(monkeypatch) -> None:
+    from manyfiles.cli._common import retry_base
+
+    monkeypatch.delenv("MANYFILES_RETRY_BASE", raising=False)
+    assert retry_base() is None
+    monkeypatch.setenv("MANYFILES_RETRY_BASE", " 0.25 ")
+    assert retry_base() == 0.25
+    monkeypatch.setenv("MANYFILES_RETRY_BASE", "0")
+    assert retry_base() == 0.0

@@ -46,11 +46,6 @@ fake_dtype: int | None = None
 #: is built, so that the tests check both engines on the same cases; None = the C walker if built.
 remove_engine: str | None = None
 
-#: s3pull: the base of its retry backoff in seconds (production: RetryPolicy's 0.1), so that
-#: subprocess tests exercising retries do not sleep.  Read by the s3pull command when it builds
-#: its RetryPolicy.
-retry_base: float | None = None
-
 #: s3pull: its data writes (``os.pwrite`` into temp files) misbehave as a failing disk would:
 #: ``("short", 0)`` writes at most half of each buffer (a short write the caller must continue),
 #: ``("EIO", n)`` fails the n-th write of the process with EIO.  Read once per write.
@@ -105,7 +100,6 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "kill_at": _parse_kill_at,
     "fake_dtype": lambda value: int(value) if value else None,
     "remove_engine": lambda value: value or None,
-    "retry_base": lambda value: float(value) if value else None,
     "write_fault": _parse_write_fault,
     "hold_at": _parse_hold_at,
 }

@@ -18,6 +18,8 @@ import contextlib
 import errno
 import functools
 import json
+import math
+import os
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -34,6 +36,7 @@ from manyfiles.errors import (
     EXIT_USAGE,
     FailureLines,
     ManyfilesError,
+    UsageError,
     from_oserror,
 )
 
@@ -258,6 +261,28 @@ def echo_cluster(prog: str, report: object) -> None:
     lines = report.worker_lines() if hasattr(type(report), "worker_lines") else []
     for line in lines:
         click.echo(f"{prog}: {line}", err=True)
+
+
+#: a documented setting (docs/cli.md): the base of s3pull's and the cache's S3 retry backoff
+ENV_RETRY_BASE = "MANYFILES_RETRY_BASE"
+
+
+def retry_base() -> float | None:
+    """Seconds from ``MANYFILES_RETRY_BASE``, or None when it is unset (RetryPolicy's own base).
+
+    The first retry waits up to this long (full jitter), each next one up to twice as long, capped.
+    A value that is not a number >= 0 is a usage error, before anything runs.
+    """
+    text = os.environ.get(ENV_RETRY_BASE, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise UsageError(f"{ENV_RETRY_BASE}={text!r}: expected a number of seconds >= 0")
+    return value
 
 
 def fail(prog: str, message: str, code: int = EXIT_FAILED) -> None:

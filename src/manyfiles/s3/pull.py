@@ -27,7 +27,7 @@ from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.engines.base import Ctx, Done, Engine, Failed, Options
 from manyfiles.s3.integrity import Claim, digest_for, object_claim
 from manyfiles.s3.keys import STATE_DIR, S3Url, UnsafeKey, local_relpath, make_filter, parse_url
-from manyfiles.s3.listing import ObjectInfo, list_objects_lean, read_manifest
+from manyfiles.s3.object_listing import ObjectInfo, list_objects_lean, read_manifest
 from manyfiles.s3.report import PullReport
 from manyfiles.s3.retry import RetryPolicy, classify
 from manyfiles.s3.state import State

@@ -33,7 +33,7 @@ from typing import Any
 
 from manyfiles._core.extras import require
 from manyfiles.errors import ManyfilesError, UsageError
-from manyfiles.scale._seam import (
+from manyfiles.scale._jobs import (
     CLUSTER_FEATURE,
     IN_FLIGHT_EXTRA,
     IN_FLIGHT_PER_THREAD,

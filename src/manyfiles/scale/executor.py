@@ -41,7 +41,7 @@ from typing import Any
 
 from manyfiles._core.progress import ProgressArg, check_progress
 from manyfiles.errors import UsageError
-from manyfiles.scale._seam import (
+from manyfiles.scale._jobs import (
     ClusterReport,
     Executor,
     InProcessExecutor,

@@ -1,7 +1,7 @@
-"""The pieces of the executor seam that both executors use (in process, and
-:mod:`manyfiles.scale._dask`): jobs, shard results, the merged report, the client's shard queue
-and live counters.  The public face is :mod:`manyfiles.scale.executor`, which also picks the
-executor (:func:`~manyfiles.scale.executor.connect`); this module imports neither executor.
+"""The core of scale: what both executors (in process, and :mod:`manyfiles.scale._dask`) run --
+jobs, shard results, the merged report, the client's shard queue and live counters.  The public
+face is :mod:`manyfiles.scale.executor`, which also picks the executor
+(:func:`~manyfiles.scale.executor.connect`); this module imports neither executor.
 """
 
 from __future__ import annotations
