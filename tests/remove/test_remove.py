@@ -11,7 +11,6 @@ import hashlib
 import itertools
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from manyfiles._core import testing as _testing
 from manyfiles._core.progress import Snapshot
 from manyfiles.errors import UsageError
 from manyfiles.remove import _walker
+from privileges import not_root_cmd
 from procstate import fds_into
 
 ENGINES = ["c", "python"] if _walker.NATIVE else ["python"]
@@ -65,15 +65,6 @@ def all_paths(root: Path) -> set[str]:
     for dirpath, dirnames, filenames in os.walk(root):
         out.update(os.path.join(dirpath, n) for n in dirnames + filenames)
     return out
-
-
-def not_root_cmd() -> list[str]:
-    """A prefix that makes a real permission check apply: as root, drop the DAC-override capabilities."""
-    if os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    assert setpriv, "running as root: setpriv (util-linux) is needed for the permission-denied tests"
-    return [setpriv, "--bounding-set=-dac_override,-dac_read_search,-fowner", "--"]
 
 
 @pytest.mark.parametrize("workers", [1, 4])

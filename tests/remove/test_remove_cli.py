@@ -11,14 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from test_remove import all_paths, make_tree, table_selection  # its sibling (tests/remove/ is on sys.path)
 
 from globcases import PATTERNS, make_files
+from privileges import not_root_cmd
 from terminal import stderr_on_a_terminal
-
-try:  # tests/ is a rootdir-less pytest folder, not a package
-    from test_remove import all_paths, make_tree, not_root_cmd, table_selection
-except ImportError:  # pragma: no cover
-    from tests.test_remove import all_paths, make_tree, not_root_cmd, table_selection
 
 BIN = Path(sys.executable).parent
 
