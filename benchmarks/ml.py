@@ -17,7 +17,11 @@ Rates are objects per second, so peers that read a subset compare per object.  T
 Parquet scan (``pq.read_table``) through the manyfiles fsspec filesystem against
 s3fs, first read and reread.  Medians of ``--repeat`` runs (epoch 1 on an empty cache each time).
 
-    flock /work/bench.lock .venv/bin/python benchmarks/ml.py [--objects 20000] [--size 100K]
+    flock /work/bench.lock .venv/bin/python benchmarks/ml.py [--objects 20000] [--size 100K] [--latency MS]
+
+``--latency MS`` puts toxiproxy between the readers and the server, adding MS to every response, as
+S3's first-byte latency does (10-30 ms from EC2); without it the server answers in well under a
+millisecond and epoch 1 is bound by this machine's CPU, not by the network a cache saves.
 """
 
 from __future__ import annotations
@@ -193,6 +197,9 @@ def main() -> None:
     ap.add_argument("--filecache-objects", type=int, default=1_000,
                     help="objects s3fs+filecache reads (its cost per object grows with the files it holds)")
     ap.add_argument("--boto3-objects", type=int, default=4_000, help="objects the boto3 loop reads")
+    ap.add_argument("--latency", type=int, default=0, metavar="MS",
+                    help="toxiproxy in front of the server adds MS to every response (S3's first-byte "
+                         "latency; the readers go through it, the seeding does not)")
     args = ap.parse_args()
     from manyfiles._core.units import parse_size
 
@@ -201,20 +208,27 @@ def main() -> None:
     s3pull.DATA = DATA
     DATA.mkdir(parents=True, exist_ok=True)
     gw, port = s3pull.start_versitygw()
-    endpoint = f"http://127.0.0.1:{port}"
+    tox = None
     try:
-        run(args, size, endpoint)
+        seeding = endpoint = f"http://127.0.0.1:{port}"
+        if args.latency:
+            tox = s3pull.Toxiproxy(port)
+            tox.set_latency(args.latency)
+            endpoint = f"http://127.0.0.1:{tox.port}"
+        run(args, size, seeding, endpoint)
     finally:
+        if tox is not None:
+            tox.stop()
         gw.terminate()
         gw.wait()
 
 
-def run(args, size: int, endpoint: str) -> None:
+def run(args, size: int, seeding: str, endpoint: str) -> None:
     import manyfiles as mf
     from manyfiles.s3 import ClientSettings
 
     t0 = time.perf_counter()
-    keys, paths = seed(endpoint, args.objects, size)
+    keys, paths = seed(seeding, args.objects, size)
     print(f"seeded {len(keys):,} x {size:,} B in {time.perf_counter() - t0:.1f} s")
     settings = ClientSettings(endpoint_url=endpoint, region="us-east-1")
     scratch = DATA / "scratch"
@@ -259,8 +273,8 @@ def run(args, size: int, endpoint: str) -> None:
             print(f"  rep {rep + 1} {name:20s} {n:,} objects: epoch 1 {runs[0][0]:7.2f} s  epoch 2 "
                   f"{runs[1][0]:7.2f} s  (construct {listing:.2f} s)", flush=True)
     print()
-    print(f"## {args.objects:,} x {args.size} objects, {args.workers} worker processes, medians of "
-          f"{args.repeat}; load {os.getloadavg()[0]:.2f}; {machine_line()}")
+    print(f"## {args.objects:,} x {args.size} objects, {args.workers} worker processes, +{args.latency} ms "
+          f"per response, medians of {args.repeat}; load {os.getloadavg()[0]:.2f}; {machine_line()}")
     print()
     fc = median(results["s3fs + filecache"]["e1"])
     local = median(results["local disk"]["e2"])
@@ -271,14 +285,14 @@ def run(args, size: int, endpoint: str) -> None:
         e1, e2 = median(r["e1"]), median(r["e2"])
         print(f"| {name} | {r['n']:,} | {median(r['list']):.2f} | {e1:,.0f} | {e2:,.0f} | {e2 / e1:.1f}x "
               f"| {e1 / fc:.2f}x | {e2 / local:.2f}x |")
-    parquet(args, endpoint, settings)
+    parquet(args, seeding, endpoint, settings)
 
 
-def parquet(args, endpoint: str, settings) -> None:
+def parquet(args, seeding: str, endpoint: str, settings) -> None:
     import fsspec
     import pyarrow.parquet as pq
 
-    key = seed_parquet(endpoint, args.rows)
+    key = seed_parquet(seeding, args.rows)
     url = f"s3://{BUCKET}/{key}"
     s3 = fsspec.filesystem("s3", skip_instance_cache=True,
                            client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"})

@@ -97,7 +97,8 @@ def wait_port(port: int, timeout: float = 30) -> None:
 
 def go_tool(name: str) -> Path:
     """``name`` from .cache/go/bin, ~/go/bin or PATH; else built with ``go install`` into .cache/go/bin."""
-    for candidate in (GOBIN / name, Path.home() / "go" / "bin" / name):
+    built = GO_TOOLS[name][1] if name in GO_TOOLS else name
+    for candidate in (GOBIN / name, Path.home() / "go" / "bin" / name, Path.home() / "go" / "bin" / built):
         if candidate.exists():
             return candidate
     found = shutil.which(name)

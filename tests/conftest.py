@@ -131,6 +131,12 @@ def dask_client():
 
     from manyfiles.scale._dask import LOCAL_QUIET, SPAWN_ENV, dask, worker_environ
 
+    # A killed worker's nanny starts a new one; but 15 s (Dask's lost-worker-timeout) after each
+    # loss, the cluster closes that worker's nanny for good unless a worker of that name is up at
+    # that instant.  A second kill of the same worker just before then (kill tests run back to
+    # back) left the cluster at one worker for the rest of the session.  Read when a worker is
+    # lost, so it is set for the session, not around the start.
+    dask.config.set({"distributed.deploy.lost-worker-timeout": "1 hour"})
     with dask.config.set({SPAWN_ENV: worker_environ()}):
         cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                            silence_logs=logging.CRITICAL, **LOCAL_QUIET)
