@@ -21,7 +21,7 @@ Executors:
   counters published by the workers (``Worker.log_event``) and summed on the client
   (``Client.subscribe_topic``) for the progress display.
 
-This module imports no tool: each tool keeps its own job beside its code (``s3/pull.py``,
+This module imports no tool: each tool keeps its own job beside its code (``s3/_cluster.py``,
 ``shard/_cluster.py``, ``remove/_cluster.py``, ``cache/_cluster.py``, ``listing/_cluster.py``)
 and reaches the executors through here.  Without ``cluster``
 a tool runs its normal library call; nothing here is imported.
