@@ -6,6 +6,8 @@ import hashlib
 import json
 import os
 import random
+import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -306,6 +308,41 @@ def test_a_flipped_byte_in_a_streamed_object_ends_the_read_and_is_never_kept(s3,
     report = cache.verify()
     assert (report.verified, report.unverified, report.corrupt) == (1, 0, 0)
     assert len(_blocks_of(cache)) == 1
+
+
+def test_closing_a_reader_ends_its_stream_stalled_on_the_server(s3, tmp_path: Path):
+    """The pump of a streamed object blocked on a server that stopped answering (the resume after
+    a lost connection, held back by the proxy) ends as soon as the reader is closed, not after the
+    read timeout (an hour here); nothing of the object is kept, nothing more is asked."""
+    settings = replace(s3.settings, read_timeout=3600.0)
+    cache = Cache(tmp_path / "cache", block_size=BS, settings=settings, retry=s3.retry,
+                  verify_whole_max=WHOLE_MAX)
+    s3.put("w/stall.bin", blob(6 * BS + 5, "stall"))     # cut after 3 blocks: within the read-ahead
+    stalled = threading.Event()
+
+    def resume(m, p, h) -> bool:
+        if m == "GET" and p.split("?")[0].endswith("/stall.bin") and h.get("Range"):
+            stalled.set()           # the proxy holds this answer back from now on
+            return True
+        return False
+
+    s3.proxy.faults += [(lambda m, p, h: m == "GET" and p.split("?")[0].endswith("/stall.bin")
+                         and not h.get("Range"), "truncate"), (resume, "stall")]
+    try:
+        before = {t for t in threading.enumerate() if t.name == "manyfiles-cache-stream"}
+        f = mf.open(s3.url("w/stall.bin"), cache=cache)
+        pumps = {t for t in threading.enumerate() if t.name == "manyfiles-cache-stream"} - before
+        assert len(pumps) == 1
+        assert stalled.wait(60), "the resume never reached the proxy"
+        f.close()
+        pump = pumps.pop()
+        pump.join(60)
+        assert not pump.is_alive(), "closing the reader did not end the stalled stream"
+        assert s3.proxy.applied == ["truncate", "stall"] and len(s3.gets()) == 2
+        cache.flush()
+        assert _blocks_of(cache) == [] and cache.stats().entries == 0, "nothing of it is kept"
+    finally:
+        cache.close()
 
 
 def _objids(s3, cache: Cache, key: str) -> set[bytes]:

@@ -3,6 +3,8 @@ through the fault proxy in front of moto (which checks every signature)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from s3util import CREDS, blob, put_composite, put_multipart
 
@@ -96,6 +98,46 @@ def test_stream_resumes_a_lost_connection_where_it_stopped(seeded, proxy):
     assert proxy.applied == ["reset"] and len(ranges) == 1
     start, end = map(int, ranges[0].split("=")[1].split("-"))
     assert start % MiB == 0 and end == len(data["o/multi.bin"]) - 1 and len(objs.retries) == 1
+
+
+def test_close_from_another_thread_ends_a_read_stalled_on_the_server(seeded, proxy):
+    """A reader blocked on a server that stopped answering (here: the resume after a lost
+    connection, which the proxy holds back) returns with a TransferError as soon as another
+    thread closes the stream, not after the read timeout (an hour here), and nothing is resumed."""
+    name, data = seeded
+    objs = ObjectClient(ClientSettings(endpoint_url=proxy.url, region="us-east-1", read_timeout=3600.0),
+                        retry=FAST)
+    stalled, finished = threading.Event(), threading.Event()
+
+    def resume(m, p, h) -> bool:
+        if gets_of("o/md5.bin")(m, p, h) and h.get("Range"):
+            stalled.set()           # the proxy holds this answer back from now on
+            return True
+        return False
+
+    proxy.faults += [(gets_of("o/md5.bin"), "truncate"), (resume, "stall")]
+    stream = objs.stream(name, "o/md5.bin")
+    buf = bytearray(len(data["o/md5.bin"]))
+    outcome: list = []
+
+    def read() -> None:
+        try:
+            outcome.append(stream.readinto(buf))
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            finished.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert stalled.wait(60), "the resume never reached the proxy"
+    stream.close()
+    assert finished.wait(60), "close() did not end the stalled read"
+    reader.join()
+    assert isinstance(outcome[0], TransferError) and "closed" in str(outcome[0])
+    assert proxy.applied == ["truncate", "stall"]
+    assert len([r for m, _, r in proxy.requests if m == "GET"]) == 2     # nothing after the close
+    assert stream.pos == 0          # no byte handed out
 
 
 @pytest.mark.parametrize("lie", ["head-zero", "head-size", "head-parts-count"])

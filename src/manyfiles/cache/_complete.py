@@ -76,12 +76,13 @@ def _fill(store: BlockStore, stream: WholeRead, version: Version,
     bs = store.block_size
     writer = store.fills.writer(version)
     wrong = 0
+    buf = memoryview(bytearray(min(bs, version.size)))    # one buffer, received into block after block
     try:
         for i in range(-(-version.size // bs)):
             if cancel is not None and cancel.is_set():
                 raise Cancelled(f"{version.source.decode(errors='replace')}: the cache was closed")
-            data = stream.read(bs)           # the last block only once every byte passed the check
-            if len(data) != store.block_length(version.size, i):
+            data = buf[:store.block_length(version.size, i)]
+            if stream.readinto(data) != len(data):     # the last block only once every byte passed
                 raise ObjectChanged(f"{version.source.decode(errors='replace')}: shorter than its version")
             writer.write(i * bs, data)
             cached = store.read_block(version.objid, i, len(data))

@@ -12,6 +12,13 @@ accesses and counters about once a second and evicts past the watermarks.
 
 A whole file is written into a temp file preallocated to the object's size (one extent, large
 ``pwrite`` s), which costs the kernel less than one new file per block.
+
+The writers run at a lower priority, so they must never hold anything a reader waits for: they
+take no lock that readers take.  Items reach them through a ``queue.SimpleQueue`` (a put never
+waits), they count what they wrote in counters of their own, and they drop what readers could
+still find in memory with single dict operations.  A stream's blocks are received into recycled
+buffers (:class:`BlockBuffers`): a fresh 4 MiB buffer per block costs the kernel more (page faults,
+zeroing) than writing the block to the cache disk.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import json
 import os
 import queue
 import sqlite3
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -54,6 +62,66 @@ def _default_fill_queue() -> int:
 
 
 FILL_QUEUE_BYTES = _default_fill_queue()
+IDLE_BUFFERS = 8                     # recycled block buffers kept while no stream needs them
+
+
+# Recycling trusts sys.getrefcount, which is exact only while the GIL serializes every change of a
+# count (a free-threaded build counts per thread and merges later).
+_GIL = getattr(sys, "_is_gil_enabled", lambda: True)()
+
+
+def _refs_when_idle() -> int:
+    """What ``sys.getrefcount`` says of a pooled buffer nobody else holds, seen from the loop of
+    :meth:`BlockBuffers.get` (the list, the loop variable, the argument)."""
+    bufs = [bytearray(1)]
+    for b in bufs:
+        return sys.getrefcount(b)
+    raise AssertionError
+
+
+class BlockBuffers:
+    """Block-sized ``bytearray`` s recycled between the blocks of streams (see the module docs).
+
+    A buffer is handed out again only when nothing but this pool refers to it: the reader that
+    got its block, the fill queue, the dict readers find queued blocks in and a ``pwrite`` in
+    progress all hold references to it (CPython's reference count says so exactly), so a buffer
+    is never rewritten while someone may still read it.  At most ``limit`` buffers are pooled
+    (past that, fresh ones); :meth:`trim` (the accounting thread, every second) gives idle ones
+    beyond IDLE_BUFFERS back.
+    """
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size, self.limit = size, max(1, limit)
+        self._bufs: list[bytearray] = []
+        self._lock = threading.Lock()
+        self._idle_refs = _refs_when_idle()
+
+    def get(self) -> bytearray:
+        if not _GIL:            # reference counts are not exact without the GIL: never recycle
+            return bytearray(self.size)
+        with self._lock:
+            for b in self._bufs:
+                if sys.getrefcount(b) <= self._idle_refs:
+                    return b
+            b = bytearray(self.size)
+            if len(self._bufs) < self.limit:
+                self._bufs.append(b)
+            return b
+
+    def trim(self, keep: int = IDLE_BUFFERS) -> None:
+        """Drop idle buffers beyond ``keep``."""
+        with self._lock:
+            pooled = []
+            for b in self._bufs:
+                if sys.getrefcount(b) <= self._idle_refs:
+                    if not keep:
+                        continue
+                    keep -= 1
+                pooled.append(b)
+            self._bufs = pooled
+
+    def __len__(self) -> int:
+        return len(self._bufs)
 
 
 class WholeWriter:
@@ -61,88 +129,87 @@ class WholeWriter:
     temp file preallocated to the object's size, renamed into place once every part is written
     *and* the object passed its check (:meth:`seal`); aborted otherwise (nothing kept).
 
-    Parts come queued (:meth:`part`: write-behind, from a reader's stream) or are written at once
-    (:meth:`write`: warm and background completions, which are background work already).
+    Parts come queued (:meth:`part`: write-behind, from one reader's stream) or are written at
+    once (:meth:`write`: warm and background completions, which are background work already).
+    No lock is shared with the stream: parts queued are counted by the stream's thread, parts
+    written in a list the writers append to, and whoever sees the last of them finishes, once.
     """
 
     def __init__(self, fills: Fills, version: Version) -> None:
         self.fills, self.version = fills, version
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()       # the temp file's creation (writers only)
+        self._once = threading.Lock()       # taken once, never released: _finish runs once
         self._fd: int | None = None
         self._tmp: str | None = None
         self.seq = next(fills._seq)         # a rejection of the object after this gives the file up
-        self.pending = 0                    # parts queued, not yet written
+        self.queued = 0                     # parts queued (the stream's thread only)
+        self._written: list[bool] = []      # one entry per queued part written, failed or dropped
         self.sealed: tuple[str, dict] | None = None
         self.failed = False
         self.done = False
 
     def _file(self) -> int:
-        # under self._lock
-        if self._fd is None:
-            store = self.fills.store
-            self._tmp = store.temp_path(".w")
-            self._fd = os.open(self._tmp, _O_NEW, 0o644)
-            if self.version.size:
-                # one extent for the whole object: cheaper for the kernel than growing the file
-                with contextlib.suppress(OSError):
-                    os.posix_fallocate(self._fd, 0, self.version.size)
-        return self._fd
+        fd = self._fd
+        if fd is not None:
+            return fd
+        with self._lock:
+            if self._fd is None:
+                store = self.fills.store
+                self._tmp = store.temp_path(".w")
+                fd = os.open(self._tmp, _O_NEW, 0o644)
+                if self.version.size:
+                    # one extent for the whole object: cheaper for the kernel than growing the file
+                    with contextlib.suppress(OSError):
+                        os.posix_fallocate(fd, 0, self.version.size)
+                self._fd = fd
+            return self._fd
 
     def write(self, offset: int, data: bytes | memoryview) -> None:
         """Write ``data`` at ``offset`` now (raises OSError: the caller aborts)."""
-        with self._lock:
-            fd = self._file()
-        write_all(fd, data, offset)
+        write_all(self._file(), data, offset)
 
-    def part(self, offset: int, data: bytes) -> bool:
+    def part(self, offset: int, data: Any) -> bool:
         """Queue ``data`` for ``offset``; False when it was dropped (the whole file is then given up)."""
-        with self._lock:
-            if self.failed or self.done:
-                return False
-            self.pending += 1
+        if self.failed or self.done:
+            return False
+        self.queued += 1
         if self.fills.enqueue("part", self, offset, data, key=(self.version.objid,
                                                               offset // self.fills.store.block_size)):
             return True
-        self._written(ok=False)
+        self._written_one(ok=False)
         return False
 
-    def _written(self, ok: bool) -> None:
+    def _written_one(self, ok: bool) -> None:
         """A queued part was written (or failed, or was dropped)."""
-        with self._lock:
-            self.pending -= 1
-            if not ok:
-                self.failed = True
-            ready = not self.pending and (self.sealed is not None or self.failed)
-        if ready:
+        if not ok:
+            self.failed = True
+        self._written.append(ok)
+        self._maybe_finish()
+
+    def _maybe_finish(self) -> None:
+        if len(self._written) == self.queued and (self.sealed is not None or self.failed):
             self._finish()
 
     def seal(self, method: str, claim: dict) -> None:
         """The object passed its check (``method``; ``claim``: what the file is re-hashed against at
         rest): install the file once every part is written."""
-        with self._lock:
-            self.sealed = (method, claim)
-            ready = not self.pending
-        if ready:
-            self._finish()
+        self.sealed = (method, claim)
+        self._maybe_finish()
 
     def abort(self) -> None:
-        with self._lock:
-            self.failed = True
-            ready = not self.pending
-        if ready:
-            self._finish()
+        self.failed = True
+        self._maybe_finish()
 
     def _finish(self) -> None:
         """Install (sealed, every part written) or give up (failed, rejected): once."""
+        if not self._once.acquire(blocking=False):
+            return
         store, v = self.fills.store, self.version
-        with self._lock:
-            if self.done:
-                return
-            self.done = True
-            install = (self.sealed is not None and not self.failed
-                       and not self.fills.rejected(v.objid, self.seq))
-            fd, tmp = self._fd, self._tmp
-            self._fd = None
+        self.done = True
+        install = (self.sealed is not None and not self.failed
+                   and not self.fills.rejected(v.objid, self.seq))
+        fd, tmp = self._fd, self._tmp
+        self._fd = None
         try:
             if not install:
                 return
@@ -179,25 +246,30 @@ class Fills:
 
     def after_fork(self) -> None:
         """What belongs to one process (called again in a forked child)."""
-        self._lock = threading.Lock()
-        self._queue: queue.Queue = queue.Queue()              # files to write (the writers')
-        self._accounting: queue.Queue = queue.Queue()         # what was written (the accounting thread's)
+        self._lock = threading.Lock()                         # the producers' (readers); no writer takes it
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # files to write (the writers')
+        self._accounting: queue.SimpleQueue = queue.SimpleQueue()   # what was written (accounting's)
         self._backlog = threading.Event()                     # wakes the writers at normal priority
-        self._queued_bytes = 0
+        self._enqueued_bytes = self._enqueued = 0             # what producers queued (under _lock)
+        self._written_bytes = [0] * FILLERS                   # what each writer wrote (its own slot)
+        self._written = [0] * FILLERS
+        self._progress = threading.Condition()                # flush() waits on it
+        self._flushing = 0
         # What is queued stays readable from memory until it is on disk, so a reader coming back
         # to a block it just fetched does not fetch it again: (objid, index) -> (bytes, checked),
         # and objid -> a whole object already checked.
-        self._inflight: dict[tuple[bytes, int], tuple[bytes, bool]] = {}
+        self._inflight: dict[tuple[bytes, int], tuple[Any, bool]] = {}
         self._inflight_whole: dict[bytes, bytes] = {}
         self._threads: list[threading.Thread] = []
         # objid -> the fill sequence number when it was rejected (its whole-object check failed):
         # fills queued before that are never written; a later fetch of the same version fills again
         self._rejected: dict[bytes, int] = {}
         self._seq = itertools.count(1)
+        self.buffers = BlockBuffers(self.store.block_size, self.queue_bytes // self.store.block_size + 64)
 
     # -- what readers call ---------------------------------------------------------------------------
 
-    def block(self, version: Version, index: int, data: bytes, *, checked: bool) -> None:
+    def block(self, version: Version, index: int, data: Any, *, checked: bool) -> None:
         """Queue a block fetched by range (``checked``: a check of the origin's covered it)."""
         self.enqueue("block", version, index, data, key=(version.objid, index), checked=checked)
 
@@ -210,7 +282,7 @@ class Fills:
     def writer(self, version: Version) -> WholeWriter:
         return WholeWriter(self, version)
 
-    def queued(self, objid: bytes, index: int, *, checked_only: bool = False) -> bytes | None:
+    def queued(self, objid: bytes, index: int, *, checked_only: bool = False) -> Any:
         """A block waiting in the queue (not yet on disk), if any."""
         got = self._inflight.get((objid, index))
         if got is not None and (got[1] or not checked_only):
@@ -220,6 +292,10 @@ class Fills:
     def queued_whole(self, objid: bytes) -> bytes | None:
         """A whole object (checked) waiting in the queue, if any."""
         return self._inflight_whole.get(objid)
+
+    def queued_bytes(self) -> int:
+        """Bytes queued and not yet written (an estimate while writers run: never below the truth)."""
+        return self._enqueued_bytes - sum(self._written_bytes)
 
     def account(self, fill: Fill | Whole) -> None:
         """Queue the accounting of a file already renamed into place."""
@@ -236,8 +312,8 @@ class Fills:
             if len(self._rejected) > 100_000:
                 self._rejected.clear()
             self._rejected[version.objid] = next(self._seq)
-            for key in [k for k in self._inflight if k[0] == version.objid]:
-                del self._inflight[key]
+            for key in [k for k in list(self._inflight) if k[0] == version.objid]:
+                self._inflight.pop(key, None)
             self._inflight_whole.pop(version.objid, None)
         self.store.remove_object(version.objid, version.size)
 
@@ -247,7 +323,7 @@ class Fills:
 
     # -- the queue -----------------------------------------------------------------------------------
 
-    def enqueue(self, kind: str, target: Any, at: int, data: bytes, *, key: tuple[bytes, int] | None,
+    def enqueue(self, kind: str, target: Any, at: int, data: Any, *, key: tuple[bytes, int] | None,
                 checked: bool = False) -> bool:
         """Queue one write (``target``: a Version for a block, a WholeWriter for a part or a whole
         object; ``at``: the block's index or the part's offset); False, counted as dropped, when the
@@ -255,19 +331,21 @@ class Fills:
         bytes until they are on disk."""
         store, n = self.store, len(data)
         with self._lock:
-            dropped = self._closed or store.degraded() or self._queued_bytes + n > self.queue_bytes
+            queued = self.queued_bytes()
+            dropped = self._closed or store.degraded() or queued + n > self.queue_bytes
             if not dropped:
-                self._queued_bytes += n
+                self._enqueued_bytes += n
+                self._enqueued += 1
                 if key is not None:
                     self._inflight[key] = (data, checked)
                 elif kind == "whole":
                     self._inflight_whole[target.version.objid] = data
-                if self._queued_bytes > BACKLOG * self.queue_bytes:
-                    self._backlog.set()
                 seq = next(self._seq)
         if dropped:        # (counted outside the lock: counting may start the threads, which takes it)
             store.count(fills_dropped=store.nblocks(n) if kind == "whole" else 1)
             return False
+        if queued + n > BACKLOG * self.queue_bytes:
+            self._backlog.set()
         self.start()
         self._queue.put((kind, target, at, data, seq, checked, key))
         return True
@@ -280,7 +358,7 @@ class Fills:
                     # Several writers: creating and renaming a file waits on the filesystem's journal
                     # (with the GIL released), and a busy disk makes one writer fall behind the network.
                     for i in range(FILLERS):
-                        t = threading.Thread(target=self._run, args=(i % 2 == 0,),
+                        t = threading.Thread(target=self._run, args=(i, i % 2 == 0),
                                              name=f"manyfiles-cache-filler-{i}", daemon=True)
                         t.start()
                         self._threads.append(t)
@@ -289,11 +367,11 @@ class Fills:
                     t.start()
                     self._threads.append(t)
 
-    def _run(self, niced: bool) -> None:
-        """A writer: files only; ``niced``: at a lower CPU priority, else only while the queue has a
-        backlog.  Everything that holds the GIL for long (SQLite batches, counters, eviction) is the
-        accounting thread's: a niced thread preempted while holding the GIL would stall every reader
-        of the process."""
+    def _run(self, me: int, niced: bool) -> None:
+        """Writer ``me``: files only; ``niced``: at a lower CPU priority, else only while the queue
+        has a backlog.  It takes no lock a reader takes (see the module docs); everything that holds
+        the GIL for long (SQLite batches, counters, eviction) is the accounting thread's: a niced
+        thread preempted while holding the GIL would stall every reader of the process."""
         if niced:
             with contextlib.suppress(OSError, AttributeError):     # this thread only (Linux: a tid)
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
@@ -307,51 +385,70 @@ class Fills:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            try:
-                done = [self._write(*item) for item in batch if item[0] != "stop"]
-                self._accounting.put([d for d in done if d is not None])
-            except Exception as exc:  # never let a writer die: flush() would wait for it forever
-                self.store.degrade(exc)
-            finally:
-                for _ in batch:
-                    self._queue.task_done()
+            done, nbytes = [], 0
+            for item in batch:
+                if item[0] == "stop":
+                    continue
+                try:
+                    d = self._write(*item)
+                    if d is not None:
+                        done.append(d)
+                except Exception as exc:  # never let a writer die: flush() would wait for it forever
+                    self.store.degrade(exc)
+                finally:
+                    self._forget(item)
+                nbytes += len(item[3])
+            if done:
+                self._accounting.put(done)
+            # counted once accounted: flush() waits for these counts, then for the accounting
+            self._written_bytes[me] += nbytes
+            self._written[me] += len(batch) - (batch[-1][0] == "stop")
+            if self._flushing:
+                with self._progress:
+                    self._progress.notify_all()
+            if not niced and self.queued_bytes() < BACKLOG / 2 * self.queue_bytes:
+                self._backlog.clear()
             if batch[-1][0] == "stop":
                 return
 
-    def _write(self, kind: str, target: Any, at: int, data: bytes, seq: int, checked: bool,
+    def _forget(self, item: tuple) -> None:
+        """Readers no longer find a written item in memory (single dict operations: no lock)."""
+        kind, target, _, data, _, _, key = item
+        if key is not None:
+            got = self._inflight.get(key)
+            if got is not None and got[0] is data:
+                # (a newer copy of the same block stored between the get and the pop is popped
+                # too: the same bytes, read from the disk or fetched again)
+                self._inflight.pop(key, None)
+        elif kind == "whole":
+            objid = target.version.objid
+            if self._inflight_whole.get(objid) is data:
+                self._inflight_whole.pop(objid, None)
+
+    def _write(self, kind: str, target: Any, at: int, data: Any, seq: int, checked: bool,
                key: tuple[bytes, int] | None) -> tuple[Fill, int] | None:
         """Write one queued item; returns the block to account (and its sequence number)."""
         store = self.store
+        if kind == "part":
+            self._write_part(target, at, data, seq)
+            return None
+        if kind == "whole":
+            self._write_whole(target, data, seq)
+            return None
+        v = target
+        if store.has_whole(v.objid):        # held whole already: the block adds nothing
+            return None
+        if store.degraded() or self.rejected(v.objid, seq):
+            self.count_dropped(1)
+            return None
         try:
-            if kind == "part":
-                self._write_part(target, at, data, seq)
-                return None
-            if kind == "whole":
-                self._write_whole(target, data, seq)
-                return None
-            v = target
-            if store.has_whole(v.objid):        # held whole already: the block adds nothing
-                return None
-            if store.degraded() or self.rejected(v.objid, seq):
-                self.count_dropped(1)
-                return None
-            try:
-                return store.write_block(v, at, data, checked), seq
-            except OSError as exc:
-                self.count_dropped(1)
-                store.degrade(exc)
-                return None
-        finally:
-            with self._lock:
-                self._queued_bytes -= len(data)
-                if key is not None and self._inflight.get(key, (None,))[0] is data:
-                    del self._inflight[key]
-                if kind == "whole" and self._inflight_whole.get(target.version.objid) is data:
-                    del self._inflight_whole[target.version.objid]
-                if self._queued_bytes < BACKLOG / 2 * self.queue_bytes:
-                    self._backlog.clear()
+            return store.write_block(v, at, data, checked), seq
+        except OSError as exc:
+            self.count_dropped(1)
+            store.degrade(exc)
+            return None
 
-    def _write_part(self, w: WholeWriter, offset: int, data: bytes, seq: int) -> None:
+    def _write_part(self, w: WholeWriter, offset: int, data: Any, seq: int) -> None:
         ok = False
         try:
             if not (w.failed or self.rejected(w.version.objid, seq)):
@@ -361,7 +458,7 @@ class Fills:
             self.count_dropped(1)
             self.store.degrade(exc)
         finally:
-            w._written(ok)
+            w._written_one(ok)
 
     def _write_whole(self, w: WholeWriter, data: bytes, seq: int) -> None:
         try:
@@ -381,7 +478,7 @@ class Fills:
 
     def _run_accounting(self) -> None:
         """Records what the writers wrote, flushes accesses and counters about once a second,
-        evicts past the watermarks."""
+        evicts past the watermarks.  Also sets the events flush() puts in its queue."""
         while True:
             try:
                 wait = QUIET if self.store.counts_pending() else FLUSH_INTERVAL
@@ -394,12 +491,13 @@ class Fills:
                 except queue.Empty:
                     break
             try:
-                self._record([f for batch in items if batch is not None for f in batch])
+                self._record([f for batch in items if isinstance(batch, list) for f in batch])
             except Exception as exc:  # never let it die: flush() would wait for it forever
                 self.store.degrade(exc)
             finally:
-                for _ in items:
-                    self._accounting.task_done()
+                for marker in items:
+                    if isinstance(marker, threading.Event):
+                        marker.set()
             if items and items[-1] is None:
                 return
 
@@ -430,6 +528,8 @@ class Fills:
                                 if self.rejected(f.version.objid, seq)}:
                 store.remove_object(objid, size)
         now = time.monotonic()
+        if len(self.buffers) > IDLE_BUFFERS:
+            self.buffers.trim()
         if fills or now - store.last_flush >= FLUSH_INTERVAL or (store.counts_pending()
                                                                  and now - store.last_count >= QUIET):
             store.flush_counters()
@@ -438,10 +538,20 @@ class Fills:
     # -- flush and close -----------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Wait until every queued fill is written and accounted."""
-        if any(t.is_alive() for t in self._threads):
-            self._queue.join()          # the writers hand their batch over before task_done
-            self._accounting.join()
+        """Wait until every fill queued so far is written and accounted."""
+        if not any(t.is_alive() for t in self._threads):
+            return
+        with self._lock:
+            target = self._enqueued
+        with self._progress:
+            self._flushing += 1
+            try:
+                self._progress.wait_for(lambda: sum(self._written) >= target)
+            finally:
+                self._flushing -= 1
+        marker = threading.Event()        # everything accounted before it is accounted
+        self._accounting.put(marker)
+        marker.wait()
 
     def close(self) -> None:
         if self._closed:
@@ -459,4 +569,3 @@ class Fills:
             self._accounting.put(None)
         for t in accounting:
             t.join()
-

@@ -157,6 +157,24 @@ class _FileReader:
             raise ObjectChanged(f"{self.origin.display}: changed while being read")
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
+    def readinto(self, offset: int, view: memoryview) -> None:
+        """Fill ``view`` with the bytes at ``offset`` (no copy through a bytes object)."""
+        fd = self._open()
+        t0 = time.monotonic_ns()
+        got = 0
+        try:
+            while got < len(view):
+                n = os.preadv(fd, [view[got:]], offset + got)
+                if not n:
+                    break
+                got += n
+        except OSError as exc:
+            _trace("read", self.origin.path, offset, got, t0, exc.errno or -1)
+            raise from_oserror(exc, self.origin.display) from exc
+        _trace("read", self.origin.path, offset, got, t0, 0)
+        if got != len(view) or self._changed(fd):
+            raise ObjectChanged(f"{self.origin.display}: changed while being read")
+
     def close(self) -> None:
         with self._lock:
             if self._fd is not None:
@@ -186,6 +204,15 @@ class WholeRead:
     def read(self, n: int) -> bytes:
         raise NotImplementedError
 
+    def readinto(self, buf: Any) -> int:
+        """As :meth:`read`, into ``buf`` (``len(buf)`` bytes, fewer only at the end): no copy."""
+        raise NotImplementedError
+
+    def interrupt(self) -> None:
+        """From another thread: a read blocked on the origin fails at once (nothing more is read).
+        A no-op where a read cannot block for long (a local file: closing its descriptor under a
+        read in progress could hand that read another file's descriptor number)."""
+
     def close(self) -> None:
         pass
 
@@ -210,6 +237,16 @@ class _FileWhole(WholeRead):
         if self.pos == self.size and self.method is None:
             self.method, self.claim = SIZE_ONLY, crc_claim(self._crc)
         return data
+
+    def readinto(self, buf: Any) -> int:
+        view = memoryview(buf).cast("B")[: max(0, self.size - self.pos)]
+        if len(view):
+            self._reader.readinto(self.pos, view)
+        self._crc = zlib.crc32(view, self._crc)
+        self.pos += len(view)
+        if self.pos == self.size and self.method is None:
+            self.method, self.claim = SIZE_ONLY, crc_claim(self._crc)
+        return len(view)
 
     def close(self) -> None:
         self._reader.close()
@@ -303,6 +340,19 @@ class _S3Whole(WholeRead):
             data = self._stream.read(n)
         except Exception as exc:
             raise self._origin.error(exc) from exc
+        self._after(data)
+        return data
+
+    def readinto(self, buf: Any) -> int:
+        view = memoryview(buf).cast("B")
+        try:
+            n = self._stream.readinto(view)
+        except Exception as exc:
+            raise self._origin.error(exc) from exc
+        self._after(view[:n])
+        return n
+
+    def _after(self, data: Any) -> None:
         if self._crc is not None:
             self._crc = zlib.crc32(data, self._crc)
         self.pos += len(data)
@@ -312,7 +362,9 @@ class _S3Whole(WholeRead):
             claim = self._stream.claim
             self.method = claim.method
             self.claim = crc_claim(self._crc) if self._crc is not None else claim.to_record()
-        return data
+
+    def interrupt(self) -> None:
+        self._stream.close()        # ObjectStream.close: from any thread, ends a stalled read
 
     def close(self) -> None:
         self._stream.close()

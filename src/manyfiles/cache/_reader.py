@@ -440,30 +440,40 @@ class _Pump(threading.Thread):
         with self._cond:
             self._stopped = True
             self._cond.notify()
+        self._stream.interrupt()    # a read blocked on a stalled server returns now (nothing kept)
 
     def run(self) -> None:
-        stream, writer = self._stream, self._writer
-        last = max(self._futures)
-        j = 0
+        stream, writer, futures = self._stream, self._writer, self._futures
+        buffers = self._store.fills.buffers
+        bs, size = self._bs, self._v.size
+        fut = None
         try:
-            for j in range(last + 1):
+            for j in range(max(futures) + 1):
                 with self._cond:
                     self._cond.wait_for(lambda j=j: self._stopped or j <= self._at + self._ahead)
                     if self._stopped:
                         return
-                data = stream.read(self._bs)        # the last block only once the object passed its check
-                _settle(self._futures[j], data)
-                writer.part(j * self._bs, data)     # dropped when the queue is full: then nothing is kept
+                fut = futures.pop(j)        # (once settled, only the reader holds it, and its block)
+                n = min(bs, size - j * bs)
+                buf = buffers.get()         # received into a recycled buffer: no copy, no fresh pages
+                data = buf if n == len(buf) else memoryview(buf)[:n]
+                if stream.readinto(data) != n:  # the last block only once the object passed its check
+                    raise ManyfilesError(f"{self._v.source!r}: the stream ended early")
+                _settle(fut, data)
+                fut = None
+                writer.part(j * bs, data)   # dropped when the queue is full: then nothing is kept
             writer.seal(stream.method, stream.claim)
-            j = last + 1
         except IntegrityError as exc:   # the whole object is not what the server says it is
-            _settle(self._futures[j], exc=exc)
-            j += 1
+            if fut is not None:
+                _settle(fut, exc=exc)
         except Exception:           # the stream broke: the reader fetches the rest by range
             pass
         finally:
-            for k in range(j, last + 1):
-                _settle(self._futures[k], None)
+            if fut is not None:
+                _settle(fut, None)
+            for f in futures.values():
+                _settle(f, None)
+            futures.clear()
             if writer.sealed is None:
                 writer.abort()
             stream.close()

@@ -108,9 +108,10 @@ class ObjectHead:
 
 
 class RangeData(NamedTuple):
-    """Bytes of one range, and the check they passed on their own (None: none applies to the range)."""
+    """Bytes of one range (the buffer they were received into), and the check they passed on
+    their own (None: none applies to the range)."""
 
-    data: bytes
+    data: bytes | bytearray
     claim: Claim | None
 
 
@@ -264,7 +265,7 @@ class ObjectClient:
         def attempt() -> RangeData:
             buf = _Buffer(start, end - start + 1)
             lean.get(bucket, job, buf, start, end)
-            data = bytes(buf.data)
+            data = buf.data             # no copy: the bytearray received into
             if not whole:
                 return RangeData(data, None)
             digest = digest_for(head.claim, head.size, buf.read)
@@ -351,6 +352,8 @@ class ObjectStream:
         self._lean = client.transport(bucket)
         self._on_retry = on_retry
         self._resp = None
+        self._opening = None        # the client sending the current request (close() aborts it)
+        self._closed = False
         self.pos = 0
         self.claim: Claim | None = None
         try:
@@ -372,7 +375,18 @@ class ObjectStream:
             extra.append(("x-amz-checksum-mode", "ENABLED"))
         if etag:
             extra.append(("if-match", f'"{etag}"'))
-        return self._lean.open("GET", uri_path(self._lean.ep.path_prefix, self.key), extra)
+        resp = self._lean.open("GET", uri_path(self._lean.ep.path_prefix, self.key), extra,
+                               on_client=self._sending)
+        self._opening = None
+        if self._closed:            # closed while the answer came: nobody reads it
+            resp.close()
+            raise TransferError("the stream was closed", retryable=False)
+        return resp
+
+    def _sending(self, client) -> None:
+        self._opening = client
+        if self._closed:
+            client.abort()
 
     def _open(self, if_match: str | None, size: int | None) -> ObjectHead:
         resp = self._resp = self._request(if_match)
@@ -395,28 +409,44 @@ class ObjectStream:
             self._resp.close()
             self._resp = None
 
-    def _read_some(self, n: int) -> bytes:
+    def _response(self):
+        if self._closed:
+            raise TransferError("the stream was closed", retryable=False)
         if self._resp is None:     # resume where the lost connection stopped
             resp = self._resp = self._request(self.head.etag, self.pos)
             check_range(resp.status, resp.headers.get("content-range"), self.pos, self.size - 1, self.size)
-        return self._resp.read(n)
+        return self._resp
 
-    def read(self, n: int = CHUNK) -> bytes:
-        """Up to ``n`` bytes (``n`` unless the object ends first); b"" after the end."""
-        want = min(n, self.size - self.pos)
+    def _fill(self, view: memoryview) -> None:
+        """Fill ``view`` exactly from the body (an attempt: a short body raises, retryable)."""
+        got = self._response().readinto(view)
+        if got != len(view):
+            raise TransferError(f"truncated body: got {self.pos + got} of {self.size} bytes",
+                                retryable=True)
+
+    def readinto(self, buf) -> int:
+        """Fill ``buf`` (a writable buffer) with the next bytes: ``len(buf)`` unless the object ends
+        first; 0 after the end.  No copy: the body is received into ``buf`` itself.  The read
+        that reaches the end returns only once every byte passed the check (IntegrityError)."""
+        view = memoryview(buf).cast("B")
+        want = min(len(view), self.size - self.pos)
         if want <= 0:
             if self.claim is None:      # an empty object
                 self._finish()
-            return b""
-        data = self.client._retrying(lambda: self._read_some(want), self._on_retry, reset=self._drop)
-        if len(data) != want:
-            raise TransferError(f"truncated body: got {self.pos + len(data)} of {self.size} bytes",
-                                retryable=True)
-        self._digest.stream(data)
+            return 0
+        view = view[:want]
+        self.client._retrying(lambda: self._fill(view), self._on_retry, reset=self._drop)
+        self._digest.stream(view)
         self.pos += want
         if self.pos == self.size:
             self._finish()              # raises before the last bytes are handed out
-        return data
+        return want
+
+    def read(self, n: int = CHUNK) -> bytes:
+        """Up to ``n`` bytes (``n`` unless the object ends first); b"" after the end."""
+        buf = bytearray(max(0, min(n, self.size - self.pos)))
+        got = self.readinto(buf)
+        return bytes(buf) if got else b""
 
     def _finish(self) -> None:
         self._drop()
@@ -429,6 +459,12 @@ class ObjectStream:
             yield data
 
     def close(self) -> None:
+        """End the stream (from any thread: a read blocked on a stalled server, in a body or
+        waiting for the answer to a resume, returns at once with a TransferError, not resumed)."""
+        self._closed = True
+        opening = self._opening
+        if opening is not None:     # waiting for an answer (a resume, say)
+            opening.abort()
         self._drop()
 
     def __enter__(self) -> ObjectStream:

@@ -16,6 +16,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 from manyfiles import iotrace
 from manyfiles.s3.http1 import (
@@ -48,6 +49,8 @@ class LeanClient:
         self.route, self.timeout = route, timeout
         self.checksum_mode = checksum_mode
         self._local = threading.local()
+        self._newest: socket.socket | None = None   # for abort() (a client of one open() only)
+        self._aborted = False
 
     @property
     def ep(self) -> Endpoint:
@@ -79,7 +82,18 @@ class LeanClient:
                 self._local.flags = socket.MSG_WAITALL
             self._local.sock = sock
             self._local.ep = ep
+            self._newest = sock
+            if self._aborted:       # abort() ran while this connection was being made
+                _shut(sock)
         return sock
+
+    def abort(self) -> None:
+        """From another thread: the request :meth:`open` is sending or waiting on fails at once
+        (its socket is shut down, as is any connection it makes after this)."""
+        self._aborted = True
+        sock = self._newest
+        if sock is not None:
+            _shut(sock)
 
     def _buffer(self) -> bytearray:
         """This thread's receive buffer, made on first need: a body that came whole with its
@@ -213,11 +227,16 @@ class LeanClient:
         return headers
 
     # -- a response read at the caller's pace ---------------------------------------------
-    def open(self, method: str, path: str, extra: list, query: str = "") -> Response:
+    def open(self, method: str, path: str, extra: list, query: str = "",
+             on_client: Callable[[LeanClient], None] | None = None) -> Response:
         """Send one request on a connection of its own and return the response, body unread
         (a stream read block by block, possibly by another thread); raises TransferError for a
-        non-2xx answer.  The connection is closed with the response."""
+        non-2xx answer.  The connection is closed with the response.  ``on_client`` is given the
+        client that sends the request, before it does: its :meth:`abort` ends the wait for the
+        answer from another thread."""
         own = LeanClient(self.route, self.timeout, checksum_mode=self.checksum_mode)
+        if on_client is not None:
+            on_client(own)
         try:
             sock, status, headers, rest = own._exchange(method, path, list(extra), query)
             if status not in (200, 206):
@@ -352,7 +371,10 @@ class Response:
                 view[:n] = self._rest[:n]
                 self._rest = self._rest[n:]
             while n < want:
-                got = self.sock.recv_into(view[n:want], want - n, self.flags)
+                sock = self.sock
+                if sock is None:
+                    raise TransferError("the response was closed", retryable=True, status=self.status)
+                got = sock.recv_into(view[n:want], want - n, self.flags)
                 if not got:
                     raise TransferError(f"truncated body: got {self.length - self.remaining + n} of "
                                         f"{self.length} bytes", retryable=True, status=self.status)
@@ -371,10 +393,21 @@ class Response:
         return bytes(buf) if got == len(buf) else bytes(buf[:got])
 
     def close(self) -> None:
+        """Close the connection; a thread blocked reading the body (a stalled server) returns at
+        once: the socket is shut down first, since closing it alone leaves that ``recv`` waiting
+        for data or the read timeout."""
         sock, self.sock = self.sock, None
         if sock is not None:
+            _shut(sock)
             with contextlib.suppress(OSError):
                 sock.close()
+
+
+def _shut(sock: socket.socket) -> None:
+    """Shut ``sock`` down: a thread blocked in its ``recv`` returns at once (closing it alone
+    leaves that ``recv`` waiting for data or the read timeout)."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 class _RangeWriter:
