@@ -18,7 +18,7 @@ FLAKE_RANDOM ?= 2
 
 .PHONY: demo test test-fast flake lint venv bench-venv clean
 
-$(STAMP): pyproject.toml setup.py ci/dev-constraints.txt $(wildcard src/manyfiles/*.c src/manyfiles/*.h)
+$(STAMP): pyproject.toml setup.py ci/dev-constraints.txt $(wildcard src/manyfiles/*/*.c src/manyfiles/*/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip 'uv>=0.5'
 	# uv installs the same constrained set as pip, in ~30 s instead of ~100-150 s (parallel downloads,

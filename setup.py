@@ -52,10 +52,17 @@ if sys.platform.startswith("linux"):
     ext_modules.append(
         Extension(
             "manyfiles._dents",
-            # one directory + module init, the one glob rule set, the parallel tree walker, the CRCs
-            # of s3pull's small-object checks
-            ["src/manyfiles/_dents.c", "src/manyfiles/_glob.c", "src/manyfiles/_walk.c", "src/manyfiles/_crc.c"],
-            depends=["src/manyfiles/_dents.h"],
+            # one directory + module init, the one glob rule set, the parallel tree walker (listing/),
+            # the CRCs of s3pull's small-object checks (s3/).  One extension at the package root:
+            # listing, remove (the walker's remove-tree mode) and s3 all use it.
+            [
+                "src/manyfiles/listing/_dents.c",
+                "src/manyfiles/listing/_glob.c",
+                "src/manyfiles/listing/_walk.c",
+                "src/manyfiles/s3/_crc.c",
+            ],
+            include_dirs=["src/manyfiles/listing"],  # _dents.h, for s3/_crc.c
+            depends=["src/manyfiles/listing/_dents.h"],
             extra_compile_args=["-O2", "-std=gnu11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             extra_link_args=["-pthread"],
             optional=not required,

@@ -490,7 +490,7 @@ def part_hit(args) -> None:
 
 
 def main() -> int:
-    from manyfiles._units import parse_size
+    from manyfiles._core.units import parse_size
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--part", action="append", choices=["seed", "ml", "hit"], required=True)

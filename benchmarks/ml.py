@@ -201,7 +201,7 @@ def main() -> None:
                     help="toxiproxy in front of the server adds MS to every response (S3's first-byte "
                          "latency; the readers go through it, the seeding does not)")
     args = ap.parse_args()
-    from manyfiles._units import parse_size
+    from manyfiles._core.units import parse_size
 
     size = parse_size(args.size)
     env()

@@ -25,7 +25,7 @@ Jobs:
              = ``shard.apply(root)``; on Dask one shard per top bucket.
 * ``s3``     s3pull of N small objects from a local S3 server (versitygw if ~/go/bin has it,
              else moto); local = ``s3.pull``; the Dask path lists in key ranges and downloads
-             slices (see manyfiles.s3.pull.pull_on_cluster).
+             slices (see manyfiles.s3._cluster.pull_on_cluster).
 * ``remove`` fastrm of a two-level hashed tree (recreated, untimed, after each run); local =
              ``remove_tree(root)``; ``count`` = the C walker counting the tree, which each cluster
              shard attempt does before it removes (so that a re-run counts a lost worker's work).
@@ -53,7 +53,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import HERE, machine_line, make_flat, make_hashed_tree
-from manyfiles import listing, listing_cluster
+from manyfiles import listing
+from manyfiles.listing import _cluster as listing_cluster
 from manyfiles.scale._dask import DaskExecutor
 from manyfiles.scale.executor import InProcessExecutor, NoopJob
 

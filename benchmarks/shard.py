@@ -151,8 +151,8 @@ def journal_share(root: Path, n: int) -> None:
     Same-run and inside one process, so machine noise cannot flip the answer the way it can
     between two separately timed runs.
     """
-    from manyfiles import iotrace
     from manyfiles.shard.journal import JOURNAL
+    from manyfiles.trace import iotrace
 
     class Sum:
         journal_ns = 0

@@ -109,7 +109,8 @@ def bench_ls(n: int, repeat: int, with_strace: bool) -> dict:
         variants["strace -e getdents64"] = lambda: run([*strace_cmd("getdents64", DATA / "strace.log"), *cmd])
     med = interleaved(variants, repeat, label="fastls")
     # The library call alone (no process start-up): what a notebook user pays.
-    from manyfiles import iotrace, listing
+    from manyfiles import listing
+    from manyfiles.trace import iotrace
 
     def lib_traced() -> None:
         with iotrace.tracing(DATA / "ls-lib.mft"):
@@ -227,7 +228,8 @@ def bench_s3(n: int, repeat: int, with_strace: bool) -> dict | None:
 
 def micro() -> list[tuple[str, float]]:
     """ns per record() call, and per _fsops.rename with tracing off / on."""
-    from manyfiles import _fsops, iotrace
+    from manyfiles._core import fsops as _fsops
+    from manyfiles.trace import iotrace
 
     rows = []
     folder = DATA / "micro"

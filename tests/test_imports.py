@@ -1,4 +1,5 @@
-"""Import hygiene of src/manyfiles (issue 10): no import circles, no private names across packages.
+"""Import hygiene of src/manyfiles (issues 10, 19): no import circles, no private names across packages,
+imports pointing down the layers of docs/architecture.md.
 
 Every module is parsed (ast, nothing is imported) and every import statement counts, at module
 level or inside a function (a lazy import is still a dependency), except those under
@@ -11,10 +12,10 @@ level or inside a function (a lazy import is still a dependency), except those u
 2. **Private names stay in their package.**  A module's package is the directory that holds it
    (``manyfiles.remove._plan`` -> ``manyfiles.remove``; a package's ``__init__`` belongs to the
    package itself).
-   * A private *module* (last name component ``_x``: ``manyfiles._pool``, ``manyfiles.s3._y``)
-     is the internal API of its package: only modules inside that package (or its
-     subpackages) may import it.  ``manyfiles._pool`` serves all of manyfiles;
-     ``manyfiles.s3._y`` serves manyfiles.s3 only.
+   * A private *module* (a name component ``_x``: ``manyfiles._core.pool``, ``manyfiles.s3._y``)
+     is the internal API of the package holding its first private component: only modules
+     inside that package (or its subpackages) may import it.  ``manyfiles._core.pool`` serves
+     all of manyfiles; ``manyfiles.s3._y`` serves manyfiles.s3 only.
    * A private *name inside a module* (``_x`` defined in ``manyfiles.listing``: a function,
      class, constant or import) may be used -- ``from M import _x`` or ``M._x`` -- only by
      modules of the same package (``manyfiles.listing._dents`` from ``manyfiles.remove`` was
@@ -29,6 +30,7 @@ allow-listed offence is gone, so the list only shrinks.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,11 +54,14 @@ def module_names() -> dict[str, Path]:
         if parts[-1] == "__init__":
             parts.pop()
         out[".".join(parts)] = path
-    for path in sorted((SRC / PACKAGE).rglob("*.c")):  # an extension module per setup.py source set
-        name = ".".join(path.relative_to(SRC).with_suffix("").parts)
-        if (path.with_suffix(".h")).exists() or name.endswith("._dents"):
-            out.setdefault(name, path)
+    for name, source in EXTENSIONS.items():
+        if (SRC / source).exists():
+            out.setdefault(name, SRC / source)
     return out
+
+
+# the C extensions, as setup.py builds them: module name -> the source with its init function
+EXTENSIONS = {"manyfiles._dents": "manyfiles/listing/_dents.c"}
 
 
 MODULES = module_names()
@@ -234,9 +239,9 @@ def test_the_checker_sees_what_it_must() -> None:
     """The parser itself: known imports, a function-level one, a private name, a C module."""
     assert "manyfiles._dents" in MODULES and "manyfiles.remove" in MODULES
     walker = {(u.target, u.name) for u in uses("manyfiles.remove._walker")}
-    assert ("manyfiles._dents", None) in walker and ("manyfiles.iotrace", "native_sink") in walker
+    assert ("manyfiles._dents", None) in walker and ("manyfiles.trace.iotrace", "native_sink") in walker
     executor = {(u.target, u.name) for u in uses("manyfiles.remove._executor")}
-    assert ("manyfiles._retry", "retrying") in executor  # imported inside a method
+    assert ("manyfiles._core.retry", "retrying") in executor  # imported inside a method
     assert package_of("manyfiles.remove") == "manyfiles.remove"
     assert package_of("manyfiles.remove._plan") == "manyfiles.remove"
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [("a", "b", "c")]
@@ -260,8 +265,8 @@ def test_no_private_name_is_used_outside_its_package() -> None:
 
 
 
-# what manyfiles.scale may use besides itself and manyfiles' shared private modules (manyfiles._x)
-SCALE_MAY_USE = ("manyfiles.errors", "manyfiles.iotrace")
+# what manyfiles.scale may use besides itself and manyfiles' shared core (manyfiles._core.*, _dents)
+SCALE_MAY_USE = ("manyfiles.errors", "manyfiles.trace.iotrace", "manyfiles.trace.format")
 
 
 def test_scale_imports_no_tool() -> None:
@@ -274,10 +279,99 @@ def test_scale_imports_no_tool() -> None:
         for use in uses(module):
             parts = use.target.split(".")
             if (parts[:2] == ["manyfiles", "scale"] or use.target in SCALE_MAY_USE
-                    or (len(parts) == 2 and is_private(parts[1]))):
+                    or is_private(parts[1])):  # manyfiles._core.*, manyfiles._dents
                 continue
             found.append(f"{module} line {use.line}: {use.target}")
     assert not found, "manyfiles.scale uses a tool:\n" + "\n".join(found)
+
+# issue 19's layers (docs/architecture.md): core <- scale <- tools <- face <- cli; imports point down
+LAYER_RANK = {"core": 0, "scale": 1, "tool": 2, "face": 3, "cli": 4}
+# module prefix -> (layer, package); the longest prefix wins
+LAYERS = {
+    "manyfiles": ("face", "manyfiles"),            # __init__: the lazy public face
+    "manyfiles._info": ("face", "manyfiles"),
+    "manyfiles.demo": ("face", "manyfiles"),
+    "manyfiles.cli": ("cli", "cli"),
+    "manyfiles.__main__": ("cli", "cli"),
+    "manyfiles.errors": ("core", "core"),
+    "manyfiles._core": ("core", "core"),
+    "manyfiles._dents": ("core", "core"),
+    "manyfiles.trace": ("core", "core"),
+    "manyfiles.iotrace": ("core", "core"),          # public alias of manyfiles.trace.iotrace
+    "manyfiles.profiling": ("core", "core"),        # public alias of manyfiles.trace.profiling
+    "manyfiles.scale": ("scale", "scale"),
+    "manyfiles.fastls": ("tool", "listing"),        # public alias of manyfiles.listing.fastls
+    "manyfiles.table": ("tool", "listing"),         # public alias of manyfiles.listing.table
+    **{f"manyfiles.{tool}": ("tool", tool) for tool in ("listing", "shard", "remove", "s3", "cache", "ml")},
+    # aliases at the old paths, until cache/ and s3/objects.py import the new ones (issue 19)
+    **{f"manyfiles._{m}": ("core", "core") for m in ("pool", "progress", "report", "retry", "units")},
+}
+# the tools each tool may import besides itself (the order of docs/architecture.md)
+TOOLS_MAY_USE = {
+    "listing": (),
+    "shard": ("listing",),
+    "remove": ("listing",),
+    "s3": ("shard",),
+    "cache": ("listing", "s3", "shard"),
+    "ml": ("cache", "listing", "s3"),
+}
+# (importer, imported) -> why
+LAYER_EXCEPTIONS = {
+    ("manyfiles.listing._fastls_main", "manyfiles.cli.ls"):
+        "the fastls script runs the common invocations without click, the rest through the CLI",
+}
+
+
+def layer_of(module: str) -> tuple[str, str]:
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        found = LAYERS.get(".".join(parts[:n]))
+        if found is not None:
+            return found
+    raise AssertionError(f"{module}: in no layer (add it to LAYERS and docs/architecture.md)")
+
+
+def layer_offences() -> list[str]:
+    found = []
+    for module in MODULES:
+        layer, package = layer_of(module)
+        for use in uses(module):
+            to_layer, to_package = layer_of(use.target)
+            version = (use.target, use.name) == ("manyfiles", "__version__")
+            if version or (module, use.target) in LAYER_EXCEPTIONS:
+                continue
+            if layer == to_layer == "tool":
+                ok = to_package == package or to_package in TOOLS_MAY_USE[package]
+            else:
+                ok = LAYER_RANK[to_layer] < LAYER_RANK[layer] or layer == to_layer
+            if not ok:
+                found.append(f"{module} ({layer} {package}) line {use.line}: "
+                             f"{use.target} ({to_layer} {to_package})")
+    return found
+
+
+def test_imports_follow_the_layers() -> None:
+    """core <- scale <- tools (in their order) <- face <- cli: no module imports a layer above it."""
+    found = layer_offences()
+    assert not found, "imports against the layers (docs/architecture.md):\n" + "\n".join(sorted(set(found)))
+
+
+def test_the_layer_check_sees_an_import_upwards(monkeypatch) -> None:
+    """The check itself: a core module importing a tool, and a tool importing a later tool, are found."""
+    real = uses
+
+    def with_extra(module: str) -> Iterator[Use]:
+        yield from real(module)
+        if module == "manyfiles._core.pool":
+            yield Use("manyfiles.listing", "walk", 1)
+        if module == "manyfiles.shard.layout":
+            yield Use("manyfiles.cache", "Cache", 2)
+
+    monkeypatch.setattr(sys.modules[__name__], "uses", with_extra)
+    found = layer_offences()
+    assert any(f.startswith("manyfiles._core.pool (core core) line 1: manyfiles.listing") for f in found)
+    assert any(f.startswith("manyfiles.shard.layout (tool shard) line 2: manyfiles.cache") for f in found)
+
 
 def test_the_rules_on_a_small_package(tmp_path: Path, monkeypatch) -> None:
     """A made-up manyfiles: the offences issue 10 names are found, the allowed uses are not."""
@@ -307,3 +401,24 @@ def test_the_rules_on_a_small_package(tmp_path: Path, monkeypatch) -> None:
     ]
     # listing -> remove (inside a function) -> remove._plan -> listing
     assert cycles(import_graph()) == [("manyfiles.listing", "manyfiles.remove", "manyfiles.remove._plan")]
+
+
+def test_the_readme_layout_names_every_module_and_folder() -> None:
+    """README's "Layout" section lists every module and folder of src/manyfiles (issue 19)."""
+    readme = (SRC.parent / "README.md").read_text()
+    section = readme[readme.index("## Layout"):]
+    section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
+    missing = []
+    for path in sorted((SRC / PACKAGE).rglob("*")):
+        if "__pycache__" in path.parts or path.suffix not in ("", ".py", ".c", ".h") or path.is_file() != (
+                path.suffix != ""):
+            continue
+        if path.is_dir():
+            found = re.search(rf"\b{re.escape(path.name)}/", section)
+        elif path.name == "__init__.py" and path.parent != SRC / PACKAGE:
+            continue  # a package is listed by its folder
+        else:
+            found = re.search(rf"(?<!\w){re.escape(path.stem)}\b", section)
+        if not found:
+            missing.append(str(path.relative_to(SRC)))
+    assert not missing, f"not in README's Layout section: {missing}"

@@ -19,7 +19,7 @@ import pytest
 
 import manyfiles as mf
 from manyfiles import fastls, listing, shard
-from manyfiles._progress import Snapshot
+from manyfiles._core.progress import Snapshot
 from manyfiles.cache import Cache
 from manyfiles.errors import UsageError
 

@@ -24,8 +24,8 @@ _EXPORTS: dict[str, str] = {
     "walk": "manyfiles.listing",
     "Entry": "manyfiles.listing",
     "BACKENDS": "manyfiles.listing",
-    "scan": "manyfiles.table",
-    "ListingTable": "manyfiles.table",
+    "scan": "manyfiles.listing.table",
+    "ListingTable": "manyfiles.listing.table",
     # sharding
     "ShardedDir": "manyfiles.shard",
     "Layout": "manyfiles.shard",
@@ -39,8 +39,8 @@ _EXPORTS: dict[str, str] = {
     "Dataset": "manyfiles.ml.dataset",
     "IterableDataset": "manyfiles.ml.dataset",
     # profiling and I/O tracing
-    "profile": "manyfiles.profiling",
-    "tracing": "manyfiles.iotrace",
+    "profile": "manyfiles.trace.profiling",
+    "tracing": "manyfiles.trace.iotrace",
     # what this installation can do
     "info": "manyfiles._info",
     # errors
@@ -63,7 +63,7 @@ _SUBMODULES = ("cache", "errors", "listing", "ml", "remove", "s3", "shard", "tab
 __all__ = [*sorted(_EXPORTS), *_SUBMODULES, "__version__"]
 
 
-# The same pair as manyfiles._lazy.lazy_exports builds for the subpackages, written out here:
+# The same pair as manyfiles._core.lazy.lazy_exports builds for the subpackages, written out here:
 # importing that helper module too costs ~0.25 ms of every fastls start-up.
 def __getattr__(name: str) -> object:  # (no typing import: it is ~7 ms of fastls' start-up)
     if name in _SUBMODULES:

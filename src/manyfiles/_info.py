@@ -22,7 +22,9 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from manyfiles import __version__, _extras, _native
+from manyfiles import __version__
+from manyfiles._core import extras as _extras
+from manyfiles._core import native as _native
 
 
 @dataclass(frozen=True)

@@ -82,4 +82,4 @@ class S3Env:
     @property
     def env(self) -> dict[str, str]:
         """Environment for CLI subprocesses: the proxy as endpoint, fast retries."""
-        return {**CREDS, "AWS_ENDPOINT_URL": self.proxy.url, "MANYFILES_TESTING": "retry_base=0.01"}
+        return {**CREDS, "AWS_ENDPOINT_URL": self.proxy.url, "MANYFILES_RETRY_BASE": "0.01"}

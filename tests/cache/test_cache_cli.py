@@ -75,7 +75,7 @@ def test_usage_errors_and_refused_dirs(tmp_path: Path):
     assert r.stderr.decode().strip() == expected
     r = cli("cache", "warm", "--dir", cache, "s3://no-such-bucket-xyz/k", env={
         "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
-        "AWS_DEFAULT_REGION": "us-east-1", "MANYFILES_TESTING": "retry_base=0.001"})
+        "AWS_DEFAULT_REGION": "us-east-1", "MANYFILES_RETRY_BASE": "0.001"})
     assert r.returncode == 1 and len(r.stderr.decode().splitlines()) == 1, r.stderr
     assert r.stderr.decode().startswith("manyfiles: s3://no-such-bucket-xyz/k: ")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from installkit import NEWER_BOTO3, clean_env, pip
 
-from manyfiles._extras import EXTRAS
+from manyfiles._core.extras import EXTRAS
 
 HEAVY = {"boto3", "botocore", "aioboto3", "aiobotocore", "viztracer", "moto", "getdents", "distributed"}
 S3_LINE = 's3pull: S3 access needs the [s3] extra (boto3 is not installed): pip install "manyfiles[s3]"'

@@ -74,7 +74,7 @@ def settings(moto_server) -> ClientSettings:
 @pytest.fixture
 def cli_env(moto_server) -> dict:
     """Environment for s3pull subprocesses: moto via AWS_ENDPOINT_URL, fast retries."""
-    return {**CREDS, "AWS_ENDPOINT_URL": moto_server, "MANYFILES_TESTING": "retry_base=0.01"}
+    return {**CREDS, "AWS_ENDPOINT_URL": moto_server, "MANYFILES_RETRY_BASE": "0.01"}
 
 
 @pytest.fixture

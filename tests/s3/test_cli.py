@@ -115,7 +115,7 @@ def _ctrl_c_reaches_child() -> None:
 
 
 def _start(proxy_url, name, dest, *extra):
-    env = {**os.environ, **CREDS, "AWS_ENDPOINT_URL": proxy_url, "MANYFILES_TESTING": "retry_base=0.01"}
+    env = {**os.environ, **CREDS, "AWS_ENDPOINT_URL": proxy_url, "MANYFILES_RETRY_BASE": "0.01"}
     return subprocess.Popen([S3PULL, f"s3://{name}/s/", str(dest), "-j", "2", *extra], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=_ctrl_c_reaches_child)

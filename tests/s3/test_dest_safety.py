@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from s3util import FAST_RETRY, blob, files_under
 
-from manyfiles import _testing
+from manyfiles._core import testing as _testing
 from manyfiles.s3 import pull
 from manyfiles.s3.keys import STATE_DIR
 from manyfiles.s3.routing import STRATEGIES
-from test_remove import not_root_cmd
+from privileges import not_root_cmd
 
 MiB = 1 << 20
 
@@ -161,7 +161,7 @@ def test_an_io_error_on_the_destination_is_one_line_and_rerun_completes(strategy
     name, put = bucket
     data = {f"{i}.bin": put(f"e/{i}.bin", blob(2 * MiB + i, f"e{i}")) for i in range(4)}
     dest = tmp_path / "dest"
-    env = {**cli_env, "MANYFILES_TESTING": cli_env["MANYFILES_TESTING"] + ",write_fault=EIO:3"}
+    env = {**cli_env, "MANYFILES_TESTING": "write_fault=EIO:3"}
     r = run_cli("s3pull", f"s3://{name}/e/", str(dest), "--strategy", strategy, "--part-size", "1MiB",
                 "-j", "2", env=env)
     err = r.stderr.decode()

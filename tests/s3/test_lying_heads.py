@@ -107,7 +107,7 @@ def test_an_unusable_layout_is_asked_again_then_searched(strategy, corpus, proxy
 def test_the_cli_fails_each_unverifiable_object_with_one_line(corpus, proxy, run_cli, tmp_path):
     name, data = corpus
     proxy.random_faults = [(1.0, "head-zero", is_head), (0.5, "flip", is_object_get)]
-    env = {**CREDS, "AWS_ENDPOINT_URL": proxy.url, "MANYFILES_TESTING": "retry_base=0.01"}
+    env = {**CREDS, "AWS_ENDPOINT_URL": proxy.url, "MANYFILES_RETRY_BASE": "0.01"}
     dest = tmp_path / "o"
     r = run_cli("s3pull", f"s3://{name}/h/", str(dest), "--retries", "3", env=env)
     assert r.returncode == 1

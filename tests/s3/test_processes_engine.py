@@ -9,7 +9,7 @@ from pathlib import Path
 
 SCRIPT = textwrap.dedent("""
     import multiprocessing as mp, os, signal, sys
-    from manyfiles._retry import RetryPolicy
+    from manyfiles._core.retry import RetryPolicy
     from manyfiles.s3.client import ClientSettings
     from manyfiles.s3.engines.base import Ctx, Options
     from manyfiles.s3.engines.processes import ProcessesEngine
@@ -39,7 +39,7 @@ def test_kill_after_a_worker_died_holding_the_queue_lock_exits(tmp_path: Path) -
 
 LATE_OUTCOME = textwrap.dedent("""
     import multiprocessing.queues, os, queue, sys, threading
-    from manyfiles._retry import RetryPolicy
+    from manyfiles._core.retry import RetryPolicy
     from manyfiles.s3.client import ClientSettings
     from manyfiles.s3.engines.base import Ctx, Options
     from manyfiles.s3.engines.processes import ProcessesEngine

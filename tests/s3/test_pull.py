@@ -191,7 +191,7 @@ def test_downloads_start_while_listing_continues(bucket, settings, tmp_path):
     import time
 
     from manyfiles.s3.keys import parse_url
-    from manyfiles.s3.listing import list_objects
+    from manyfiles.s3.object_listing import list_objects
     from manyfiles.s3.pull import PullConfig, run
 
     name, put = bucket

@@ -8,7 +8,7 @@ import os
 import pytest
 from s3util import FAST_RETRY, blob, files_under
 
-from manyfiles import _report
+from manyfiles._core import report as _report
 from manyfiles.errors import AccessDenied, NotFound, PartialFailure, UsageError
 from manyfiles.s3 import ClientSettings, PullPlan, get_objects, iter_objects, plan, pull, verify
 from manyfiles.s3.keys import STATE_DIR

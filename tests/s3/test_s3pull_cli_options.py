@@ -1,4 +1,4 @@
-"""s3pull's part of the shared option set (tests/test_cli_options.py has the rest): the old
+"""s3pull's part of the shared option set (tests/cli/test_cli_options.py has the rest): the old
 spellings still work with one deprecation line, ``--files-from -`` reads keys from stdin
 (newline or NUL lists, the manifest's key<TAB>size<TAB>etag format kept), ``--json`` is JSON
 lines, ``-n`` writes nothing."""

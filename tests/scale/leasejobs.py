@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from manyfiles._report import Report
+from manyfiles._core.report import Report
 from manyfiles.scale.executor import Job, ShardResult
 
 TICK = 0.05

@@ -14,9 +14,10 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from manyfiles import iotrace, listing_cluster, scale, trace
-from manyfiles._report import Failure, Report
+from manyfiles import scale, trace
+from manyfiles._core.report import Failure, Report
 from manyfiles.errors import ManyfilesError, MissingExtra, UsageError
+from manyfiles.listing import _cluster as listing_cluster
 from manyfiles.scale.executor import (
     ClusterReport,
     InProcessExecutor,
@@ -27,6 +28,7 @@ from manyfiles.scale.executor import (
     parse_cluster,
     run_job,
 )
+from manyfiles.trace import iotrace
 
 # The jobs below are defined in this test module, which the workers cannot import: ship it by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -187,7 +189,7 @@ def test_unreachable_scheduler_is_one_line(tmp_path: Path, monkeypatch) -> None:
 
 def test_without_dask_cluster_is_a_one_line_missing_extra(tmp_path: Path) -> None:
     code = ("import sys; sys.modules['distributed'] = None\n"
-            "from manyfiles import listing_cluster\n"
+            "from manyfiles.listing import _cluster as listing_cluster\n"
             "try:\n"
             f"    listing_cluster.count_tree({str(tmp_path)!r}, cluster='local:2')\n"
             "except Exception as e:\n"

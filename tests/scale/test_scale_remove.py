@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import manyfiles as mf
-from manyfiles import _testing
+from manyfiles._core import testing as _testing
 from manyfiles.errors import UsageError
 from manyfiles.remove._cluster import RemoveJob
 

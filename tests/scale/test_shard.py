@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from manyfiles import _testing, shard
+from manyfiles import shard
+from manyfiles._core import testing as _testing
 from manyfiles.scale.executor import ClusterReport
 from manyfiles.shard._cluster import PARTS
 from manyfiles.shard.journal import JOURNAL, LOCK

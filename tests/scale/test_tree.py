@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from manyfiles import _testing, listing_cluster
+from manyfiles._core import testing as _testing
 from manyfiles.errors import NotFound
-from manyfiles.listing_cluster import Dir, Split, SubdirSlice, TreeJob
+from manyfiles.listing import _cluster as listing_cluster
+from manyfiles.listing._cluster import Dir, Split, SubdirSlice, TreeJob
 from manyfiles.scale.executor import InProcessExecutor
 
 # Small numbers so that a thousand entries make dozens of shards on both workers: the first shard
@@ -113,7 +114,7 @@ def test_unreadable_directory_is_a_failure_with_its_path_and_the_rest_is_counted
     (root / "locked").mkdir()
     (root / "locked" / "hidden").write_bytes(b"")
     os.chmod(root / "locked", 0o000)
-    code = ("from manyfiles import listing_cluster\n"
+    code = ("from manyfiles.listing import _cluster as listing_cluster\n"
             "from manyfiles.scale.executor import InProcessExecutor\n"
             f"r = listing_cluster.count_tree({str(root)!r}, cluster=InProcessExecutor())\n"
             "print(r.entries, [(f.path, f.code) for f in r.failures])\n")

@@ -1,6 +1,6 @@
 """kill -9 at many moments of `shard apply` / `shard revert`, then rerun: nothing lost, nothing left.
 
-Exact moments come from the test-only knob ``manyfiles._testing.kill_at``, set in the child
+Exact moments come from the test-only knob ``manyfiles._core.testing.kill_at``, set in the child
 through its one environment bridge, MANYFILES_TESTING=kill_at=<point>:<n> (the process
 SIGKILLs itself the n-th time it reaches <point>; "journal" kills half-way through writing
 a record); the random-time cases SIGKILL the real process from outside.

@@ -76,11 +76,11 @@ def test_descriptor_round_trip_and_rejects_foreign_json() -> None:
 
 @pytest.mark.parametrize("levels", [(2, 2), (1,), (3, 1)])
 def test_bucket_globs_accept_exactly_what_is_bucket_accepts(levels: tuple[int, ...]) -> None:
-    """The C walker enters bucket directories by these globs (manyfiles._glob, both backends);
+    """The C walker enters bucket directories by these globs (manyfiles._core.glob, both backends);
     Python's is_bucket decides everything else: they must agree on every name."""
     from itertools import product
 
-    from manyfiles import _glob
+    from manyfiles._core import glob as _glob
 
     layout = Layout(levels=levels)
     alphabet = [b"0", b"9", b"a", b"f", b"A", b"F", b"g", b"z", b"-", b".", b"\xff", b"\xc3", b"\xa9", b"?"]

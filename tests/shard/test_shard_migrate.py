@@ -15,11 +15,11 @@ import pytest
 from shardkit import EDGE_NAMES, assert_flat_clean, assert_sharded_clean, make_dataset, snapshot, top_level
 
 import manyfiles as mf
-from manyfiles import iotrace
-from manyfiles._progress import Snapshot
+from manyfiles._core.progress import Snapshot
 from manyfiles.errors import ManyfilesError, UsageError
 from manyfiles.shard import Layout, ShardedDir, apply, plan, reshard, revert, verify
 from manyfiles.shard.journal import Lock
+from manyfiles.trace import iotrace
 
 OURS = {b".manyfiles-shard.json", b".manyfiles-shard.journal", b".manyfiles-shard.lock",
         b".manyfiles-shard.aside"}

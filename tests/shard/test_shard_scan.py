@@ -71,11 +71,11 @@ def test_count_of_missing_or_empty_root(tmp_path: Path) -> None:
     assert ShardedDir(tmp_path).count() == 0
 
 
-@pytest.mark.skipif(listing._dents is None, reason="the C scan")
+@pytest.mark.skipif(listing._directory._dents is None, reason="the C scan")
 def test_count_of_a_hashed_layout_creates_no_listing(tmp_path: Path, monkeypatch) -> None:
     """count() of a hashed layout runs in the C walker: it never builds DirListing objects."""
     d, _root = make_sharded(tmp_path, Layout())
-    monkeypatch.setattr(listing, "_walk_c", None)  # calling it would fail
+    monkeypatch.setattr(listing._tree, "_walk_c", None)  # calling it would fail
     assert d.count() == len(NAMES) + 2
 
 

@@ -18,6 +18,8 @@ import contextlib
 import errno
 import functools
 import json
+import math
+import os
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -25,8 +27,8 @@ from typing import Any
 import click
 
 from manyfiles import __version__
-from manyfiles._testing import killpoint
-from manyfiles._units import parse_size
+from manyfiles._core.testing import killpoint
+from manyfiles._core.units import parse_size
 from manyfiles.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -34,6 +36,7 @@ from manyfiles.errors import (
     EXIT_USAGE,
     FailureLines,
     ManyfilesError,
+    UsageError,
     from_oserror,
 )
 
@@ -65,20 +68,20 @@ def instrumented(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, profile_file: str | None, trace_file: str | None, **kwargs: Any) -> Any:
         if profile_file:  # a missing [profile] extra: one line, before the trace file is created
-            from manyfiles._extras import require_installed
-            from manyfiles.profiling import FEATURE
+            from manyfiles._core.extras import require_installed
+            from manyfiles.trace.profiling import FEATURE
 
             require_installed("profile", "viztracer", FEATURE)
         with contextlib.ExitStack() as stack:
             if trace_file:
-                from manyfiles.iotrace import tracing
+                from manyfiles.trace.iotrace import tracing
 
                 stack.enter_context(tracing(trace_file))
             if profile_file:
-                from manyfiles.profiling import profile
+                from manyfiles.trace.profiling import profile
 
                 stack.enter_context(profile(profile_file))
-            killpoint("command")  # tests hold every command here (manyfiles._testing.hold_at)
+            killpoint("command")  # tests hold every command here (manyfiles._core.testing.hold_at)
             result = fn(*args, **kwargs)
         if trace_file and profile_file and profile_file.endswith(".json"):
             # Both asked: put the I/O operations into the profile too, one timeline.
@@ -173,7 +176,7 @@ def dry_run_option(help: str, *, old: tuple[str, ...] = ()) -> Callable[[Callabl
 def filter_options(include_help: str, exclude_help: str) -> Callable[[Callable[..., Any]], Any]:
     """``--include GLOB`` / ``--exclude GLOB`` (repeatable; exclude wins), passed as ``include``
     and ``exclude``; ``--glob`` is the deprecated spelling of ``--include``.  The glob rules
-    are the one set of :mod:`manyfiles._glob`."""
+    are the one set of :mod:`manyfiles._core.glob`."""
     return _shared(
         click.option("--include", "include", multiple=True, metavar="GLOB", help=include_help),
         deprecated_alias("include", "--include", "--glob", multiple=True, metavar="GLOB"),
@@ -220,7 +223,7 @@ def _stderr_isatty() -> bool:
 
 def files_from_option(help: str, *, old: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Any]:
     """``--files-from FILE|-``: names one a line (or NUL-terminated, detected), ``-`` = stdin;
-    passed as ``files_from`` (read with :func:`manyfiles._files_from.read_names`)."""
+    passed as ``files_from`` (read with :func:`manyfiles._core.files_from.read_names`)."""
     kind = click.Path(exists=True, dir_okay=False, allow_dash=True)  # a missing list: usage error, exit 2
     decorators = [click.option("--files-from", "files_from", type=kind, default=None, metavar="FILE|-",
                                help=help)]
@@ -258,6 +261,28 @@ def echo_cluster(prog: str, report: object) -> None:
     lines = report.worker_lines() if hasattr(type(report), "worker_lines") else []
     for line in lines:
         click.echo(f"{prog}: {line}", err=True)
+
+
+#: a documented setting (docs/cli.md): the base of s3pull's and the cache's S3 retry backoff
+ENV_RETRY_BASE = "MANYFILES_RETRY_BASE"
+
+
+def retry_base() -> float | None:
+    """Seconds from ``MANYFILES_RETRY_BASE``, or None when it is unset (RetryPolicy's own base).
+
+    The first retry waits up to this long (full jitter), each next one up to twice as long, capped.
+    A value that is not a number >= 0 is a usage error, before anything runs.
+    """
+    text = os.environ.get(ENV_RETRY_BASE, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise UsageError(f"{ENV_RETRY_BASE}={text!r}: expected a number of seconds >= 0")
+    return value
 
 
 def fail(prog: str, message: str, code: int = EXIT_FAILED) -> None:
@@ -316,7 +341,7 @@ def _first_line(text: str) -> str:
 def run_main(command: click.Command, prog: str) -> None:
     """Run a click command as a standalone script: its exit code, or one ``prog: message`` line on
     stderr and the code of :func:`exit_code` (a usage error: 2, with no usage block)."""
-    from manyfiles import _testing
+    from manyfiles._core import testing as _testing
 
     _testing.apply_environ()  # the one bridge for subprocess tests (kill points); unset in production
     try:

@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from manyfiles._testing import killpoint
+from manyfiles._core.testing import killpoint
 from manyfiles.cli._common import (
     GROUP_OPTIONS,
     Directory,
@@ -43,6 +43,7 @@ from manyfiles.cli._common import (
     progress_option,
     quiet_option,
     resolve_progress,
+    retry_base,
 )
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -94,18 +95,18 @@ def cache_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, cache_dir: str | None, max_size: int | None, min_free: int | None,
                 aws_profile: str | None, region: str | None, endpoint_url: str | None, no_sign_request: bool,
                 strict: bool, **kwargs: Any) -> Any:
-        from manyfiles import _testing
         from manyfiles.cache import Cache
         from manyfiles.s3 import ClientSettings, RetryPolicy
 
         settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,
                                   no_sign=no_sign_request)
         extra: dict[str, Any] = {} if min_free is None else {"min_free": min_free}
-        if _testing.retry_base is not None:
-            extra["retry"] = RetryPolicy(base=_testing.retry_base)
+        base = retry_base()
+        if base is not None:
+            extra["retry"] = RetryPolicy(base=base)
         with Cache(cache_dir or default_dir(), max_size=max_size, settings=settings, strict=strict,
                    **extra) as cache:
-            killpoint("command")  # tests hold every command here (manyfiles._testing.hold_at)
+            killpoint("command")  # tests hold every command here (manyfiles._core.testing.hold_at)
             return fn(*args, cache=cache, **kwargs)
 
     return wrapper
@@ -137,7 +138,7 @@ def warm(sources: tuple[str, ...], files_from: str | None, jobs: int, progress: 
         raise click.UsageError("nothing to warm: give SOURCES or --files-from")
     srcs: Iterable[str] = sources
     if files_from is not None:
-        from manyfiles._files_from import read_names
+        from manyfiles._core.files_from import read_names
 
         srcs = list(itertools.chain(sources, map(os.fsdecode, read_names(files_from))))
     if any(s.startswith("s3://") for s in srcs):

@@ -7,8 +7,8 @@ import sys
 
 import click
 
-from manyfiles import _native, fastls, listing
-from manyfiles._fastls_core import exit_code, failure_lines, progress_fits
+from manyfiles import fastls, listing
+from manyfiles._core import native as _native
 from manyfiles.cli._common import (
     Directory,
     Size,
@@ -24,6 +24,7 @@ from manyfiles.cli._common import (
     run_main,
     version_option,
 )
+from manyfiles.listing.fastls import exit_code, failure_lines, progress_fits
 
 EPILOG = """\b
 Examples:
@@ -112,7 +113,7 @@ def command(
     if backend is None and not quiet:
         _native.warn_fallback(click.get_current_context().command_path)
     if files_from is not None:
-        from manyfiles._files_from import read_names
+        from manyfiles._core.files_from import read_names
 
         paths = (*paths, *map(os.fsdecode, read_names(files_from)))
         if not paths:
@@ -169,6 +170,6 @@ def build_request(
 
 
 def main() -> None:
-    """Entry point of the ``fastls`` script (``manyfiles._fastls_main`` handles the common
+    """Entry point of the ``fastls`` script (``manyfiles.listing._fastls_main`` handles the common
     invocations without importing click, and everything else here)."""
     run_main(command, "fastls")

@@ -146,7 +146,7 @@ def command(
 
     targets: list[str | bytes] = list(paths)
     if files_from is not None:
-        from manyfiles._files_from import read_names
+        from manyfiles._core.files_from import read_names
 
         targets += read_names(files_from)
     elif not paths:

@@ -14,7 +14,6 @@ import sys
 
 import click
 
-from manyfiles import _testing
 from manyfiles.cli._common import (
     Directory,
     Size,
@@ -31,6 +30,7 @@ from manyfiles.cli._common import (
     progress_option,
     quiet_option,
     resolve_progress,
+    retry_base,
     run_main,
     version_option,
 )
@@ -141,8 +141,8 @@ def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
 
     settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,
                               no_sign=no_sign_request, path_style=path_style)
-    base = _testing.retry_base if _testing.retry_base is not None else RetryPolicy.base
-    retry = RetryPolicy(attempts=retries + 1, base=base)
+    base = retry_base()
+    retry = RetryPolicy(attempts=retries + 1, base=RetryPolicy.base if base is None else base)
     view = _View("s3pull", as_json=as_json, dry_run=dry_run, quiet=quiet, progress=progress)
     with contextlib.ExitStack() as stack:
         cache = None

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from manyfiles._testing import killpoint
+from manyfiles._core.testing import killpoint
 from manyfiles.cli._common import GROUP_OPTIONS, echo_json, json_option, run_main
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def summary(files: tuple[str, ...], as_json: bool, no_workers: bool) -> int:
     """Per-operation counts, bytes, throughput and latency percentiles of FILE(s)."""
     from manyfiles.trace import load, summarize
 
-    killpoint("command")  # tests hold every command here (manyfiles._testing.hold_at)
+    killpoint("command")  # tests hold every command here (manyfiles._core.testing.hold_at)
     s = summarize(load(files, workers=not no_workers))
     if as_json:
         echo_json(s.to_dict())

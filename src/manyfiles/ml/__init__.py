@@ -15,7 +15,7 @@ Guide and caveats: docs/ml.md.
 
 from __future__ import annotations
 
-from manyfiles._lazy import lazy_exports
+from manyfiles._core.lazy import lazy_exports
 
 _EXPORTS = {
     "Dataset": "manyfiles.ml.dataset",

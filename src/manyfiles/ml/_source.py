@@ -57,7 +57,7 @@ def list_source(source: str | os.PathLike, *, settings: Any = None, include: Ite
     if isinstance(source, str) and source.startswith("s3://"):
         from manyfiles.s3 import ClientSettings
         from manyfiles.s3.keys import parse_url
-        from manyfiles.s3.listing import list_objects_lean
+        from manyfiles.s3.object_listing import list_objects_lean
 
         url = parse_url(source)
         settings = (settings or ClientSettings()).resolved()

@@ -29,7 +29,7 @@ import stat as _stat
 import time
 from typing import Any
 
-from manyfiles._extras import require
+from manyfiles._core.extras import require
 from manyfiles.cache import Cache
 from manyfiles.errors import NotFound, ObjectChanged, UsageError
 from manyfiles.ml._source import CacheRef
@@ -162,7 +162,7 @@ class ManyfilesFileSystem(_FsBase):
     def _s3_list(self, url: str, *, delimiter: str | None) -> tuple[list[dict], bool]:
         """Infos under the "folder" ``url`` (one level with a delimiter); also whether anything was there."""
         from manyfiles.s3.keys import S3Url
-        from manyfiles.s3.listing import list_objects_lean
+        from manyfiles.s3.object_listing import list_objects_lean
 
         bucket, _, prefix = url[len(_S3):].partition("/")
         if prefix and not prefix.endswith("/"):
@@ -297,7 +297,7 @@ class ManyfilesFileSystem(_FsBase):
 
     def _probe_dir(self, url: str) -> tuple[list, bool]:
         from manyfiles.s3.keys import S3Url
-        from manyfiles.s3.listing import list_objects_lean
+        from manyfiles.s3.object_listing import list_objects_lean
 
         bucket, _, prefix = url[len(_S3):].partition("/")
         prefix = prefix.rstrip("/") + "/"

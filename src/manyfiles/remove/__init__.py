@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from manyfiles._progress import ProgressArg
+from manyfiles._core.progress import ProgressArg
 from manyfiles.errors import UsageError
 from manyfiles.remove._executor import DEFAULT_RETRIES, DEFAULT_WORKERS, OnRemoved
 from manyfiles.remove._plan import Output, RemovePlan, check_options, run
@@ -72,7 +72,7 @@ def remove_tree(
         missing_ok: an argument that does not exist is not a failure (``rm -f``).
         retries: how often an rmdir that meets new entries (ENOTEMPTY) is cleaned and retried.
         progress: True for a live display (terminal bar, Jupyter, or plain lines), or a
-            callable receiving a :class:`~manyfiles._progress.Snapshot` (``done`` = files
+            callable receiving a :class:`~manyfiles._core.progress.Snapshot` (``done`` = files
             and directories removed, ``total`` = entries found so far).
         on_removed: called with batches of removed paths, one call at a time, before the
             directory holding them is removed.

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from manyfiles import listing
-from manyfiles._progress import ProgressArg
-from manyfiles._testing import killpoint
+from manyfiles._core.progress import ProgressArg
+from manyfiles._core.testing import killpoint
 from manyfiles.errors import UsageError
 from manyfiles.remove._plan import run
 from manyfiles.remove._report import RemoveReport

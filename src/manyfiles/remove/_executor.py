@@ -31,10 +31,12 @@ import os
 import threading
 from collections.abc import Callable
 
-from manyfiles import _fsops, iotrace, listing
-from manyfiles._pool import Pool
+from manyfiles import listing
+from manyfiles._core import fsops as _fsops
+from manyfiles._core.pool import Pool
 from manyfiles.remove._report import RemoveReport
 from manyfiles.remove._targets import Rules, Target
+from manyfiles.trace import iotrace
 
 DEFAULT_WORKERS = 8
 # ENOTEMPTY retries, with full-jitter back-off from RETRY_BACKOFF doubling per attempt: a writer
@@ -359,7 +361,7 @@ class Remover:
             return True
         # here, not at the top: _retry imports asyncio (~20 ms of fastrm's start-up), and the C
         # walker, fastrm's engine wherever the core is built, never gets here
-        from manyfiles._retry import Retryable, RetryPolicy, retrying
+        from manyfiles._core.retry import Retryable, RetryPolicy, retrying
 
         def retried(err: Exception) -> None:
             with self.lock:
@@ -416,7 +418,7 @@ class Remover:
 
 def _not_empty_retryable(exc: Exception) -> Exception:
     """The retry classifier: only a directory that is not empty (yet) is worth another try."""
-    from manyfiles._retry import Retryable
+    from manyfiles._core.retry import Retryable
 
     if isinstance(exc, OSError) and exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
         return Retryable(exc)

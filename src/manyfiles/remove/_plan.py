@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import IO
 
-from manyfiles import _testing
-from manyfiles._progress import ProgressArg, check_progress, progress_for
+from manyfiles._core import testing as _testing
+from manyfiles._core.progress import ProgressArg, check_progress, progress_for
 from manyfiles.errors import UsageError
 from manyfiles.remove import _walker
 from manyfiles.remove._executor import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from manyfiles._report import Report
+from manyfiles._core.report import Report
 
 
 @dataclass(kw_only=True)

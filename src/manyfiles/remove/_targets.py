@@ -8,9 +8,9 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from manyfiles import _glob
-from manyfiles._glob import Matcher
-from manyfiles._report import Failure
+from manyfiles._core import glob as _glob
+from manyfiles._core.glob import Matcher
+from manyfiles._core.report import Failure
 from manyfiles.errors import UsageError, WrongKind
 
 PathArg = str | bytes | os.PathLike
@@ -23,7 +23,7 @@ class Rules:
     ``include``: glob patterns; when given, only matching entries are removed (a matching
     directory with all its content).  ``exclude``: patterns of entries to keep (a kept
     directory is not entered).  A pattern with ``/`` matches the path relative to the
-    argument, any other the name (manyfiles' one glob rule set, :mod:`manyfiles._glob`:
+    argument, any other the name (manyfiles' one glob rule set, :mod:`manyfiles._core.glob`:
     Python's fnmatch rules).  ``keep_root``: the argument directories stay.
     ``cross_mounts``: descend into filesystems mounted inside the tree.
     """

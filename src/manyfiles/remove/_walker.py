@@ -20,12 +20,13 @@ from __future__ import annotations
 import errno
 import os
 
-from manyfiles import _fsops, iotrace
-from manyfiles._progress import Progress
-from manyfiles._report import Failure
+from manyfiles._core import fsops as _fsops
+from manyfiles._core.progress import Progress
+from manyfiles._core.report import Failure
 from manyfiles.remove._executor import NOT_CROSSED, NOT_PLANNED, OnRemoved, path_writer
 from manyfiles.remove._report import RemoveReport
 from manyfiles.remove._targets import Rules, Target
+from manyfiles.trace import iotrace
 
 try:
     from manyfiles import _dents

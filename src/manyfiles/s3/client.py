@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from manyfiles._extras import require, require_installed
+from manyfiles._core.extras import require, require_installed
 from manyfiles.s3 import envconfig
 from manyfiles.s3.sigv4 import S3_FEATURE, aws_config, botocore_session, configured_endpoint
 

@@ -46,7 +46,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from manyfiles._retry import RetryPolicy, aretrying, retrying
+from manyfiles._core.retry import RetryPolicy, aretrying, retrying
 from manyfiles.errors import IntegrityError, TransferError
 from manyfiles.s3.retry import Inconsistent, classify
 

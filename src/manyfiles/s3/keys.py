@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from manyfiles import _glob
+from manyfiles._core import glob as _glob
 from manyfiles.errors import UnsafeKey, UsageError
 
 NAME_MAX = 255          # bytes per path segment (Linux)
@@ -34,7 +34,7 @@ class S3Url:
     wildcard), ``pattern`` the full glob keys must match (None without wildcards),
     ``base`` the part stripped from keys to form local paths (up to the last ``/``
     before any wildcard, like ``aws s3 cp --recursive`` and s5cmd).  The pattern follows the
-    one glob rule set (:mod:`manyfiles._glob`), matched against the whole key: ``*`` also
+    one glob rule set (:mod:`manyfiles._core.glob`), matched against the whole key: ``*`` also
     matches ``/``.
     """
 
@@ -125,7 +125,7 @@ def local_relpath(key: str, base: str = "") -> str:
 def make_filter(include: tuple[str, ...] | list[str] = (), exclude: tuple[str, ...] | list[str] = ()):
     """A predicate on relative paths: must match one ``include`` (if any), no ``exclude``.
 
-    The one glob rule set of every manyfiles tool (:mod:`manyfiles._glob`, as fastls and
+    The one glob rule set of every manyfiles tool (:mod:`manyfiles._core.glob`, as fastls and
     fastrm): a pattern without ``/`` is tested on the file name, one with ``/`` on the path
     relative to the source prefix (there ``*`` also matches ``/``: ``*/tmp/*``).
     """

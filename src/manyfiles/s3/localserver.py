@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from manyfiles._extras import require
+from manyfiles._core.extras import require
 from manyfiles.s3.client import ClientSettings
 
 DEMO_BUCKET = "manyfiles-demo"

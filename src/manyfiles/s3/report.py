@@ -1,6 +1,6 @@
 """What a pull (or a verification of its destination) returns: counts, bytes, checks, failures.
 
-Both derive from :class:`manyfiles._report.Report`: ``ok``, ``failures`` (``Failure(path=key,
+Both derive from :class:`manyfiles._core.report.Report`: ``ok``, ``failures`` (``Failure(path=key,
 reason, code)``), ``seconds``, ``raise_for_failures()``, a readable ``str()``, ``to_dict()``
 (what ``--json`` prints) and a table in Jupyter.
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from manyfiles._report import Report
-from manyfiles._units import format_size
+from manyfiles._core.report import Report
+from manyfiles._core.units import format_size
 
 
 @dataclass

@@ -16,7 +16,7 @@ from __future__ import annotations
 import errno
 import ssl
 
-from manyfiles._retry import RetryPolicy
+from manyfiles._core.retry import RetryPolicy
 from manyfiles.errors import (
     AccessDenied,
     CredentialsError,
@@ -146,7 +146,7 @@ def classify(exc: BaseException) -> TransferError:
     """Turn any exception raised while downloading into a TransferError."""
     if isinstance(exc, TransferError):
         return exc
-    from manyfiles._extras import require
+    from manyfiles._core.extras import require
     from manyfiles.s3.client import S3_FEATURE
 
     require("s3", "botocore.exceptions", S3_FEATURE)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
-from manyfiles._extras import require
+from manyfiles._core.extras import require
 from manyfiles.errors import UsageError
 from manyfiles.s3 import envconfig
 

@@ -17,10 +17,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from manyfiles import _fsops, _testing, iotrace
+from manyfiles._core import fsops as _fsops
+from manyfiles._core import testing as _testing
 from manyfiles.errors import from_oserror
 from manyfiles.s3.keys import UnsafeKey
 from manyfiles.s3.state import State, open_file, unique_name
+from manyfiles.trace import iotrace
 
 PREALLOCATE_MIN = 8 << 20   # whole-object temp files from this size are preallocated
 

@@ -18,12 +18,12 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from manyfiles._extras import require
-from manyfiles._progress import ProgressArg, check_progress, progress_for
-from manyfiles._units import format_size
+from manyfiles._core.extras import require
+from manyfiles._core.progress import ProgressArg, check_progress, progress_for
+from manyfiles._core.units import format_size
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.keys import make_filter, parse_url
-from manyfiles.s3.listing import ObjectInfo, list_objects_lean
+from manyfiles.s3.object_listing import ObjectInfo, list_objects_lean
 
 COLUMNS = ("key", "size", "etag", "mtime")
 SHOWN_ROWS_HTML = 20

@@ -14,7 +14,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from manyfiles import iotrace
 from manyfiles.errors import IntegrityError
 from manyfiles.s3.integrity import (
     Claim,
@@ -26,6 +25,7 @@ from manyfiles.s3.integrity import (
     object_claim,
 )
 from manyfiles.s3.retry import Inconsistent, ObjectChanged, TransferError, cause_of, classify
+from manyfiles.trace import iotrace
 
 CHUNK = 1 << 20
 EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"

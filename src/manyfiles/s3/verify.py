@@ -16,8 +16,8 @@ import stat as _stat
 import threading
 import time
 
-from manyfiles._pool import Pool
-from manyfiles._progress import ProgressArg, check_progress, progress_for
+from manyfiles._core.pool import Pool
+from manyfiles._core.progress import ProgressArg, check_progress, progress_for
 from manyfiles.errors import IntegrityError, NotFound, UsageError
 from manyfiles.s3.integrity import SIZE_ONLY, Claim, rehash_file
 from manyfiles.s3.keys import STATE_DIR
@@ -42,7 +42,7 @@ def verify(dest: str | os.PathLike, *, workers: int = DEFAULT_WORKERS,
     recorded check), ``weak-check`` (recorded with a size-only check its object did not allow),
     or an errno name (``EACCES``, ``EIO``...).  Records without a content check (``size-only``:
     SSE-KMS/SSE-C objects without a checksum, ``--no-checksum``) are compared by size.
-    ``progress``: True or a callable taking a :class:`~manyfiles._progress.Snapshot` (files, bytes).
+    ``progress``: True or a callable taking a :class:`~manyfiles._core.progress.Snapshot` (files, bytes).
 
     Example:
         >>> report = verify("/data/images")          # doctest: +SKIP

@@ -11,9 +11,9 @@ never imported; with it and without the [dask] extra, one line says what to inst
 * :mod:`manyfiles.scale.lease` -- the job's lease: a shard whose client is gone stops, and a
   re-run shard learns what its lost attempts noted (:func:`~manyfiles.scale.lease.current`).
 
-This package imports no tool: each tool keeps its cluster job in its own package (``s3/pull.py``,
-``shard/_cluster.py``, ``remove/_cluster.py``, ``cache/_cluster.py``,
-:mod:`manyfiles.listing_cluster`) and reaches the executors through :mod:`~manyfiles.scale.executor`.
+This package imports no tool: each tool keeps its cluster job in its own package (``s3/_cluster.py``,
+``shard/_cluster.py``, ``remove/_cluster.py``, ``cache/_cluster.py``, ``listing/_cluster.py``)
+and reaches the executors through :mod:`~manyfiles.scale.executor`.
 
 Example:
     >>> import manyfiles as mf
@@ -23,7 +23,7 @@ Example:
 
 from __future__ import annotations
 
-from manyfiles._lazy import lazy_exports
+from manyfiles._core.lazy import lazy_exports
 
 _EXPORTS = {
     "ClusterReport": ".executor",

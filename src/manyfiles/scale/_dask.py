@@ -31,10 +31,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from manyfiles import iotrace
-from manyfiles._extras import require
+from manyfiles._core.extras import require
 from manyfiles.errors import ManyfilesError, UsageError
-from manyfiles.scale._seam import (
+from manyfiles.scale._jobs import (
     CLUSTER_FEATURE,
     IN_FLIGHT_EXTRA,
     IN_FLIGHT_PER_THREAD,
@@ -51,6 +50,7 @@ from manyfiles.scale._seam import (
     worker_name,
 )
 from manyfiles.scale.lease import LeasedAttempt, LeaseLapsed, LeaseTerms, LeaseWatch, lease_seconds
+from manyfiles.trace import iotrace
 
 distributed = require("dask", "distributed", CLUSTER_FEATURE)
 dask = require("dask", "dask", CLUSTER_FEATURE)

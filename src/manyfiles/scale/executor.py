@@ -21,9 +21,9 @@ Executors:
   counters published by the workers (``Worker.log_event``) and summed on the client
   (``Client.subscribe_topic``) for the progress display.
 
-This module imports no tool: each tool keeps its own job beside its code (``s3/pull.py``,
-``shard/_cluster.py``, ``remove/_cluster.py``, ``cache/_cluster.py``,
-:mod:`manyfiles.listing_cluster`) and reaches the executors through here.  Without ``cluster``
+This module imports no tool: each tool keeps its own job beside its code (``s3/_cluster.py``,
+``shard/_cluster.py``, ``remove/_cluster.py``, ``cache/_cluster.py``, ``listing/_cluster.py``)
+and reaches the executors through here.  Without ``cluster``
 a tool runs its normal library call; nothing here is imported.
 
 Example:
@@ -39,9 +39,9 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from manyfiles._progress import ProgressArg, check_progress
+from manyfiles._core.progress import ProgressArg, check_progress
 from manyfiles.errors import UsageError
-from manyfiles.scale._seam import (
+from manyfiles.scale._jobs import (
     ClusterReport,
     Executor,
     InProcessExecutor,

@@ -35,8 +35,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from manyfiles import _fsops
-from manyfiles._progress import Progress
+from manyfiles._core import fsops as _fsops
+from manyfiles._core.progress import Progress
 from manyfiles.errors import ManyfilesError
 from manyfiles.scale import lease
 from manyfiles.scale.executor import (

@@ -18,10 +18,11 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from manyfiles import _fsops, listing
-from manyfiles._pool import Pool
-from manyfiles._progress import Progress, ProgressArg, progress_for
-from manyfiles._testing import killpoint
+from manyfiles import listing
+from manyfiles._core import fsops as _fsops
+from manyfiles._core.pool import Pool
+from manyfiles._core.progress import Progress, ProgressArg, progress_for
+from manyfiles._core.testing import killpoint
 from manyfiles.errors import ManyfilesError, describe_oserror
 from manyfiles.shard.journal import Journal, Lock, name_to_json
 from manyfiles.shard.layout import Layout

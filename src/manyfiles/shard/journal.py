@@ -18,7 +18,8 @@ import time
 import zlib
 from typing import Any
 
-from manyfiles import _fsops, _testing
+from manyfiles._core import fsops as _fsops
+from manyfiles._core import testing as _testing
 from manyfiles.errors import ManyfilesError
 
 JOURNAL = b".manyfiles-shard.journal"

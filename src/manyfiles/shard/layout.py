@@ -115,7 +115,7 @@ class Layout:
         return rel if isinstance(name, bytes) else os.fsdecode(rel)
 
     def bucket_globs(self) -> tuple[str, ...] | None:
-        """Per level, a glob (manyfiles._glob) matching exactly the names :meth:`is_bucket`
+        """Per level, a glob (manyfiles._core.glob) matching exactly the names :meth:`is_bucket`
         accepts there, so that the C walker enters only bucket directories; None for
         ``key="prefix"``, whose widths count bytes where a glob's ``?`` counts characters."""
         if self.key != "hash":

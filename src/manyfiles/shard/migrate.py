@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from manyfiles import listing
-from manyfiles._progress import ProgressArg, check_progress, progress_for
-from manyfiles._testing import killpoint
+from manyfiles._core.progress import ProgressArg, check_progress, progress_for
+from manyfiles._core.testing import killpoint
 from manyfiles.errors import ManyfilesError, UsageError, describe_oserror
 from manyfiles.shard._engine import Migration
 from manyfiles.shard.journal import Journal, refuse_if_running

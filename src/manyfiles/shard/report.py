@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from manyfiles._report import Report
+from manyfiles._core.report import Report
 from manyfiles.shard.layout import Layout
 
 

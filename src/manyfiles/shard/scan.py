@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from manyfiles import listing
-from manyfiles._progress import Progress
+from manyfiles._core.progress import Progress
 from manyfiles.errors import from_oserror
 from manyfiles.shard.layout import RESERVED_PREFIX, Layout
 from manyfiles.shard.sharded_dir import open_dir

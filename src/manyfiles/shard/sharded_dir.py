@@ -18,8 +18,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from manyfiles import _fsops, listing
-from manyfiles._progress import ProgressArg, check_progress, progress_for
+from manyfiles import listing
+from manyfiles._core import fsops as _fsops
+from manyfiles._core.progress import ProgressArg, check_progress, progress_for
 from manyfiles.errors import ManyfilesError, UsageError
 from manyfiles.shard.layout import RESERVED_PREFIX, Layout, check_name
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from manyfiles import listing
-from manyfiles._progress import ProgressArg, check_progress, progress_for
-from manyfiles._report import Report
+from manyfiles._core.progress import ProgressArg, check_progress, progress_for
+from manyfiles._core.report import Report
 from manyfiles.errors import ManyfilesError, UsageError, describe_oserror
 from manyfiles.shard.journal import lock_holder, read_records, refuse_if_running
 from manyfiles.shard.layout import RESERVED_PREFIX, Layout
@@ -26,7 +26,7 @@ from manyfiles.shard.sharded_dir import (
 
 @dataclass(kw_only=True)
 class VerifyReport(Report):
-    """What ``verify`` found.  Every problem is also a :class:`~manyfiles._report.Failure`
+    """What ``verify`` found.  Every problem is also a :class:`~manyfiles._core.report.Failure`
     (code ``flat``, ``misplaced``, ``duplicate``, ``temp``, ``in-progress`` or ``count``);
     ``foreign`` directories are left alone and are not problems."""
 

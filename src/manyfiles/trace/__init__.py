@@ -8,13 +8,14 @@ Example:
     [('rename', 200000, 41000), ...]
     >>> trace.export_chrome(ts, "run.json")        # doctest: +SKIP
 
-The writer lives in :mod:`manyfiles.iotrace`, the file format in :mod:`manyfiles.trace.format`.
+The writer is :mod:`manyfiles.trace.iotrace` (also at its old path ``manyfiles.iotrace``), the file
+format :mod:`manyfiles.trace.format`; :mod:`manyfiles.trace.profiling` writes viztracer profiles.
 Names are loaded lazily so that starting a trace imports only the format module.
 """
 
 from __future__ import annotations
 
-from manyfiles._lazy import lazy_exports
+from manyfiles._core.lazy import lazy_exports
 
 _EXPORTS = {
     "export_chrome": ".chrome",

@@ -1,4 +1,4 @@
-"""The on-disk format of an I/O trace (``--trace FILE``), written by :mod:`manyfiles.iotrace`.
+"""The on-disk format of an I/O trace (``--trace FILE``), written by :mod:`manyfiles.trace.iotrace`.
 
 A trace file is a header followed by self-contained blocks, one per flush of the
 in-memory buffer::

@@ -16,7 +16,7 @@ import queue
 import threading
 from dataclasses import dataclass
 
-from manyfiles._retry import aretrying
+from manyfiles._core.retry import aretrying
 from manyfiles.errors import ManyfilesError
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.integrity import Claim

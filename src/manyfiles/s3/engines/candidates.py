@@ -20,7 +20,7 @@ import asyncio
 import time
 from datetime import timedelta
 
-from manyfiles._extras import require
+from manyfiles._core.extras import require
 from manyfiles.s3.engines.base import Ctx, Engine, LoopThreadEngine
 from manyfiles.s3.retry import TransferError, cause_of, classify
 from manyfiles.s3.sigv4 import Route, aws_config

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import time
 
-from manyfiles import iotrace
 from manyfiles.s3.engines.base import Ctx, LoopThreadEngine
 from manyfiles.s3.http1 import (
     ClockSkewed,
@@ -29,6 +28,7 @@ from manyfiles.s3.integrity import alearn_layout
 from manyfiles.s3.retry import RetryPolicy, TransferError, cause_of, classify
 from manyfiles.s3.sigv4 import Endpoint, Route, uri_path
 from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, needs_layout
+from manyfiles.trace import iotrace
 
 
 class _Conn:

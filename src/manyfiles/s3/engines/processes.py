@@ -61,7 +61,7 @@ class _WorkerCtx(Ctx):
 
 
 def _worker_main(options: Options, sub: str, workers: int, inq, outq) -> None:
-    from manyfiles._worker import instrumented_worker
+    from manyfiles._core.worker import instrumented_worker
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()

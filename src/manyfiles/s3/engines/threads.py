@@ -21,7 +21,7 @@ import json
 import queue
 import threading
 
-from manyfiles._retry import retrying
+from manyfiles._core.retry import retrying
 from manyfiles.errors import IntegrityError
 from manyfiles.s3 import objects
 from manyfiles.s3.engines.base import Ctx, Engine, Failed, cancelled, fail, finish, open_target

@@ -1,0 +1,302 @@
+"""One progress convention for every long call.
+
+Every long call of the library takes ``progress: bool | Callable[[Snapshot], None] = False``:
+
+* ``False`` / ``None`` -- nothing is shown and nothing is computed for it;
+* ``True`` -- a live display: a rich bar on a terminal, an HTML bar in Jupyter that keeps
+  its final state in the saved notebook, or a plain line every few seconds on stderr when
+  neither is available;
+* a callable -- receives a :class:`Snapshot` at most every ``interval`` seconds and once
+  more at the end (never from two threads at once).
+
+A tool creates a :class:`Progress` with :func:`progress_for`, updates its counters from
+any thread with :meth:`Progress.add`, and calls :meth:`Progress.tick` from the thread
+that waits on its workers (or lets ``add`` from that thread render).
+
+Example:
+    >>> seen = []
+    >>> with progress_for(seen.append, "copy", unit="files", total=2) as p:
+    ...     p.add(1)
+    ...     p.add(1)
+    >>> seen[-1].done, seen[-1].total, seen[-1].finished
+    (2, 2, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Union
+
+from manyfiles.errors import UsageError
+
+ProgressArg = Union[bool, Callable[["Snapshot"], None], None]  # noqa: UP007 -- a runtime alias on 3.10
+
+INTERVAL = 0.1          # seconds between two renderings
+LOG_INTERVAL = 5.0      # seconds between two plain lines when there is no terminal
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The state of a long operation at one moment.
+
+    ``total`` is None while unknown (it may also grow, e.g. while a walk discovers entries).
+    """
+
+    task: str
+    done: int = 0
+    total: int | None = None
+    bytes: int = 0
+    bytes_total: int | None = None
+    failures: int = 0
+    seconds: float = 0.0
+    unit: str = "items"
+    finished: bool = False
+
+    @property
+    def rate(self) -> float:
+        """Items per second so far."""
+        return self.done / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def byte_rate(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds left at the current rate, when the total is known."""
+        if self.total is None or self.done <= 0 or self.done >= self.total:
+            return None
+        return (self.total - self.done) / self.rate
+
+    def __str__(self) -> str:
+        text = f"{self.task}: {self.done:,}"
+        if self.total is not None:
+            text += f"/{self.total:,}"
+        text += f" {self.unit}"
+        if self.bytes:
+            text += f", {_size(self.bytes)}"
+        if self.seconds > 0:
+            text += f" ({self.rate:,.0f} {self.unit}/s"
+            text += f", {_size(self.byte_rate)}/s)" if self.bytes else ")"
+        if self.failures:
+            text += f", {self.failures:,} failed"
+        return text
+
+
+def check_progress(progress: object) -> None:
+    """Raise UsageError unless ``progress`` is a bool, None or a callable (call before any work)."""
+    if progress is None or isinstance(progress, bool) or callable(progress):
+        return
+    raise UsageError(f"progress must be True, False or a callable taking a Snapshot, not {progress!r}")
+
+
+class Progress:
+    """Counters of one operation, safe to update from many threads, rendered at a bounded rate."""
+
+    def __init__(self, task: str, render: Callable[[Snapshot], None] | None, *, unit: str = "items",
+                 total: int | None = None, bytes_total: int | None = None,
+                 interval: float = INTERVAL) -> None:
+        self._render = render
+        self._base = Snapshot(task, total=total, bytes_total=bytes_total, unit=unit)
+        self._done = self._bytes = self._failures = 0
+        self._total, self._bytes_total = total, bytes_total
+        self._t0 = time.monotonic()
+        self._last = float("-inf")
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._render_lock = threading.Lock()
+        self._owner = threading.get_ident()
+
+    def __bool__(self) -> bool:
+        """True if someone listens: tools may skip extra work (counting a total) otherwise."""
+        return self._render is not None
+
+    def add(self, done: int = 0, *, bytes: int = 0, failures: int = 0) -> None:
+        """Add to the counters (any thread); renders when called from the owning thread."""
+        if self._render is None:
+            return
+        with self._lock:
+            self._done += done
+            self._bytes += bytes
+            self._failures += failures
+        if threading.get_ident() == self._owner:
+            self.tick()
+
+    def set(self, *, done: int | None = None, total: int | None = None, bytes: int | None = None,
+            bytes_total: int | None = None, failures: int | None = None) -> None:
+        """Set counters to absolute values (e.g. a total once the listing is complete)."""
+        if self._render is None:
+            return
+        with self._lock:
+            self._done = self._done if done is None else done
+            self._total = self._total if total is None else total
+            self._bytes = self._bytes if bytes is None else bytes
+            self._bytes_total = self._bytes_total if bytes_total is None else bytes_total
+            self._failures = self._failures if failures is None else failures
+        if threading.get_ident() == self._owner:
+            self.tick()
+
+    def snapshot(self, finished: bool = False) -> Snapshot:
+        with self._lock:
+            return replace(self._base, done=self._done, total=self._total, bytes=self._bytes,
+                           bytes_total=self._bytes_total, failures=self._failures,
+                           seconds=time.monotonic() - self._t0, finished=finished)
+
+    def tick(self, force: bool = False) -> None:
+        """Render if ``interval`` has passed since the last rendering (or ``force``)."""
+        if self._render is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < self._interval:
+            return
+        if not self._render_lock.acquire(blocking=force):
+            return
+        try:
+            self._last = now
+            self._render(self.snapshot())
+        finally:
+            self._render_lock.release()
+
+    def finish(self) -> None:
+        """The last rendering (``finished=True``); called by :func:`progress_for` on exit."""
+        if self._render is None:
+            return
+        with self._render_lock:
+            self._render(self.snapshot(finished=True))
+
+
+@contextlib.contextmanager
+def progress_for(progress: ProgressArg, task: str, *, unit: str = "items", total: int | None = None,
+                 bytes_total: int | None = None, interval: float = INTERVAL) -> Iterator[Progress]:
+    """Turn a ``progress=`` argument into a :class:`Progress` for the duration of an operation."""
+    check_progress(progress)
+    display: _Display | None = None
+    if progress is True:
+        display = _display_for(task, unit)
+        render: Callable[[Snapshot], None] | None = display.update
+    else:
+        render = progress or None   # type: ignore[assignment]
+    p = Progress(task, render, unit=unit, total=total, bytes_total=bytes_total, interval=interval)
+    try:
+        yield p
+    finally:
+        try:
+            p.finish()
+        finally:
+            if display is not None:
+                display.close()
+
+
+# -- displays for progress=True ------------------------------------------------------------------
+
+class _Display:
+    def update(self, snap: Snapshot) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def _display_for(task: str, unit: str) -> _Display:
+    if _in_notebook():
+        return _NotebookDisplay()
+    if sys.stderr is not None and sys.stderr.isatty():
+        return _TerminalDisplay(task, unit)
+    return _LogDisplay()
+
+
+def _in_notebook() -> bool:
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return False
+    shell = ipython.get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+class _TerminalDisplay(_Display):
+    """A rich bar on stderr; it stays on screen with its final numbers."""
+
+    def __init__(self, task: str, unit: str) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[text]}"),
+                            TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True))
+        self.bar.start()
+        self.task = self.bar.add_task(task, total=None, text="")
+
+    def update(self, snap: Snapshot) -> None:
+        completed, total = _bar(snap)
+        self.bar.update(self.task, completed=completed, total=total, text=_counts(snap))
+
+    def close(self) -> None:
+        self.bar.stop()
+
+
+class _NotebookDisplay(_Display):
+    """An HTML bar updated in place (``display_id``): the saved notebook keeps the final state."""
+
+    def __init__(self) -> None:
+        from IPython.display import HTML, display
+
+        self._html = HTML
+        self.handle = display(HTML(""), display_id=True)
+
+    def update(self, snap: Snapshot) -> None:
+        import html
+
+        completed, total = _bar(snap)
+        value = f"value='{completed}' max='{total}'" if total else ""
+        state = "done" if snap.finished else f"{snap.seconds:.1f} s"
+        text = html.escape(f"{_counts(snap)} [{state}]")
+        self.handle.update(self._html(
+            f"<div><code>{html.escape(snap.task)}</code> <progress {value} style='width:40%'></progress> "
+            f"{text}</div>"))
+
+
+class _LogDisplay(_Display):
+    """No terminal, no notebook (a log file, CI): one plain line every few seconds, and the last."""
+
+    def __init__(self) -> None:
+        self._last = time.monotonic()
+
+    def update(self, snap: Snapshot) -> None:
+        now = time.monotonic()
+        if snap.finished or now - self._last >= LOG_INTERVAL:
+            self._last = now
+            print(str(snap) + (" [done]" if snap.finished else ""), file=sys.stderr, flush=True)
+
+
+def _bar(snap: Snapshot) -> tuple[int, int | None]:
+    """What the bar (and its ETA) follows: bytes when their total is known (a few huge objects
+    would leave an item bar still until the end), else items."""
+    if snap.bytes_total:
+        return snap.bytes, snap.bytes_total
+    return snap.done, snap.total
+
+
+def _counts(snap: Snapshot) -> str:
+    text = f"{snap.done:,}" + (f"/{snap.total:,}" if snap.total is not None else "") + f" {snap.unit}"
+    if snap.seconds > 0:
+        text += f" {snap.rate:,.0f}/s"
+    if snap.bytes:
+        text += f" {_size(snap.bytes)}"
+        if snap.seconds > 0:
+            text += f" {_size(snap.byte_rate)}/s"
+    if snap.failures:
+        text += f" {snap.failures:,} failed"
+    return text
+
+
+def _size(n: float) -> str:
+    from manyfiles._core.units import format_size
+
+    return format_size(n)
+
+
+__all__ = ["Progress", "ProgressArg", "Snapshot", "check_progress", "progress_for"]
