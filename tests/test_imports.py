@@ -303,8 +303,6 @@ LAYERS = {
     "manyfiles.fastls": ("tool", "listing"),        # public alias of manyfiles.listing.fastls
     "manyfiles.table": ("tool", "listing"),         # public alias of manyfiles.listing.table
     **{f"manyfiles.{tool}": ("tool", tool) for tool in ("listing", "shard", "remove", "s3", "cache", "ml")},
-    # aliases at the old paths, until cache/ and s3/objects.py import the new ones (issue 19)
-    **{f"manyfiles._{m}": ("core", "core") for m in ("pool", "progress", "report", "retry", "units")},
 }
 # the tools each tool may import besides itself (the order of docs/architecture.md)
 TOOLS_MAY_USE = {

@@ -32,9 +32,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-from manyfiles import iotrace
-from manyfiles._progress import ProgressArg, check_progress, progress_for
-from manyfiles._retry import RetryPolicy, retrying
+from manyfiles._core.progress import ProgressArg, check_progress, progress_for
+from manyfiles._core.retry import RetryPolicy, retrying
 from manyfiles.cache import _format as fmt
 from manyfiles.cache._complete import Completions, complete
 from manyfiles.cache._index import Version
@@ -51,6 +50,7 @@ from manyfiles.errors import (
     UsageError,
     from_oserror,
 )
+from manyfiles.trace import iotrace
 
 DEFAULT_BUFFER = io.DEFAULT_BUFFER_SIZE     # as open(): small random reads stay cheap
 FETCH_THREADS = 32

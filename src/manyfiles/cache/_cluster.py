@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from manyfiles._progress import ProgressArg
+from manyfiles._core.progress import ProgressArg
 from manyfiles.scale.executor import ClusterArg, ClusterReport, Job, Publish, ShardResult, run_job
 
 OBJECTS_PER_SHARD = 1_000
@@ -83,7 +83,7 @@ def expand(sources: Iterable[str | os.PathLike], settings: Any) -> Iterator[str]
 def _s3_objects(url: str, settings: Any) -> Iterator[str]:
     from manyfiles.s3.client import ClientSettings
     from manyfiles.s3.keys import parse_url
-    from manyfiles.s3.listing import list_objects
+    from manyfiles.s3.object_listing import list_objects
 
     parsed = parse_url(url)
     if parsed.pattern is None and parsed.prefix and not parsed.prefix.endswith("/"):

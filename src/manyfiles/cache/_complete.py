@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-from manyfiles._retry import RetryPolicy, retrying
+from manyfiles._core.retry import RetryPolicy, retrying
 from manyfiles.cache._index import Version
 from manyfiles.cache._origin import Head, WholeRead
 from manyfiles.cache._store import BlockStore

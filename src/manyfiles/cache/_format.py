@@ -29,9 +29,9 @@ import time
 import zlib
 from typing import Any, NamedTuple
 
-from manyfiles import iotrace
 from manyfiles.errors import UsageError
 from manyfiles.shard.layout import Layout
+from manyfiles.trace import iotrace
 
 FORMAT = "manyfiles-cache/1"
 DESCRIPTOR = "manyfiles-cache.json"

@@ -27,9 +27,9 @@ import time
 import zlib
 from typing import Any, NamedTuple
 
-from manyfiles import iotrace
-from manyfiles._retry import RetryPolicy
+from manyfiles._core.retry import RetryPolicy
 from manyfiles.errors import ObjectChanged, UsageError, from_oserror
+from manyfiles.trace import iotrace
 
 SIZE_ONLY = "size-only"        # the whole-object check of an object with nothing to check against
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")

@@ -27,11 +27,11 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future, InvalidStateError
 from typing import Any
 
-from manyfiles import iotrace
 from manyfiles.cache._format import HEADER_SIZE
 from manyfiles.cache._index import Version
 from manyfiles.cache._store import BlockStore
 from manyfiles.errors import IntegrityError, ManyfilesError
+from manyfiles.trace import iotrace
 
 KEEP_FETCHED = 2      # blocks fetched from the origin kept in memory per reader
 OPEN_BLOCKS = 16      # cached blocks kept open per reader (random reads skip the open/header read)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from manyfiles._report import Report
-from manyfiles._units import format_size
+from manyfiles._core.report import Report
+from manyfiles._core.units import format_size
 
 
 @dataclass(kw_only=True)

@@ -27,7 +27,7 @@ import os
 import time
 from typing import Any
 
-from manyfiles._progress import Progress
+from manyfiles._core.progress import Progress
 from manyfiles.cache import _format as fmt
 from manyfiles.cache._index import Entry, Version
 from manyfiles.cache._store import BlockStore

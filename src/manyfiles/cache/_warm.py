@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from manyfiles._pool import Pool
-from manyfiles._progress import ProgressArg, progress_for
+from manyfiles._core.pool import Pool
+from manyfiles._core.progress import ProgressArg, progress_for
 from manyfiles.cache._complete import complete
 from manyfiles.cache._origin import FileOrigin, Head, S3Origin
 from manyfiles.cache._reports import WarmReport
@@ -87,7 +87,7 @@ def _expand_one(cache: Any, src: Any) -> Iterator[tuple]:
 
 def _expand_s3(cache: Any, url: str) -> Iterator[tuple]:
     from manyfiles.s3.keys import parse_url
-    from manyfiles.s3.listing import list_objects
+    from manyfiles.s3.object_listing import list_objects
 
     parsed = parse_url(url)
     if parsed.pattern is None and parsed.prefix and not parsed.prefix.endswith("/"):

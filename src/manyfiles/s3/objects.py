@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from manyfiles._retry import RetryPolicy, retrying
+from manyfiles._core.retry import RetryPolicy, retrying
 from manyfiles.errors import (
     AccessDenied,
     IntegrityError,

@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from manyfiles import iotrace
 from manyfiles.s3.http1 import (
     ClockSkewed,
     RegionRedirect,
@@ -30,6 +29,7 @@ from manyfiles.s3.http1 import (
 from manyfiles.s3.retry import TransferError, cause_of, classify, tls_refusal
 from manyfiles.s3.sigv4 import Endpoint, Route, uri_path
 from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, check_range
+from manyfiles.trace import iotrace
 
 _MAX_HEAD = 64 << 10
 
