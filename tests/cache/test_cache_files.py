@@ -286,3 +286,34 @@ def _child_reads_and_returns(cache: Cache, files: dict) -> None:
     for p, data in files.items():
         with mf.open(p, cache=cache) as f:
             assert f.read() == data
+
+
+def test_opening_an_existing_cache_takes_no_lock_while_another_process_writes(tmp_path: Path) -> None:
+    """Every DataLoader worker opens the shared index while the others write their fills: opening a
+    cache that exists must not wait for the write lock (it waited up to the busy timeout, then
+    failed with 'database is locked', seen with 4 workers)."""
+    import sqlite3
+
+    d = tmp_path / "c"
+    with Cache(d):
+        pass
+    writer = sqlite3.connect(d / "index.sqlite", isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")             # another process in the middle of a write
+    opened, outcome = threading.Event(), []
+
+    def open_it() -> None:
+        try:
+            with Cache(d) as c:
+                outcome.append(c.stats().entries)
+        except Exception as exc:  # noqa: BLE001 -- reported by the assertion below
+            outcome.append(exc)
+        finally:
+            opened.set()
+
+    threading.Thread(target=open_it, daemon=True).start()
+    try:
+        assert opened.wait(30), "Cache() waited for another writer's lock"
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    assert outcome == [0]

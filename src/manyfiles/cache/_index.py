@@ -151,6 +151,8 @@ class Index:
         self.block_size = block_size
         self._local = threading.local()
         conn = self._conn()
+        if self._current(conn):
+            return
         # WAL is persistent (stored in the file): readers never block the writer, nor it them.
         conn.execute("PRAGMA journal_mode=WAL")
         with self.write() as c:
@@ -168,6 +170,22 @@ class Index:
                 raise sqlite3.DatabaseError(f"index schema {row[0]}, this version reads {SCHEMA_VERSION}")
             c.executemany("INSERT OR IGNORE INTO counters VALUES(?, 0)",
                           [(n,) for n in (*COUNTERS, "entries", "bytes")])
+
+    @staticmethod
+    def _current(conn: sqlite3.Connection) -> bool:
+        """Is the index already in WAL mode, at this schema, with every counter?  Then opening it
+        takes no lock: every worker process of a DataLoader opens the index while the others write,
+        and the journal-mode switch and the schema transaction were where they collided."""
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                return False
+            row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            names = (*COUNTERS, "entries", "bytes")
+            have = conn.execute(f"SELECT count(*) FROM counters WHERE name IN ({','.join('?' * len(names))})",
+                                names).fetchone()[0]
+        except sqlite3.OperationalError:        # no tables yet (a new cache)
+            return False
+        return row is not None and row[0] == str(SCHEMA_VERSION) and have == len(names)
 
     def _conn(self) -> sqlite3.Connection:
         local = self._local
