@@ -1,8 +1,8 @@
 """The I/O trace writer's old path: the module is :mod:`manyfiles.trace.iotrace`.
 
 An alias, not a copy (the active tracer is module state): ``manyfiles.iotrace`` *is* that module.
-Kept for users' imports (``from manyfiles.iotrace import tracing``) and for the modules that still
-import it here (cache/, s3/engines/lean.py) until they import it from manyfiles.trace.
+Kept for users' imports (``from manyfiles.iotrace import tracing``); the package imports it from
+manyfiles.trace.
 """
 
 import sys

@@ -305,7 +305,7 @@ def test_opening_an_existing_cache_takes_no_lock_while_another_process_writes(tm
         try:
             with Cache(d) as c:
                 outcome.append(c.stats().entries)
-        except Exception as exc:  # noqa: BLE001 -- reported by the assertion below
+        except Exception as exc:
             outcome.append(exc)
         finally:
             opened.set()

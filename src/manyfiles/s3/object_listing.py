@@ -64,7 +64,7 @@ def list_objects_lean(settings: ClientSettings, url: S3Url, *, page_size: int = 
     import xml.etree.ElementTree as ET
     from urllib.parse import unquote_plus
 
-    from manyfiles.s3.engines.lean import LeanClient
+    from manyfiles.s3.engines.socket_client import SocketClient
     from manyfiles.s3.sigv4 import Route
 
     retry = retry or RetryPolicy()
@@ -75,7 +75,7 @@ def list_objects_lean(settings: ClientSettings, url: S3Url, *, page_size: int = 
         raise listing_error(where, classify(exc)) from exc
     # a region redirect is followed by the client (once), and the route it moved is what the
     # engines started after this page use
-    client = LeanClient(route, settings.read_timeout)
+    client = SocketClient(route, settings.read_timeout)
     params = {"list-type": "2", "prefix": url.prefix, "max-keys": str(page_size), "encoding-type": "url"}
     if start_after:         # keys after this one (s3pull --cluster lists key ranges in parallel)
         params["start-after"] = start_after

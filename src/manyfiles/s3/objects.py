@@ -4,7 +4,7 @@ s3pull's engines and the read cache reach objects through this module, so one pl
 object's check (:func:`~manyfiles.s3.integrity.object_claim`: checksum, MD5 ETag, multipart ETag,
 never a silent size check), how a failed request is retried (the call's
 :class:`~manyfiles.s3.retry.RetryPolicy`) and what error it becomes (:func:`manyfiles.s3.retry.classify`
-and its failure codes).  Requests go over the lean transport (:mod:`manyfiles.s3.engines.lean`:
+and its failure codes).  Requests go over the lean transport (:mod:`manyfiles.s3.engines.socket_client`:
 raw sockets, hand-signed SigV4), so cache fills get s3pull's fast path.
 
 API::
@@ -57,15 +57,13 @@ from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.integrity import (
     SIZE_ONLY,
     Claim,
-    alearn_layout,
     digest_for,
     encrypted,
-    etag_parts,
-    learn_layout,
     new_hash,
     object_claim,
 )
 from manyfiles.s3.keys import parse_object_url
+from manyfiles.s3.layouts import alearn_layout, etag_parts, learn_layout
 from manyfiles.s3.retry import Inconsistent, classify, coded, failure_code, stopping_error
 from manyfiles.s3.sigv4 import aws_config, bucket_region, credentials_key, environment_key, uri_path
 from manyfiles.s3.transfer import CHUNK, EMPTY_MD5, Job, check_answer, check_range
@@ -139,11 +137,11 @@ def resolve(settings: ClientSettings | None) -> ClientSettings:
 
 
 def transport(settings: ClientSettings | None, bucket: str, *, checksum_mode: bool = True):
-    """The lean client (:class:`~manyfiles.s3.engines.lean.LeanClient`) for ``bucket`` as the
+    """The lean client (:class:`~manyfiles.s3.engines.socket_client.SocketClient`) for ``bucket`` as the
     configuration and credentials are *now*: one per process, settings and bucket, rebuilt when
     what it was built from changed (the environment and AWS files, endpoint, region, credentials).
     Raises TransferError (``NoCredentials``...) when it cannot be built."""
-    from manyfiles.s3.engines.lean import LeanClient
+    from manyfiles.s3.engines.socket_client import SocketClient
     from manyfiles.s3.sigv4 import Route
 
     settings = resolve(settings)
@@ -154,7 +152,7 @@ def transport(settings: ClientSettings | None, bucket: str, *, checksum_mode: bo
         region = bucket_region(settings, bucket)      # a redirect learnt since moved it
         if cur is not None and cur[0] == built_from and cur[1].route.region == region:
             return cur[1]
-        client = LeanClient(Route(settings, bucket), settings.read_timeout, checksum_mode=checksum_mode)
+        client = SocketClient(Route(settings, bucket), settings.read_timeout, checksum_mode=checksum_mode)
     except ManyfilesError:      # TransferError, a profile that is not configured (UsageError)
         raise
     except Exception as exc:     # no credentials, no region...

@@ -20,10 +20,9 @@ from manyfiles.s3.integrity import (
     check_or_search,
     digest_for,
     encrypted,
-    etag_parts,
-    learn_layout,
     object_claim,
 )
+from manyfiles.s3.layouts import etag_parts, learn_layout
 from manyfiles.s3.retry import Inconsistent, ObjectChanged, TransferError, cause_of, classify
 from manyfiles.trace import iotrace
 
@@ -157,7 +156,7 @@ def get_kwargs(bucket: str, job: Job, checksum_mode: bool) -> dict:
 def get_whole(client, bucket: str, job: Job, target, *, verify: bool = True, checksum_mode: bool = True,
               on_bytes=None, retry=None, on_retry=None) -> Fetched:
     """One GET of the whole object into ``target`` (sequential appends), checked; a multipart
-    ETag's part sizes are learnt first (:func:`~manyfiles.s3.integrity.learn_layout`, under ``retry``)."""
+    ETag's part sizes are learnt first (:func:`~manyfiles.s3.layouts.learn_layout`, under ``retry``)."""
     kw = get_kwargs(bucket, job, checksum_mode)
     t0 = time.monotonic_ns()
     status = 0

@@ -14,7 +14,7 @@ import asyncio
 import time
 
 from manyfiles.s3.engines.base import Ctx, LoopThreadEngine
-from manyfiles.s3.integrity import alearn_layout
+from manyfiles.s3.layouts import alearn_layout
 from manyfiles.s3.retry import cause_of, classify
 from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, get_kwargs, needs_layout, trace_request
 

@@ -78,10 +78,10 @@ class ObstoreEngine(LoopThreadEngine):
         self._start()
 
     def _head_part(self, job: Job, n: int):
-        from manyfiles.s3.engines.lean import LeanClient
+        from manyfiles.s3.engines.socket_client import SocketClient
 
         if self._lean is None:
-            self._lean = LeanClient(self.route, self.ctx.options.settings.read_timeout)
+            self._lean = SocketClient(self.route, self.ctx.options.settings.read_timeout)
         return self._lean.head(self.ctx.options.bucket, job, n)
 
     async def _main(self) -> None:
@@ -98,7 +98,7 @@ class ObstoreEngine(LoopThreadEngine):
         try:
             layout = None
             if needs_layout(job, opts.verify) and job.size is not None:
-                from manyfiles.s3.integrity import part_layout
+                from manyfiles.s3.layouts import part_layout
 
                 loop = asyncio.get_running_loop()
                 layout = await loop.run_in_executor(
@@ -205,11 +205,11 @@ class CrtEngine(Engine):
         opts = self.ctx.options
         layout = None
         if needs_layout(job, opts.verify) and job.size is not None:
-            from manyfiles.s3.engines.lean import LeanClient
-            from manyfiles.s3.integrity import part_layout
+            from manyfiles.s3.engines.socket_client import SocketClient
+            from manyfiles.s3.layouts import part_layout
 
             if self._lean is None:
-                self._lean = LeanClient(self.route, opts.settings.read_timeout)
+                self._lean = SocketClient(self.route, opts.settings.read_timeout)
             layout = part_layout(job.size, job.etag, lambda n: self._lean.head(opts.bucket, job, n))
         ep = self.route.ep
         headers = [("Host", ep.host)]

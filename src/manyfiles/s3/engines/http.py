@@ -24,7 +24,7 @@ from manyfiles.s3.http1 import (
     request_head,
     request_target,
 )
-from manyfiles.s3.integrity import alearn_layout
+from manyfiles.s3.layouts import alearn_layout
 from manyfiles.s3.retry import RetryPolicy, TransferError, cause_of, classify
 from manyfiles.s3.sigv4 import Endpoint, Route, uri_path
 from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, needs_layout
@@ -147,7 +147,7 @@ async def aget_lean(conn: _Conn, bucket: str, job: Job, target, *, verify: bool,
                     timeout: float, on_bytes=None, retry: RetryPolicy | None = None,
                     on_retry=None) -> Fetched:
     """GET the whole object over ``conn`` into ``target``, checked; raises TransferError.  A
-    multipart ETag's part sizes are learnt first (:func:`~manyfiles.s3.integrity.alearn_layout`)."""
+    multipart ETag's part sizes are learnt first (:func:`~manyfiles.s3.layouts.alearn_layout`)."""
     path = uri_path(conn.route.ep.path_prefix, job.key)
     extra = [("x-amz-checksum-mode", "ENABLED")] if checksum_mode else []
     if job.etag:

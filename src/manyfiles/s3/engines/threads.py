@@ -1,5 +1,5 @@
 """Thread pool engines: ``sync`` (1 thread), ``threads`` (one shared boto3 client), ``lean`` and
-``ranged`` (raw sockets, see :mod:`manyfiles.s3.engines.lean`).
+``ranged`` (raw sockets, see :mod:`manyfiles.s3.engines.socket_client`).
 
 botocore clients are thread-safe, and the client's urllib3 pool is sized to the number of
 threads so no thread waits for a connection.  Large objects (``job.part_size``) start with a
@@ -25,7 +25,8 @@ from manyfiles._core.retry import retrying
 from manyfiles.errors import IntegrityError
 from manyfiles.s3 import objects
 from manyfiles.s3.engines.base import Ctx, Engine, Failed, cancelled, fail, finish, open_target
-from manyfiles.s3.integrity import NO_CHECKSUM, SIZE_ONLY, Claim, Digest, check_or_search, learn_layout
+from manyfiles.s3.integrity import NO_CHECKSUM, SIZE_ONLY, Claim, Digest, check_or_search
+from manyfiles.s3.layouts import learn_layout
 from manyfiles.s3.objects import Inconsistent, ObjectClient
 from manyfiles.s3.retry import ObjectChanged, TransferError, classify
 from manyfiles.s3.transfer import Fetched, Job, get_whole, needs_layout
@@ -69,7 +70,7 @@ def ranges_for(size: int, part_size: int, claim: Claim) -> list[tuple[int, int, 
 
 
 class ThreadsEngine(Engine):
-    """``transport``: "boto3" (one shared client) or "lean" (raw sockets, see engines.lean)."""
+    """``transport``: "boto3" (one shared client) or "lean" (raw sockets, see engines.socket_client)."""
 
     def __init__(self, ctx: Ctx, workers: int, name: str = "threads", transport: str = "boto3") -> None:
         self.ctx, self.name, self.workers = ctx, name, max(1, workers)

@@ -1,4 +1,4 @@
-"""A blocking, lean S3 client for threads: sockets, recv_into and pwrite.
+"""A blocking S3 client on raw sockets for threads: recv_into and pwrite, no botocore per request.
 
 Used by the ``lean`` and ``ranged`` pools.  Large bodies are bound by copies and the GIL, not
 by requests: botocore/urllib3 read a body through several Python layers and buffers, while
@@ -42,7 +42,7 @@ class _LocalError(Exception):
     """A local write failed (ENOSPC, EIO...): not a network error, not worth a retry."""
 
 
-class LeanClient:
+class SocketClient:
     """Hand-signed requests for one bucket on thread-local keep-alive connections (see :class:`Route`)."""
 
     def __init__(self, route: Route, timeout: float, *, checksum_mode: bool = True) -> None:
@@ -228,13 +228,13 @@ class LeanClient:
 
     # -- a response read at the caller's pace ---------------------------------------------
     def open(self, method: str, path: str, extra: list, query: str = "",
-             on_client: Callable[[LeanClient], None] | None = None) -> Response:
+             on_client: Callable[[SocketClient], None] | None = None) -> Response:
         """Send one request on a connection of its own and return the response, body unread
         (a stream read block by block, possibly by another thread); raises TransferError for a
         non-2xx answer.  The connection is closed with the response.  ``on_client`` is given the
         client that sends the request, before it does: its :meth:`abort` ends the wait for the
         answer from another thread."""
-        own = LeanClient(self.route, self.timeout, checksum_mode=self.checksum_mode)
+        own = SocketClient(self.route, self.timeout, checksum_mode=self.checksum_mode)
         if on_client is not None:
             on_client(own)
         try:
@@ -346,7 +346,7 @@ class LeanClient:
 
 
 class Response:
-    """One response whose body is read by the caller (:meth:`LeanClient.open`): ``status``,
+    """One response whose body is read by the caller (:meth:`SocketClient.open`): ``status``,
     ``headers`` (lower-case names), ``length`` (Content-Length, -1 if none), :meth:`readinto` /
     :meth:`read` until the body ends, then :meth:`close`.  Short bodies and socket errors raise
     retryable TransferErrors."""
@@ -381,7 +381,7 @@ class Response:
                 n += got
         except BaseException as exc:
             self.close()
-            err = LeanClient._classify(exc)
+            err = SocketClient._classify(exc)
             raise err from cause_of(err, exc)
         self.remaining -= n
         return n
