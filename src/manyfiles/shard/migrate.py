@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from manyfiles import listing
+from manyfiles._core.checkpoints import reached as checkpoint
 from manyfiles._core.progress import ProgressArg, check_progress, progress_for
-from manyfiles._core.testing import killpoint
 from manyfiles.errors import ManyfilesError, UsageError, describe_oserror
 from manyfiles.shard._engine import Migration
 from manyfiles.shard.journal import Journal, refuse_if_running
@@ -266,7 +266,7 @@ def _run_apply(m: Migration, target: Layout, *, fresh: bool, recorded: Layout | 
         m.note({"type": "resume", "remaining": len(flat), "pid": os.getpid()}, durable=True)
     if read_descriptor(m.rootfd, m.rootb) is None:
         create_descriptor(m.rootfd, target, m.rootb)
-        killpoint("descriptor")
+        checkpoint("descriptor")
     m.add_total(len(flat))
     m.apply_round(target, flat)
     for _ in range(_RESCANS):
@@ -343,7 +343,7 @@ def _run_revert(m: Migration, source: Layout, *, fresh: bool, op: str = "revert"
     gone = not m.tree_left(source) and not m.aside_left()
     if gone:
         remove_descriptor(m.rootfd)
-        killpoint("descriptor")
+        checkpoint("descriptor")
     elif op == "revert":
         rep.add_failure(rep.root, "some entries stayed in the tree (see skipped/conflicts); the descriptor "
                                   "is kept, resolve them and rerun", "incomplete")
