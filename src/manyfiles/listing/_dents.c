@@ -29,7 +29,7 @@ typedef struct {
     const GlobSet *include, *exclude; /* borrowed from Glob objects the caller keeps alive */
     unsigned types;   /* bit (1 << DT_x) per wanted type; 0 = all */
     int resolve;      /* resolve DT_UNKNOWN with fstatat */
-    int fake_dtype;   /* the test knob, copied from the module state */
+    int fake_dtype;   /* the d_type override, copied from the module state */
 } Filter;
 
 typedef struct {
@@ -48,23 +48,7 @@ ModState *mod_state(PyObject *module) { return (ModState *)PyModule_GetState(mod
 
 ModState *mod_state_of_type(PyTypeObject *type) { return (ModState *)PyType_GetModuleState(type); }
 
-int read_fake_dtype(ModState *st) {
-    /* not imported: then nobody set a knob (and the import is not ours to pay for) */
-    if (!st->testing && !(st->testing = PyImport_GetModule(st->testing_name))) {
-        if (PyErr_Occurred()) PyErr_Clear();
-        return -1;
-    }
-    /* the attribute name is kept interned: a lookup allocates nothing (a temporary str per
-     * call, between the Entry tuples of the same size class, fragmented the heap) */
-    PyObject *v = PyObject_GetAttr(st->testing, st->knob_name);
-    long x = (v == NULL || v == Py_None) ? -1 : PyLong_AsLong(v);
-    Py_XDECREF(v);
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-        x = -1;
-    }
-    return x < -1 ? -1 : x > 255 ? 255 : (int)x;
-}
+int read_fake_dtype(ModState *st) { return st->fake_dtype; }
 
 size_t clamp_bufsize(Py_ssize_t bufsize) {
     if (bufsize < MIN_BUFSIZE) return MIN_BUFSIZE;
@@ -500,6 +484,16 @@ static PyObject *dentsset_types(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Every d_type reads as ``value`` (0 = DT_UNKNOWN as sshfs, NFSv3 READDIR and XFS ftype=0 send;
+ * out of range = garbage), or as the filesystem sent it (None): the tests' way to exercise
+ * the fstatat fallback on any filesystem.  Per interpreter, like all the state. */
+static PyObject *dents_set_fake_dtype(PyObject *self, PyObject *value) {
+    long x = value == Py_None ? -1 : PyLong_AsLong(value);
+    if (x == -1 && PyErr_Occurred()) return NULL;
+    mod_state(self)->fake_dtype = x < -1 ? -1 : x > 255 ? 255 : (int)x;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"listdir", (PyCFunction)(void (*)(void))dents_listdir, METH_VARARGS | METH_KEYWORDS,
      "listdir(fd, bufsize=1<<20, as_bytes=False, include=None, exclude=None, types=0, resolve=False, "
@@ -516,13 +510,14 @@ static PyMethodDef methods[] = {
      "path=None, batches=None) -> count; writes prefix+name+sep per entry straight to out_fd"},
     {"set_types", dentsset_types, METH_VARARGS,
      "set_types(Entry, DirListing): the tuple subclasses built in C (once per interpreter)."},
+    {"_set_fake_dtype", dents_set_fake_dtype, METH_O,
+     "_set_fake_dtype(value or None): every d_type reads as value (tests: the fstatat fallback)."},
     {NULL, NULL, 0, NULL},
 };
 
 static int dents_exec(PyObject *m) {
     ModState *st = mod_state(m);
-    if (!(st->knob_name = PyUnicode_InternFromString("fake_dtype"))) return -1;
-    if (!(st->testing_name = PyUnicode_InternFromString("manyfiles._core.testing"))) return -1;
+    st->fake_dtype = -1;
     static const char letters[] = "?pc?d?b?f?l?s???";
     for (int i = 0; i < N_DTYPES; i++) {
         st->type_letters[i] = PyUnicode_FromStringAndSize(&letters[i], 1);
@@ -551,9 +546,6 @@ static int dents_traverse(PyObject *m, visitproc visit, void *arg) {
     Py_VISIT(st->listing_type);
     Py_VISIT(st->glob_type);
     Py_VISIT(st->walk_type);
-    Py_VISIT(st->testing);
-    Py_VISIT(st->knob_name);
-    Py_VISIT(st->testing_name);
     return 0;
 }
 
@@ -564,9 +556,6 @@ static int dents_clear(PyObject *m) {
     Py_CLEAR(st->listing_type);
     Py_CLEAR(st->glob_type);
     Py_CLEAR(st->walk_type);
-    Py_CLEAR(st->testing);
-    Py_CLEAR(st->knob_name);
-    Py_CLEAR(st->testing_name);
     for (int i = 0; i < N_DTYPES; i++) Py_CLEAR(st->type_letters[i]);
     return 0;
 }

@@ -41,18 +41,16 @@ typedef struct {
     PyObject *type_letters[N_DTYPES];  /* d_type -> one-letter str ('?' for unknown values) */
     PyTypeObject *glob_type;
     PyTypeObject *walk_type;
-    PyObject *testing;            /* manyfiles._testing, once something imported it (sys.modules) */
-    PyObject *testing_name;       /* "manyfiles._testing", interned */
-    PyObject *knob_name;          /* "fake_dtype", interned */
+    int fake_dtype;               /* -1, or what every d_type reads as (_set_fake_dtype) */
 } ModState;
 
 ModState *mod_state(PyObject *module);
 ModState *mod_state_of_type(PyTypeObject *type);
-/* The test knob manyfiles._testing.fake_dtype, read at the start of each call (GIL held):
+/* The d_type override of _set_fake_dtype(), read at the start of each call (GIL held):
  * -1 when unset (production), else the value every d_type reads as. */
 int read_fake_dtype(ModState *st);
 
-/* d_type as the listing should see it (test knob applied, unknown values mapped to DT_UNKNOWN). */
+/* d_type as the listing should see it (override applied, unknown values mapped to DT_UNKNOWN). */
 static inline unsigned char effective_dtype(int fake_dtype, unsigned char d_type) {
     int t = fake_dtype >= 0 ? fake_dtype : d_type;
     return (t >= 0 && t < N_DTYPES) ? (unsigned char)t : DT_UNKNOWN;
