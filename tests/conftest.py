@@ -66,16 +66,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 @pytest.fixture
 def run_cli(tmp_path: Path):
-    """Run a console script of ours as a real subprocess; returns CompletedProcess (bytes)."""
+    """Run a console script of ours as a real subprocess; returns CompletedProcess (bytes).
+    ``faults``: options of the launcher in tests/faults.py (``["--kill-at", "move:3"]``), which
+    then runs the script with those faults installed."""
     import subprocess
+
+    from faults import LAUNCHER
 
     bindir = Path(sys.executable).parent
 
     def run(script: str, *args: str | bytes, input: bytes | None = None, env: dict | None = None,
-            cwd: str | os.PathLike | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+            cwd: str | os.PathLike | None = None, timeout: float = 300,
+            faults: list[str] | None = None) -> subprocess.CompletedProcess:
         full_env = dict(os.environ)
         full_env.update(env or {})
-        return subprocess.run([str(bindir / script), *args], input=input, capture_output=True,
+        launcher = [sys.executable, LAUNCHER, *faults, "--"] if faults else []
+        return subprocess.run([*launcher, str(bindir / script), *args], input=input, capture_output=True,
                               env=full_env, cwd=cwd, timeout=timeout)
 
     return run

@@ -420,3 +420,36 @@ def test_the_readme_layout_names_every_module_and_folder() -> None:
         if not found:
             missing.append(str(path.relative_to(SRC)))
     assert not missing, f"not in README's Layout section: {missing}"
+
+
+# A production module reaching for the tests: a test module imported, or the old environment bridge
+# of the test knobs (issue 19: faults reach production code only through checkpoints and the
+# extension's _set_fake_dtype, installed by tests/faults.py).
+TEST_REACH = re.compile(r"^\s*(?:import|from)\s+(?:faults|conftest|pytest|tests|_pytest)\b"
+                        r"|MANYFILES_TESTING|manyfiles\._core\.testing", re.M)
+
+
+def reach_offences(root: Path) -> list[str]:
+    """``path line N: what`` for each match of TEST_REACH in the .py, .c and .h files under ``root``."""
+    found = []
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".c", ".h"):
+            text = path.read_text(errors="replace")
+            found += [f"{path.relative_to(root.parent)} line {text.count(chr(10), 0, m.start()) + 1}: "
+                      f"{m.group().strip()}" for m in TEST_REACH.finditer(text)]
+    return found
+
+
+def test_no_production_module_reads_a_test_knob() -> None:
+    found = reach_offences(SRC / PACKAGE)
+    assert not found, "production code reaching for the tests:\n" + "\n".join(found)
+
+
+def test_the_knob_check_sees_a_test_import_and_the_bridge(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("import os\nimport faults\n")
+    (tmp_path / "b.py").write_text('x = 1\nspec = os.environ.get("MANYFILES_TESTING")\n')
+    (tmp_path / "c.c").write_text('PyImport_GetModule("manyfiles._core.testing");\n')
+    (tmp_path / "d.py").write_text("    from pytest import fixture\n# the tests (faults.py) hold it here\n")
+    assert [f.split(":")[0] for f in reach_offences(tmp_path)] == [
+        f"{tmp_path.name}/a.py line 2", f"{tmp_path.name}/b.py line 2", f"{tmp_path.name}/c.c line 1",
+        f"{tmp_path.name}/d.py line 1"]

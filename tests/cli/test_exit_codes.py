@@ -35,6 +35,8 @@ from pathlib import Path
 
 import pytest
 
+import faults
+
 BIN = Path(sys.executable).parent
 UNPRIVILEGED = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -242,11 +244,13 @@ def _ctrl_c_reaches_child() -> None:
 @pytest.mark.parametrize("verb", [v for v, c in CELLS if c == "interrupted"])
 def test_ctrl_c_exits_130_with_one_line(verb: str, place: Path, tmp_path: Path) -> None:
     """The command is held where every command passes once its options are parsed (the
-    ``command`` point of manyfiles._core.testing.hold_at); SIGINT lands there, on an event, not a sleep."""
+    ``command`` checkpoint, held through the launcher of tests/faults.py); SIGINT lands there, on an
+    event, not a sleep."""
     argv, env, _ = _case(verb, "interrupted", place, None, tmp_path)
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
-    env = _env({**env, "MANYFILES_TESTING": f"hold_at=command:1:{ready_w}:{go_r}"}, None, tmp_path)
+    argv = faults.command(*argv, hold_at=f"command:1:{ready_w}:{go_r}")
+    env = _env(env, None, tmp_path)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path,
                             pass_fds=(ready_w, go_r), preexec_fn=_ctrl_c_reaches_child)
     os.close(ready_w)

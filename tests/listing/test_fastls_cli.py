@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import faults
 from manyfiles.fastls import ListRequest, decode_json_path
 from manyfiles.listing import _fastls_main
 from terminal import stderr_on_a_terminal
@@ -81,19 +82,9 @@ def test_type_and_glob_filters(odd: Path, run_cli) -> None:
     assert got == b"0\n"
 
 
-def _fastls_with_knobs(*args: str, knobs: str = "fake_dtype=0") -> subprocess.CompletedProcess:
-    """fastls in a subprocess with manyfiles._core.testing knobs set (through their one bridge)."""
-    env = {**os.environ, "MANYFILES_TESTING": knobs}
-    return subprocess.run([Path(sys.executable).parent / "fastls", *args], capture_output=True, env=env,
-                          timeout=120)
-
-
-@pytest.mark.parametrize("args", [["-r", "."], ["--type", "d", "."]])
-def test_both_entry_paths_apply_the_testing_bridge(args: list[str]) -> None:
-    """The click-free fast path and the click path both apply MANYFILES_TESTING (an unknown
-    knob is an error, so this shows it is read)."""
-    proc = _fastls_with_knobs(*args, knobs="no_such_knob=1")
-    assert proc.returncode != 0 and b"no_such_knob" in proc.stderr
+def _fastls_with_knobs(*args: str) -> subprocess.CompletedProcess:
+    """fastls in a subprocess whose C core reads every d_type as DT_UNKNOWN (tests/faults.py)."""
+    return subprocess.run(faults.command("fastls", *args, fake_dtype=0), capture_output=True, timeout=120)
 
 
 def test_dt_unknown_source_lists_everything(odd: Path) -> None:

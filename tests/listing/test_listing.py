@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+import faults
 import manyfiles as mf
 from manyfiles import listing
-from manyfiles._core import testing as _testing
 from manyfiles.listing._directory import _dents
 
 pytestmark = pytest.mark.skipif(
@@ -106,11 +106,10 @@ def test_entry_types_and_inodes(odd_dir: Path, backend: str) -> None:
     assert entries["plain"].inode == os.lstat(odd_dir / "plain").st_ino
 
 
-def test_dt_unknown_entries_are_kept_and_resolved(odd_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dt_unknown_entries_are_kept_and_resolved(odd_dir: Path) -> None:
     """sshfs, NFSv3 and XFS ftype=0 report DT_UNKNOWN: entries must not be dropped (the
     PyPI package's default filter drops them all) and types come from fstatat."""
-    with monkeypatch.context() as knobs:
-        knobs.setattr(_testing, "fake_dtype", 0)
+    with faults.fake_dtype(0):
         raw = list(mf.iter_entries(str(odd_dir), resolve_unknown=False))
         resolved = {e.name: e.type for e in mf.iter_entries(str(odd_dir))}
         dirs_only = mf.listdir(str(odd_dir), filter=listing.Filter(types="d"))

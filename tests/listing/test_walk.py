@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+import faults
 import manyfiles as mf
 from manyfiles import fastls, listing
-from manyfiles._core import testing as _testing
 from manyfiles.errors import PartialFailure
 from manyfiles.listing import DirDone, DirListing, Filter, _fastls_core
 from manyfiles.listing._directory import _dents
@@ -316,13 +316,11 @@ def test_tracing_records_one_getdents_per_directory_batch(tree: Path, tmp_path: 
 
 @pytest.mark.skipif(not HAVE_C, reason="C core only")
 @pytest.mark.parametrize("fake", [0, 200])
-def test_unknown_and_garbage_d_types_are_resolved_by_fstatat(tree: Path, fake: int,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unknown_and_garbage_d_types_are_resolved_by_fstatat(tree: Path, fake: int) -> None:
     """0 is DT_UNKNOWN (sshfs, NFSv3); 200 is garbage a broken filesystem could send (it used to
     be `1u << 200`, undefined): both read as unknown and fstatat gives the real type."""
     want = {(d.path, e.name, e.type) for d in mf.walk(tree) for e in d.entries}
-    with monkeypatch.context() as knobs:
-        knobs.setattr(_testing, "fake_dtype", fake)
+    with faults.fake_dtype(fake):
         assert {e.type for e in mf.iter_entries(tree, resolve_unknown=False)} == {"?"}
         got = {(d.path, e.name, e.type) for d in mf.walk(tree, threads=4) for e in d.entries}
         links = listing.count_tree(tree, filter=Filter(types="l")).entries
@@ -368,16 +366,17 @@ def test_errors_keep_their_errno(tree: Path, tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not HAVE_C, reason="C core only")
 def test_state_is_per_interpreter() -> None:
-    """A subinterpreter importing the module gets its own Entry type and knob (they were C statics)."""
+    """A subinterpreter importing the module gets its own Entry type and d_type override (they were
+    C statics)."""
     interpreters = pytest.importorskip("_xxsubinterpreters")
     interp = interpreters.create()
     try:
         interpreters.run_string(interp, (
-            "from manyfiles import listing\nfrom manyfiles._core import testing as _testing\n"
-            "_testing.fake_dtype = 0\n"
+            "from manyfiles import _dents, listing\n"
+            "_dents._set_fake_dtype(0)\n"
             "assert {e.type for e in listing.iter_entries('/usr', resolve_unknown=False)} == {'?'}\n"
         ))
-        # the subinterpreter's Entry type and knob did not leak into this interpreter's module
+        # the subinterpreter's Entry type and override did not leak into this interpreter's module
         entries = list(mf.iter_entries("/usr", resolve_unknown=False))
         assert all(type(e) is listing.Entry for e in entries)
         assert "?" not in {e.type for e in entries}

@@ -1,8 +1,8 @@
 """manyfiles.remove_tree / purge on real trees (library level).
 
 Every test runs on both engines: the C walker (where the core is built: the default) and the
-Python engine (what runs without the core), switched by the test knob
-``manyfiles._core.testing.remove_engine``.  Both must give the same results.
+Python engine (what runs without the core), which the tests choose as a build without the C
+removal walk would (``faults.python_remove_engine``).  Both must give the same results.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
+import faults
 import manyfiles as mf
 import manyfiles.remove
 from globcases import NAMES, PATTERNS, expected, make_files, selects
 from manyfiles._core import fsops as _fsops
-from manyfiles._core import testing as _testing
 from manyfiles._core.progress import Snapshot
 from manyfiles.errors import UsageError
 from manyfiles.remove import _walker
@@ -35,14 +35,19 @@ if os.environ.get("MANYFILES_REQUIRE_C_EXTENSION") == "1":
 
 
 @pytest.fixture(autouse=True, params=ENGINES)
-def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Which removal engine the test runs on (``knobs`` gives it to a subprocess)."""
-    monkeypatch.setattr(_testing, "remove_engine", None if request.param == "c" else "python")
+def engine(request: pytest.FixtureRequest) -> str:
+    """Which removal engine the test runs on (``engine_setup`` gives it to a subprocess)."""
+    if request.param == "python":
+        request.addfinalizer(faults.python_remove_engine())
     return request.param
 
 
-def knobs(engine: str) -> str:
-    return "" if engine == "c" else "remove_engine=python"
+def engine_setup(engine: str) -> str:
+    """Python statements that make a ``python -c`` subprocess use ``engine``."""
+    if engine == "c":
+        return "pass"
+    return (f"import sys; sys.path.insert(0, {os.path.dirname(faults.__file__)!r}); "
+            "import faults; faults.python_remove_engine()")
 
 
 def make_tree(root: Path, n: int, levels: int = 2) -> tuple[int, int]:
@@ -255,14 +260,13 @@ def test_permission_denied_deep_in_tree_rest_still_removed(tmp_path: Path, engin
     (root / "deep" / "sibling").touch()
     locked.chmod(0o555)
     code = (
-        "import json, sys, manyfiles as mf; from manyfiles._core import testing; "
-        "testing.configure(sys.argv[2]); "
+        "import json, sys, manyfiles as mf; exec(sys.argv[2]); "
         "r = mf.remove_tree(sys.argv[1], workers=4); "
         "print(json.dumps({'files': r.files, 'failures': [[f.path, f.code] for f in r.failures]}))"
     )
     try:
         out = subprocess.run(
-            [*not_root_cmd(), sys.executable, "-c", code, str(root), knobs(engine)],
+            [*not_root_cmd(), sys.executable, "-c", code, str(root), engine_setup(engine)],
             capture_output=True,
             check=True,
             timeout=120,
@@ -346,10 +350,9 @@ def test_progress_callback_sees_growing_counts(tmp_path: Path) -> None:
 
 def test_progress_true_works_without_a_terminal(tmp_path: Path, engine: str) -> None:
     make_tree(tmp_path / "tree", 50)
-    code = ("import sys, manyfiles as mf; from manyfiles._core import testing; "
-            "testing.configure(sys.argv[2]); "
+    code = ("import sys, manyfiles as mf; exec(sys.argv[2]); "
             "print(mf.remove_tree(sys.argv[1], progress=True).files)")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tree"), knobs(engine)],
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tree"), engine_setup(engine)],
                          capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "50" and not (tmp_path / "tree").exists()
     assert out.stderr.strip().endswith("[done]")  # one plain line at the end, no escape codes
@@ -539,10 +542,10 @@ def test_slash_patterns_match_the_relative_path_and_the_others_the_name(tmp_path
         ".", "keep.log", "logs", "logs/keep.log", "x", "x/logs", "x/logs/a.log"]
 
 
-def test_unknown_d_type_is_handled_like_a_known_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unknown_d_type_is_handled_like_a_known_one(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """As on sshfs / NFSv3 (every d_type DT_UNKNOWN): a plain removal learns the directories from
     unlink's EISDIR, a dry run and a filtered one look (fstatat); the results are the same."""
-    monkeypatch.setattr(_testing, "fake_dtype", 0)
+    request.addfinalizer(faults.fake_dtype(0))
     root = tmp_path / "tree"
     files, dirs = make_tree(root, 200, levels=3)
     (root / "0" / "a.tmp").mkdir(parents=True, exist_ok=True)

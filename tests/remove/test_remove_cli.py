@@ -184,18 +184,18 @@ def test_dt_unknown_recursion_is_driven_by_eisdir(run_cli, tmp_path: Path) -> No
     # so unlink's EISDIR is what reveals each directory (seen in the I/O trace)
     import json
 
-    env = {"MANYFILES_TESTING": "fake_dtype=0"}  # the manyfiles._core.testing bridge
+    unknown = ["--fake-dtype", "0"]  # through the launcher of tests/faults.py
     root = tmp_path / "tree"
     files, dirs = make_tree(root, 150)
     (root / "a.tmp").touch()
     (root / "0" / "b.tmp").mkdir(parents=True)
     (root / "0" / "b.tmp" / "inside").touch()
-    r = run_cli("fastrm", "--glob", "*.tmp", str(root), env=env)
+    r = run_cli("fastrm", "--glob", "*.tmp", str(root), faults=unknown)
     assert r.returncode == 0, r.stderr
     assert not (root / "a.tmp").exists() and not (root / "0" / "b.tmp").exists()
     assert len(all_paths(root)) == 1 + files + dirs
     trace = tmp_path / "rm.mftrace"
-    r = run_cli("fastrm", "--trace", str(trace), str(root), env=env)
+    r = run_cli("fastrm", "--trace", str(trace), str(root), faults=unknown)
     assert r.returncode == 0, r.stderr
     assert not root.exists()
     summary = json.loads(run_cli("manyfiles", "trace", "summary", "--json", str(trace)).stdout)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from s3util import FAST_RETRY, blob, files_under
 
-from manyfiles._core import testing as _testing
+import faults
 from manyfiles.s3 import pull
 from manyfiles.s3.keys import STATE_DIR
 from manyfiles.s3.routing import STRATEGIES
@@ -142,28 +142,28 @@ def test_full_disk_is_one_line_no_wrong_file_and_rerun_completes(strategy, small
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_short_writes_are_continued_never_a_hole(strategy, bucket, settings, tmp_path, monkeypatch):
-    """Every pwrite writes at most half its buffer (a write hook): the rest is written, never
-    skipped, and the bytes hashed are the bytes on disk."""
+def test_short_writes_are_continued_never_a_hole(strategy, bucket, settings, tmp_path):
+    """Every pwrite writes at most half its buffer (os.pwrite replaced, tests/faults.py): the rest is
+    written, never skipped, and the bytes hashed are the bytes on disk."""
     name, put = bucket
     data = {f"{i}.bin": put(f"w/{i}.bin", blob(70_000 + i, f"w{i}")) for i in range(3)}
     data["big.bin"] = put("w/big.bin", blob(3 * MiB + 5, "wbig"))
-    monkeypatch.setattr(_testing, "write_fault", ("short", 0))
-    report = pull(f"s3://{name}/w/", str(tmp_path / "o"), strategy=strategy, settings=settings,
-                  ranged_min=MiB, part_size=MiB, retry=FAST_RETRY, processes=2, concurrency=4)
+    with faults.write_fault("short"):
+        report = pull(f"s3://{name}/w/", str(tmp_path / "o"), strategy=strategy, settings=settings,
+                      ranged_min=MiB, part_size=MiB, retry=FAST_RETRY, processes=2, concurrency=4)
     assert report.failures == [] and files_under(tmp_path / "o") == data
 
 
 @pytest.mark.parametrize("strategy", ["auto", "lean", "ranged", "threads", "http"])
 def test_an_io_error_on_the_destination_is_one_line_and_rerun_completes(strategy, run_cli, bucket, cli_env,
                                                                           tmp_path):
-    """EIO from the disk (a write hook: no device-mapper here) on the 3rd data write."""
+    """EIO from the disk (os.pwrite replaced in the launched s3pull, tests/faults.py: no
+    device-mapper here) on the 3rd data write."""
     name, put = bucket
     data = {f"{i}.bin": put(f"e/{i}.bin", blob(2 * MiB + i, f"e{i}")) for i in range(4)}
     dest = tmp_path / "dest"
-    env = {**cli_env, "MANYFILES_TESTING": "write_fault=EIO:3"}
     r = run_cli("s3pull", f"s3://{name}/e/", str(dest), "--strategy", strategy, "--part-size", "1MiB",
-                "-j", "2", env=env)
+                "-j", "2", env=cli_env, faults=["--write-fault", "EIO:3"])
     err = r.stderr.decode()
     assert r.returncode == 1 and "Traceback" not in err, err
     assert err.startswith("s3pull: ") and "Input/output error" in err.splitlines()[0], err

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import faults
 import manyfiles as mf
-from manyfiles._core import testing as _testing
 from manyfiles.errors import UsageError
 from manyfiles.remove._cluster import RemoveJob
 
@@ -94,7 +94,7 @@ def test_a_worker_killed_mid_removal_still_counts_every_file_once(tmp_path: Path
     dirs += 1
     victim = sorted(dask_client.nthreads())[0]
     pid = dask_client.run(os.getpid, workers=[victim])[victim]
-    dask_client.run(_testing.configure, "kill_at=remove:3", workers=[victim])
+    dask_client.run(faults.kill_worker_at, "remove", 3, workers=[victim])
     report = mf.remove_tree(root, cluster=dask_client, workers=2)
     wait_for_two()
     assert pid not in dask_client.run(os.getpid).values()          # it really died

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import faults
 from manyfiles import shard
-from manyfiles._core import testing as _testing
 from manyfiles.scale.executor import ClusterReport
 from manyfiles.shard._cluster import PARTS
 from manyfiles.shard.journal import JOURNAL, LOCK
@@ -71,7 +71,7 @@ def test_a_worker_killed_mid_bucket_loses_nothing(tmp_path: Path, dask_client, w
     # renames of the lost attempt done: this run did them, they count as moved.
     victim = sorted(dask_client.nthreads())[0]
     pid = dask_client.run(os.getpid, workers=[victim])[victim]
-    dask_client.run(_testing.configure, "kill_at=move:1000", workers=[victim])
+    dask_client.run(faults.kill_worker_at, "move", 1000, workers=[victim])
     report = shard.apply(root, cluster=dask_client)
     wait_for_two()
     assert pid not in dask_client.run(os.getpid).values()          # it really died

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from manyfiles._core import testing as _testing
+import faults
 from manyfiles.errors import NotFound
 from manyfiles.listing import _cluster as listing_cluster
 from manyfiles.listing._cluster import Dir, Split, SubdirSlice, TreeJob
@@ -177,7 +177,7 @@ def test_a_worker_killed_mid_listing_loses_nothing_and_lists_nothing_twice(tree:
     but not committed.  The re-run writes the whole part; the temp of the lost attempt goes."""
     victim = sorted(dask_client.nthreads())[0]
     pid = dask_client.run(os.getpid, workers=[victim])[victim]
-    dask_client.run(_testing.configure, "kill_at=tree:3", workers=[victim])
+    dask_client.run(faults.kill_worker_at, "tree", 3, workers=[victim])
     out = tmp_path / "parts"
     out.mkdir()
     report = listing_cluster.write_tree(str(tree), out, cluster=dask_client, sep=b"\0", **SMALL)

@@ -6,10 +6,11 @@ import json
 import os
 import select
 import subprocess
-import sys
 from pathlib import Path
 
 from shardkit import make_dataset, snapshot
+
+import faults
 
 
 def test_apply_verify_status_revert(fast_tmp: Path, run_cli) -> None:
@@ -32,8 +33,7 @@ def test_apply_verify_status_revert(fast_tmp: Path, run_cli) -> None:
 
 def test_status_shows_an_interrupted_migration(fast_tmp: Path, run_cli) -> None:
     make_dataset(fast_tmp, 1500, edge=False, symlinks=False)
-    r = run_cli("shard", "apply", str(fast_tmp), "--levels", "1",
-                env={"MANYFILES_TESTING": "kill_at=move:1000"})
+    r = run_cli("shard", "apply", str(fast_tmp), "--levels", "1", faults=["--kill-at", "move:1000"])
     assert r.returncode == -9
     r = run_cli("shard", "status", str(fast_tmp))
     assert b"interrupted: run `shard apply" in r.stdout, r.stdout
@@ -118,9 +118,8 @@ def _held_apply(root: Path, at_move: int):
     when it gets there); returns (process, release)."""
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
-    env = {**os.environ, "MANYFILES_TESTING": f"hold_at=move:{at_move}:{ready_w}:{go_r}"}
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "shard"), "apply", "-j", "1", str(root)],
-                            env=env, pass_fds=(ready_w, go_r), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    argv = faults.command("shard", "apply", "-j", "1", str(root), hold_at=f"move:{at_move}:{ready_w}:{go_r}")
+    proc = subprocess.Popen(argv, pass_fds=(ready_w, go_r), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     os.close(ready_w)
     os.close(go_r)
     held, _, _ = select.select([ready_r], [], [], 120)

@@ -1,9 +1,9 @@
 """kill -9 at many moments of `shard apply` / `shard revert`, then rerun: nothing lost, nothing left.
 
-Exact moments come from the test-only knob ``manyfiles._core.testing.kill_at``, set in the child
-through its one environment bridge, MANYFILES_TESTING=kill_at=<point>:<n> (the process
-SIGKILLs itself the n-th time it reaches <point>; "journal" kills half-way through writing
-a record); the random-time cases SIGKILL the real process from outside.
+Exact moments are checkpoints (``manyfiles._core.checkpoints``): the real ``shard`` script runs
+through the launcher of tests/faults.py, ``--kill-at <point>:<n>``, so the process SIGKILLs itself
+the n-th time it reaches <point> ("journal" kills half-way through writing a record); the
+random-time cases SIGKILL the real process from outside.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 from shardkit import assert_flat_clean, assert_sharded_clean, make_dataset, snapshot
+
+import faults
 
 N = 20_000
 JOURNAL = b".manyfiles-shard.journal"
@@ -49,11 +51,8 @@ def dataset(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _run(shard_bin: str, *args: str, kill_at: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.pop("MANYFILES_TESTING", None)
-    if kill_at:
-        env["MANYFILES_TESTING"] = f"kill_at={kill_at}"
-    return subprocess.run([shard_bin, *args], env=env, capture_output=True, timeout=300)
+    argv = faults.command(shard_bin, *args, kill_at=kill_at) if kill_at else [shard_bin, *args]
+    return subprocess.run(argv, capture_output=True, timeout=300)
 
 
 def _kill_randomly(shard_bin: str, *args: str, rng: random.Random) -> int:

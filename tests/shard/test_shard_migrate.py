@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from shardkit import EDGE_NAMES, assert_flat_clean, assert_sharded_clean, make_dataset, snapshot, top_level
 
+import faults
 import manyfiles as mf
 from manyfiles._core.progress import Snapshot
 from manyfiles.errors import ManyfilesError, UsageError
@@ -166,8 +167,8 @@ def test_prefix_key_and_reshard(fast_tmp: Path) -> None:
 
 def test_an_interrupted_operation_must_be_finished_first(fast_tmp: Path, shard_bin: str) -> None:
     make_dataset(fast_tmp, 2000, edge=False, symlinks=False)
-    env = dict(os.environ, MANYFILES_TESTING="kill_at=move:500")
-    r = subprocess.run([shard_bin, "apply", str(fast_tmp), "-q"], env=env, capture_output=True)
+    r = subprocess.run(faults.command(shard_bin, "apply", str(fast_tmp), "-q", kill_at="move:500"),
+                       capture_output=True)
     assert r.returncode == -9
     with pytest.raises(ManyfilesError, match="shard apply"):
         revert(fast_tmp)

@@ -5,7 +5,8 @@
 ``lazy`` (lazy package exports), ``files_from`` (path lists), ``fsops`` (every mutation as one
 traced primitive), ``glob`` (the one glob rule set), ``native`` (whether the C core
 ``manyfiles._dents`` built, and why not), ``worker`` (tracing and profiling in worker
-processes), ``testing`` (fault-injection knobs read from MANYFILES_TESTING).
+processes), ``checkpoints`` (named moments of long operations where hooks may act; none in
+production).
 
 This ``__init__`` stays empty: fastls' start-up imports some of these modules.
 """

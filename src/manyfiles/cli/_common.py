@@ -27,7 +27,7 @@ from typing import Any
 import click
 
 from manyfiles import __version__
-from manyfiles._core.testing import killpoint
+from manyfiles._core.checkpoints import reached as checkpoint
 from manyfiles._core.units import parse_size
 from manyfiles.errors import (
     EXIT_FAILED,
@@ -81,7 +81,7 @@ def instrumented(fn: Callable[..., Any]) -> Callable[..., Any]:
                 from manyfiles.trace.profiling import profile
 
                 stack.enter_context(profile(profile_file))
-            killpoint("command")  # tests hold every command here (manyfiles._core.testing.hold_at)
+            checkpoint("command")  # every command passes here once parsed, before any work
             result = fn(*args, **kwargs)
         if trace_file and profile_file and profile_file.endswith(".json"):
             # Both asked: put the I/O operations into the profile too, one timeline.
@@ -341,9 +341,6 @@ def _first_line(text: str) -> str:
 def run_main(command: click.Command, prog: str) -> None:
     """Run a click command as a standalone script: its exit code, or one ``prog: message`` line on
     stderr and the code of :func:`exit_code` (a usage error: 2, with no usage block)."""
-    from manyfiles._core import testing as _testing
-
-    _testing.apply_environ()  # the one bridge for subprocess tests (kill points); unset in production
     try:
         # click's main() without its error handling (which prints usage blocks, and a blank line
         # before an Abort): the callback's value is our commands' exit code

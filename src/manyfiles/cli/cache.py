@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from manyfiles._core.testing import killpoint
+from manyfiles._core.checkpoints import reached as checkpoint
 from manyfiles.cli._common import (
     GROUP_OPTIONS,
     Directory,
@@ -106,7 +106,7 @@ def cache_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             extra["retry"] = RetryPolicy(base=base)
         with Cache(cache_dir or default_dir(), max_size=max_size, settings=settings, strict=strict,
                    **extra) as cache:
-            killpoint("command")  # tests hold every command here (manyfiles._core.testing.hold_at)
+            checkpoint("command")  # every command passes here once parsed, before any work
             return fn(*args, cache=cache, **kwargs)
 
     return wrapper

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from manyfiles._core.testing import killpoint
+from manyfiles._core.checkpoints import reached as checkpoint
 from manyfiles._info import info
 from manyfiles.cli._common import echo_json, json_option
 
@@ -13,7 +13,7 @@ from manyfiles.cli._common import echo_json, json_option
 @json_option("One JSON object (one line) instead of text.")
 def command(as_json: bool) -> int:
     """Show what this installation can do: C core built or not (and why), backends, extras."""
-    killpoint("command")  # tests hold every command here (manyfiles._core.testing.hold_at)
+    checkpoint("command")  # every command passes here once parsed, before any work
     about = info()
     if as_json:
         echo_json(about.to_dict())

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from manyfiles._core.testing import killpoint
+from manyfiles._core.checkpoints import reached as checkpoint
 from manyfiles.cli._common import GROUP_OPTIONS, echo_json, json_option, run_main
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def summary(files: tuple[str, ...], as_json: bool, no_workers: bool) -> int:
     """Per-operation counts, bytes, throughput and latency percentiles of FILE(s)."""
     from manyfiles.trace import load, summarize
 
-    killpoint("command")  # tests hold every command here (manyfiles._core.testing.hold_at)
+    checkpoint("command")  # every command passes here once parsed, before any work
     s = summarize(load(files, workers=not no_workers))
     if as_json:
         echo_json(s.to_dict())
@@ -66,7 +66,7 @@ def export(files: tuple[str, ...], chrome: bool, output: str | None, merge: str 
     """Write FILE(s) as Chrome-trace JSON (async events; opens in Perfetto)."""
     from manyfiles.trace import export_chrome, load
 
-    killpoint("command")
+    checkpoint("command")
     traces = load(files, workers=not no_workers)
     out = output or merge or f"{files[0]}.json"
     n = export_chrome(traces, out, merge=merge)

@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from manyfiles import listing
+from manyfiles._core.checkpoints import reached as checkpoint
 from manyfiles._core.progress import ProgressArg
 from manyfiles._core.report import Failure, Report
-from manyfiles._core.testing import killpoint
 from manyfiles.errors import UsageError, from_oserror
 from manyfiles.listing import NO_FILTER, Filter
 from manyfiles.scale.executor import ClusterArg, ClusterReport, Job, Publish, ShardResult, run_job
@@ -234,7 +234,7 @@ class _Shard:
         for failed, exc in tally.failures:
             rep.failures.append(Failure.from_oserror(self._shown(failed), exc))
         self.publish(rep.entries, 0, len(rep.failures))
-        killpoint("tree")
+        checkpoint("tree")
 
     def _shown(self, path: bytes) -> bytes:
         """A path the walker reports (absolute) as the user would see it (under their spelling)."""

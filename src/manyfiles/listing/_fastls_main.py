@@ -60,18 +60,12 @@ def main() -> None:
 
         click_main()
         return
+    from manyfiles._core.checkpoints import reached as checkpoint
     from manyfiles.listing import _fastls_core as fastls  # the job without the report (no dataclasses import)
-
-    testing = os.environ.get("MANYFILES_TESTING")  # the subprocess tests' bridge, as cli._common.run_main
-    if testing:
-        from manyfiles._core import testing as _testing
-
-        _testing.apply_environ()
 
     request = fastls.ListRequest(**fields)  # type: ignore[arg-type]
     try:
-        if testing:
-            _testing.killpoint("command")  # where the tests hold every command
+        checkpoint("command")  # as every command, once parsed (cli._common.run_main's commands)
         report = fastls.list_to(request, sys.stdout.fileno())
         if request.count_only:
             lines = fastls.count_lines(report, len(request.paths) > 1, request.format == "json")

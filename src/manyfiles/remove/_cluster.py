@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from manyfiles import listing
+from manyfiles._core.checkpoints import reached as checkpoint
 from manyfiles._core.progress import ProgressArg
-from manyfiles._core.testing import killpoint
 from manyfiles.errors import UsageError
 from manyfiles.remove._plan import run
 from manyfiles.remove._report import RemoveReport
@@ -87,7 +87,7 @@ class RemoveJob(Job):
         targets = resolve(check_paths(list(paths), force_root=False), True, report.failures)
         def progress(snap: Any) -> None:
             publish(snap.done, 0, snap.failures)
-            killpoint("remove")          # tests: a worker dying mid-removal (_testing.kill_at)
+            checkpoint("remove")          # mid-removal, at each progress report
 
         run(targets, rules, report, workers=self.workers, retries=self.retries, progress=progress,
             on_removed=None)

@@ -6,7 +6,6 @@ import time
 from dataclasses import dataclass, field
 from typing import IO
 
-from manyfiles._core import testing as _testing
 from manyfiles._core.progress import ProgressArg, check_progress, progress_for
 from manyfiles.errors import UsageError
 from manyfiles.remove import _walker
@@ -106,7 +105,7 @@ def run(targets: list[Target], rules: Rules, report: RemoveReport, *, workers: i
     task = "remove (dry run)" if report.dry_run else "remove"
     with progress_for(progress, task, unit="entries") as p:
         try:
-            if _walker.usable(rules) and _testing.remove_engine != "python":
+            if _walker.usable(rules):
                 native = _walker.NativeRemover(rules, report, workers=workers, retries=retries,
                                                on_removed=on_removed, output=out_fd, sep=sep,
                                                check_identity=check_identity)

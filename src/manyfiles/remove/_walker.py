@@ -33,8 +33,7 @@ try:
 except ImportError:  # no C core: the Python engine (remove._executor) runs instead
     _dents = None
 
-#: The C core is built with the removal walk: fastrm uses it (unless the test knob
-#: ``_testing.remove_engine`` asks for the Python engine, to check both on the same cases).
+#: The C core is built with the removal walk: fastrm uses it (the Python engine otherwise).
 NATIVE = _dents is not None and hasattr(_dents, "remove_tree")
 
 _REASONS = {errno.EXDEV: NOT_CROSSED, errno.ESTALE: NOT_PLANNED}

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 
 from manyfiles._core import fsops as _fsops
-from manyfiles._core import testing as _testing
 from manyfiles.errors import from_oserror
 from manyfiles.s3.keys import UnsafeKey
 from manyfiles.s3.state import State, open_file, unique_name
@@ -213,9 +212,8 @@ def _pwrite_all(fd: int, data, offset: int) -> None:
     """pwrite every byte of ``data`` at ``offset``: a short write is continued, and a write that
     makes no progress is ENOSPC (never a hole that a later write could hide)."""
     view = memoryview(data)
-    pwrite = os.pwrite if _testing.write_fault is None else _testing.pwrite
     while len(view):
-        n = pwrite(fd, view, offset)
+        n = os.pwrite(fd, view, offset)
         if n <= 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         view = view[n:]

@@ -20,9 +20,9 @@ from typing import Any
 
 from manyfiles import listing
 from manyfiles._core import fsops as _fsops
+from manyfiles._core.checkpoints import reached as checkpoint
 from manyfiles._core.pool import Pool
 from manyfiles._core.progress import Progress, ProgressArg, progress_for
-from manyfiles._core.testing import killpoint
 from manyfiles.errors import ManyfilesError, describe_oserror
 from manyfiles.shard.journal import Journal, Lock, name_to_json
 from manyfiles.shard.layout import Layout
@@ -130,7 +130,7 @@ class Migration:
             raise ManyfilesError(f"{where}: {describe_oserror(exc)} while flushing the moves to disk; the "
                                  f"journal is kept: fix the filesystem, then rerun `shard {self.op} {where}`"
                                  ) from exc
-        killpoint("finish")
+        checkpoint("finish")
         assert self.journal is not None
         self.journal.remove()
         self.journal = None
@@ -193,7 +193,7 @@ class Migration:
             return False
         if as_ is not None:
             self.tally(as_)
-        killpoint("move")
+        checkpoint("move")
         return True
 
     def open_bucket(self, rel: bytes, create: bool, *, under: tuple[int, bytes] | None = None) -> int:
@@ -245,7 +245,7 @@ class Migration:
             self.make_bucket(parent, dir_fd, prefix)
             with contextlib.suppress(FileExistsError):
                 _fsops.traced("mkdir", label, os.mkdir, rel, dir_fd=dir_fd)
-        killpoint("mkdir")
+        checkpoint("mkdir")
 
     # -- worker pool ---------------------------------------------------------------------------
 
@@ -275,7 +275,7 @@ class Migration:
                 for name in collide:
                     self.note({"type": "aside", "name": name_to_json(name)}, durable=True)
                     self.move(self.rootfd, name, asidefd, name, name, "set_aside")
-                    killpoint("aside")
+                    checkpoint("aside")
             finally:
                 os.close(asidefd)
             moved_aside = set(collide)
@@ -326,7 +326,7 @@ class Migration:
                 finally:
                     if dfd != self.rootfd:
                         os.close(dfd)
-                killpoint("place")
+                checkpoint("place")
         finally:
             os.close(asidefd)
         if _fsops.rmdir_if_empty(ASIDE, dir_fd=self.rootfd):
@@ -407,7 +407,7 @@ class Migration:
                 self.progress.add(len(names))
                 n += len(names)
                 if _fsops.rmdir_if_empty(rel, dir_fd=self.rootfd):
-                    killpoint("prune")
+                    checkpoint("prune")
         finally:
             if asidefd is not None:
                 os.close(asidefd)

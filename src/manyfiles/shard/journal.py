@@ -19,7 +19,7 @@ import zlib
 from typing import Any
 
 from manyfiles._core import fsops as _fsops
-from manyfiles._core import testing as _testing
+from manyfiles._core.checkpoints import reached as checkpoint
 from manyfiles.errors import ManyfilesError
 
 JOURNAL = b".manyfiles-shard.journal"
@@ -183,9 +183,7 @@ class Journal:
     def append(self, record: dict[str, Any], *, durable: bool = False) -> None:
         """Write one record; ``durable`` records are fsync'd now, others at most 0.5 s later."""
         data = _encode(record)
-        if _testing.kill_at is not None and _testing.reached("journal"):
-            os.write(self.fd, data[: len(data) // 2])  # a torn record, then the crash
-            _testing.die()
+        checkpoint("journal", self.fd, data)  # the record about to be written (a crash may tear it)
         _fsops.traced("write", JOURNAL, os.write, self.fd, data)
         self.records.append(record)
         self._dirty = True
