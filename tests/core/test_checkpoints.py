@@ -22,7 +22,7 @@ def test_hooks_see_their_point_and_context_and_nothing_else() -> None:
     checkpoints.add("move", lambda *context: seen.append(("second", context)))
     try:
         checkpoints.reached("mkdir")
-        checkpoints.reached("move", 3, b"x")
+        checkpoints.reached("move", (3, b"x"))
     finally:
         checkpoints.remove("move")
     checkpoints.reached("move")

@@ -27,8 +27,8 @@ __all__ = ["add", "reached", "remove"]
 _hooks: dict[str, list[Callable[..., None]]] = {}
 
 
-def reached(point: str, *context: object) -> None:
-    """Call the hooks of ``point`` (with ``context``, what the point says about the moment, e.g.
+def reached(point: str, context: tuple = ()) -> None:
+    """Call the hooks of ``point`` with ``*context`` (what the point says about the moment, e.g.
     the journal's ``(fd, record)`` about to be written); a no-op when none is added."""
     if _hooks:
         for hook in _hooks.get(point, ()):

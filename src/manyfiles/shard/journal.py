@@ -183,7 +183,7 @@ class Journal:
     def append(self, record: dict[str, Any], *, durable: bool = False) -> None:
         """Write one record; ``durable`` records are fsync'd now, others at most 0.5 s later."""
         data = _encode(record)
-        checkpoint("journal", self.fd, data)  # the record about to be written (a crash may tear it)
+        checkpoint("journal", (self.fd, data))  # the record about to be written (a crash may tear it)
         _fsops.traced("write", JOURNAL, os.write, self.fd, data)
         self.records.append(record)
         self._dirty = True
