@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from manyfiles._core.progress import Progress, ProgressArg, check_progress, progress_for
+from manyfiles._core.progress import Progress, ProgressArg, progress_for
 from manyfiles._core.report import Failure, Report
 from manyfiles.errors import AccessDenied, NotFound, UsageError
 
@@ -61,19 +61,20 @@ def run(request: ListRequest, out_fd: int, progress: ProgressArg = False, *, clu
     request runs on Dask workers (:mod:`manyfiles.listing._cluster`; paths printed absolute,
     part files in ``parts_dir``).
     """
-    check_progress(progress)
     if cluster is not None:
-        return _run_on_cluster(request, out_fd, cluster=cluster, parts_dir=parts_dir, progress=progress)
-    check_progress(progress)
-    with progress_for(progress, "fastls", unit="entries") as p:
-        tally = list_to(request, out_fd, (lambda n: p.set(done=n)) if p else None)
-        p.set(done=tally.entries, failures=len(tally.failures))
+        _check_cluster_request(request)
+    # the one place the argument becomes a Progress (and is checked); it goes down as it is
+    with progress_for(progress, "fastls", unit="entries") as shown:
+        if cluster is not None:
+            return _run_on_cluster(request, out_fd, cluster=cluster, parts_dir=parts_dir, shown=shown)
+        tally = list_to(request, out_fd, shown)
+        shown.set(done=tally.entries, failures=len(tally.failures))
     return ListReport(entries=tally.entries, directories=tally.directories, counts=tally.counts,
                       failures=[Failure(*f) for f in tally.failures], seconds=tally.seconds)
 
 
 def _run_on_cluster(request: ListRequest, out_fd: int, *, cluster: object, parts_dir: str | None,
-                    progress: ProgressArg) -> ListReport:
+                    shown: Progress) -> ListReport:
     """``fastls -r --cluster``: listings are written by the workers to part files in ``parts_dir``
     (default: a temp folder here, enough for ``local:N``; on several machines give a folder they
     all see), then copied to ``out_fd`` and removed."""
@@ -83,11 +84,10 @@ def _run_on_cluster(request: ListRequest, out_fd: int, *, cluster: object, parts
 
     from manyfiles.scale.executor import connect
 
-    _check_cluster_request(request)
     report = ListReport()
     t0 = time.perf_counter()
     own = parts_dir is None
-    with connect(cluster) as executor, progress_for(progress, "fastls", unit="entries") as shown:
+    with connect(cluster) as executor:
         folder = tempfile.mkdtemp(prefix="fastls-parts-") if own else os.fspath(parts_dir)
         try:
             for path in request.paths:
@@ -118,13 +118,9 @@ def _list_on_cluster(executor: Any, request: ListRequest, path: str, folder: str
     job = make_job(path, out_dir=None if request.count_only else folder, sep=request.sep,
                    json=request.format == "json", max_depth=request.max_depth, filter=request.filter,
                    threads=request.threads)
-    base = report.entries
-
-    def tick(snap: Any) -> None:
-        shown.set(done=base + snap.done)
-
+    shown.start_part(done=report.entries, failures=len(report.failures))
     try:
-        run = executor.run(job, progress=tick if shown else False).result
+        run = executor.run(job, progress=shown.part_progress if shown else False).result
     except (NotFound, AccessDenied) as exc:        # fastls goes on with the next path
         report.failures.append(Failure(path, str(exc).split(": ", 1)[-1], type(exc).__name__))
         return
