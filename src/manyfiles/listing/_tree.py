@@ -225,7 +225,7 @@ def walk(
     _check_progress(progress)
     root = os.fspath(root)
     args = tree_args(threads, max_depth, min_depth, follow_symlinks, one_filesystem, bufsize, filter,
-                      prune, descend)
+                     prune, descend)
     if _resolve_backend(backend) == "dents":
         listings = _walk_c(root, args, stat, postorder)
     else:
@@ -397,7 +397,7 @@ def count_tree(
     """
     _check_progress(progress)
     args = tree_args(threads, max_depth, min_depth, follow_symlinks, one_filesystem, bufsize, filter,
-                      prune, descend)
+                     prune, descend)
     _resolve_backend(backend)
     with _progress_for(progress, "count") as shown:
         return count_into(shown, root, args, backend, on_entries)
