@@ -17,6 +17,7 @@ from manyfiles import fastls
 from manyfiles._core.progress import Snapshot, progress_for
 from manyfiles.errors import UsageError
 from manyfiles.listing._tree import count_into, tree_args, write_into
+from manyfiles.scale.executor import InProcessExecutor
 
 
 def make_tree(root: Path, dirs: int, files: int) -> int:
@@ -29,17 +30,22 @@ def make_tree(root: Path, dirs: int, files: int) -> int:
     return dirs * (files + 1)
 
 
-@pytest.mark.parametrize("backend", [None, "scandir"], ids=["c-walker", "python-walk"])
+ENGINES = {"c-walker": {}, "python-walk": {"backend": "scandir"}, "cluster": {}}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("count_only", [False, True], ids=["names", "count"])
-def test_fastls_over_several_paths_shows_one_growing_count(tmp_path: Path, backend: str | None,
+def test_fastls_over_several_paths_shows_one_growing_count(tmp_path: Path, engine: str,
                                                              count_only: bool) -> None:
     a = make_tree(tmp_path / "a", 3, 20)
     b = make_tree(tmp_path / "b", 5, 7)
     paths = (str(tmp_path / "a"), str(tmp_path / "missing"), str(tmp_path / "b"))
+    cluster = InProcessExecutor() if engine == "cluster" else None   # the job's snapshots, forwarded
     seen: list[Snapshot] = []
     with open(tmp_path / "out", "wb") as out:
         report = fastls.run(fastls.ListRequest(paths=paths, recursive=True, count_only=count_only,
-                                               backend=backend), out.fileno(), progress=seen.append)
+                                               **ENGINES[engine]),
+                            out.fileno(), progress=seen.append, cluster=cluster)
     # (the Python walk also keeps a 0 for the missing path; the C walker's OSError skips it)
     assert {p: n for p, n in report.counts.items() if n} == {paths[0]: a, paths[2]: b}
     assert report.entries == a + b and len(report.failures) == 1
