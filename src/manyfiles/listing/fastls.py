@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from manyfiles._core.progress import Progress, ProgressArg, progress_for
+from manyfiles._core.progress import Progress, ProgressArg, check_progress, progress_for
 from manyfiles._core.report import Failure, Report
 from manyfiles.errors import AccessDenied, NotFound, UsageError
 
@@ -62,11 +62,9 @@ def run(request: ListRequest, out_fd: int, progress: ProgressArg = False, *, clu
     part files in ``parts_dir``).
     """
     if cluster is not None:
-        _check_cluster_request(request)
+        return _run_on_cluster(request, out_fd, cluster=cluster, parts_dir=parts_dir, progress=progress)
     # the one place the argument becomes a Progress (and is checked); it goes down as it is
     with progress_for(progress, "fastls", unit="entries") as shown:
-        if cluster is not None:
-            return _run_on_cluster(request, out_fd, cluster=cluster, parts_dir=parts_dir, shown=shown)
         tally = list_to(request, out_fd, shown)
         shown.set(done=tally.entries, failures=len(tally.failures))
     return ListReport(entries=tally.entries, directories=tally.directories, counts=tally.counts,
@@ -74,7 +72,7 @@ def run(request: ListRequest, out_fd: int, progress: ProgressArg = False, *, clu
 
 
 def _run_on_cluster(request: ListRequest, out_fd: int, *, cluster: object, parts_dir: str | None,
-                    shown: Progress) -> ListReport:
+                    progress: ProgressArg) -> ListReport:
     """``fastls -r --cluster``: listings are written by the workers to part files in ``parts_dir``
     (default: a temp folder here, enough for ``local:N``; on several machines give a folder they
     all see), then copied to ``out_fd`` and removed."""
@@ -84,10 +82,14 @@ def _run_on_cluster(request: ListRequest, out_fd: int, *, cluster: object, parts
 
     from manyfiles.scale.executor import connect
 
+    _check_cluster_request(request)
+    # refused before connecting (which can take seconds); the display opens once connected, so a
+    # cluster that cannot be reached is one line on stderr, not a finished display and a line
+    check_progress(progress)
     report = ListReport()
     t0 = time.perf_counter()
     own = parts_dir is None
-    with connect(cluster) as executor:
+    with connect(cluster) as executor, progress_for(progress, "fastls", unit="entries") as shown:
         folder = tempfile.mkdtemp(prefix="fastls-parts-") if own else os.fspath(parts_dir)
         try:
             for path in request.paths:
