@@ -10,8 +10,9 @@ Example:
 
 ``apply``/``revert``/``reshard`` are resumable: after a crash, run the same call again.
 Modules: ``layout`` (names -> buckets, pure), ``sharded_dir`` (ShardedDir), ``scan`` (the
-root listing), ``migrate`` (plan, apply, revert, reshard), ``_engine`` (the moves on the
-worker pool), ``journal`` (journal and lock), ``verify`` (verify, status).
+root listing), ``migrate`` (plan, apply, revert, reshard), ``_phases`` (their journaled
+phases), ``_engine`` (the moves on the worker pool), ``journal`` (journal and lock), ``verify``
+(verify, status).
 """
 
 from manyfiles.shard.layout import HASHES, KEYS, Layout, parse_levels
