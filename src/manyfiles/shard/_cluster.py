@@ -72,13 +72,9 @@ class ClusterMigration(Migration):
         method = getattr(fn, "func", fn)          # a bound method, or a partial of one
         job = MoveJob(root=self.rootb, op=self.op, method=method.__name__, args=getattr(fn, "args", ()),
                       workers=self.workers, journal_sync=self.journal_sync)
-        base = self.progress.snapshot()
-
-        def forward(snap: Any) -> None:
-            self.progress.set(done=base.done + snap.done, failures=base.failures + snap.failures)
-
+        self.progress.start_part()      # this round's snapshots count on from the rounds before
         run = self.executor.run(job, shards=groups(items, SHARDS_PER_THREAD * max(1, self.executor.workers)),
-                                progress=forward if self.progress else False)
+                                progress=self.progress.part_progress if self.progress else False)
         self.cluster.absorb(run)
         assert run.result is not None
         merge_report(self.report, run.result)
