@@ -6,26 +6,36 @@ to do (a fresh run or a resumed one, from which layout to which).
 * :func:`flatten_tree` (tree -> flat): ``revert``, and the first phase of ``reshard``.
 
 Each starts the journal (a fresh run writes its header, a resumed one notes the resume), moves the
-files in rounds on the engine's workers, then makes up to ``_RESCANS`` more rounds for files created
-meanwhile.  The descriptor marks the phase: written before the first file of a build moves, removed
-once a flatten emptied the tree.  ``finish`` (syncfs, then the journal goes) ends a complete op.
+files in rounds (:mod:`manyfiles.shard._rounds`) on the engine's workers, then makes up to
+``_RESCANS`` more rounds for files created meanwhile.  The descriptor marks the phase: written
+before the first file of a build moves, removed once a flatten emptied the tree.  ``finish``
+(syncfs, then the journal goes) ends a complete op.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 from typing import Any
 
 from manyfiles import listing
+from manyfiles._core import fsops as _fsops
 from manyfiles._core.testing import killpoint
 from manyfiles.errors import ManyfilesError
-from manyfiles.shard._engine import Migration
+from manyfiles.shard._engine import Migration, lexists
+from manyfiles.shard._rounds import ASIDE, apply_round, revert_round
 from manyfiles.shard.journal import Journal
 from manyfiles.shard.layout import Layout
 from manyfiles.shard.scan import scan_root
-from manyfiles.shard.sharded_dir import STORED_FILES, create_descriptor, read_descriptor, remove_descriptor
+from manyfiles.shard.sharded_dir import (
+    DESCRIPTOR,
+    STORED_FILES,
+    create_descriptor,
+    read_descriptor,
+    remove_descriptor,
+)
 
 _RESCANS = 3  # extra passes for files created while we run
 
@@ -55,7 +65,7 @@ def _start_journal(m: Migration, op: str, source: Layout | None, target: Layout 
 def build_tree(m: Migration, target: Layout, *, fresh: bool, recorded: Layout | None,
                op: str = "apply", only: frozenset[bytes] | None = None) -> None:
     """Move the root's flat files into their buckets (``only``: just these names, a plan's)."""
-    m.clean_descriptor_temps()
+    _clean_descriptor_temps(m)
     flat, buckets, skipped = scan_root(m.rootb, target)
     m.report.skipped.extend(skipped)
     flat_at_start = len(flat)  # `shard status` counts what left the top level against it
@@ -80,7 +90,7 @@ def _nothing_to_build(m: Migration, recorded: Layout | None, buckets: list[bytes
         names = ", ".join(os.fsdecode(b) for b in sorted(buckets)[:3])
         raise ManyfilesError(f"{os.fsdecode(m.rootb)}: subdirectories named like shard buckets already "
                              f"exist ({names}); rename them or choose other --levels (nothing was moved)")
-    if recorded is not None and not flat and not m.aside_left():
+    if recorded is not None and not flat and not _aside_left(m):
         m.report.nothing_to_do = True
         return True
     return False
@@ -89,7 +99,7 @@ def _nothing_to_build(m: Migration, recorded: Layout | None, buckets: list[bytes
 def _build_rounds(m: Migration, target: Layout, flat: list[bytes], only: frozenset[bytes] | None) -> None:
     rep = m.report
     m.add_total(len(flat))
-    m.apply_round(target, flat)
+    apply_round(m, target, flat)
     for _ in range(_RESCANS):
         # files created while we ran: move them too (later ones stay flat and are counted)
         flat = _still_flat(m, target, only)
@@ -97,7 +107,7 @@ def _build_rounds(m: Migration, target: Layout, flat: list[bytes], only: frozens
             break
         before = rep.moved
         m.add_total(len(flat))
-        m.apply_round(target, flat)
+        apply_round(m, target, flat)
         rep.appeared += rep.moved - before
     rep.left_flat = len(_still_flat(m, target, None))
 
@@ -123,7 +133,7 @@ def flatten_tree(m: Migration, source: Layout, *, fresh: bool, op: str = "revert
     else:
         m.note({"type": "resume", "pid": os.getpid()}, durable=True)
     _flatten_rounds(m, source)
-    gone = not m.tree_left(source) and not m.aside_left()
+    gone = not _tree_left(m, source) and not _aside_left(m)
     if gone:
         remove_descriptor(m.rootfd)
         killpoint("descriptor")
@@ -137,12 +147,12 @@ def flatten_tree(m: Migration, source: Layout, *, fresh: bool, op: str = "revert
 
 def _flatten_rounds(m: Migration, source: Layout) -> None:
     rep = m.report
-    m.revert_round(source)
+    revert_round(m, source)
     for _ in range(_RESCANS):
-        if not m.tree_left(source):
+        if not _tree_left(m, source):
             break
         before = rep.moved
-        if m.revert_round(source) == 0:
+        if revert_round(m, source) == 0:
             break
         rep.appeared += rep.moved - before
 
@@ -159,3 +169,27 @@ def reshard_tree(m: Migration, source: Layout, target: Layout, *, fresh: bool) -
                                             "rerun", "incomplete")
     else:
         build_tree(m, target, fresh=False, recorded=None, op="reshard")
+
+
+# -- what is left on disk ----------------------------------------------------------------------------
+
+
+def _tree_left(m: Migration, layout: Layout) -> bool:
+    """Is any top bucket left?  (After a revert the root may hold millions of flat files: the
+    C core filters them, creating no object per entry, for hashed layouts.)"""
+    globs = layout.bucket_globs()
+    if globs is not None:
+        return listing.count(m.rootb, filter=listing.Filter(include=(globs[0],), types="d")) > 0
+    return any(e.type == "d" and layout.is_bucket(e.name, 0) for e in listing.iter_entries(m.rootb))
+
+
+def _aside_left(m: Migration) -> bool:
+    return lexists(ASIDE, m.rootfd)
+
+
+def _clean_descriptor_temps(m: Migration) -> None:
+    """Temp files of a descriptor write that a kill interrupted (picked by the C core's glob)."""
+    temps = listing.Filter(include=(os.fsdecode(DESCRIPTOR) + ".*.tmp",))
+    for name in listing.listdir(m.rootb, filter=temps):
+        with contextlib.suppress(FileNotFoundError):
+            _fsops.unlink(name, dir_fd=m.rootfd)
