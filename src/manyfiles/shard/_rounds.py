@@ -47,6 +47,7 @@ def apply_round(m: Migration, layout: Layout, flat: list[bytes]) -> None:
                 killpoint("aside")
         finally:
             os.close(asidefd)
+        m.progress.add(len(collide))  # counted here, as revert_top counts them (place_aside does not)
         moved_aside = set(collide)
         flat = [n for n in flat if n not in moved_aside]
     # 2. everything else, one top bucket per task
