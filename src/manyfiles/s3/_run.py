@@ -108,12 +108,13 @@ def _under(root: str) -> Callable[[str], str]:
     return final_path
 
 
-def _first_listed(objects: Iterable[ObjectInfo]) -> Iterator[ObjectInfo]:
-    """The first listing page (or manifest line) read now, before anything is created: a listing
-    that fails (no bucket, no credentials) leaves no DEST behind."""
+def _first_listed(objects: Iterable[ObjectInfo]) -> tuple[Iterator[ObjectInfo], bool]:
+    """The first listing page (or manifest line) read now, before anything is created, and
+    whether it listed anything: a listing that fails (no bucket, no credentials) or lists nothing
+    (a prefix with a typo) leaves no DEST behind."""
     objects = iter(objects)
     first = next(objects, None)
-    return objects if first is None else itertools.chain([first], objects)
+    return (objects, False) if first is None else (itertools.chain([first], objects), True)
 
 
 def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings: ClientSettings,
@@ -133,13 +134,14 @@ def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings
     report.dry_run = dry_run
     budget = routing.budget(cfg.strategy, cfg.concurrency, cfg.processes or os.cpu_count() or 2)
     report.budget = budget.describe()
-    objects = _first_listed(objects)
-    out = Destination.open(dest, cfg, dry_run=dry_run, state_slice=state_slice,
+    objects, listed = _first_listed(objects)
+    writes = listed and not dry_run    # nothing listed: DEST is only read, as for a dry run
+    out = Destination.open(dest, cfg, dry_run=not writes, state_slice=state_slice,
                            on_data=lambda k, d: ctx.events.put(("data", k, d)))
     ctx = Ctx(Options(url.bucket, settings, cfg.retry, cfg.verify, dest, cfg.layout, cfg.fsync,
                       cfg.checksum_mode), out.sink)
     engines = EngineSet(ctx, budget, strategy=cfg.strategy, sub_engine=cfg.sub_engine)
-    if not dry_run and cfg.strategy == "processes":
+    if writes and cfg.strategy == "processes":
         engines.get("processes")   # fork before any thread of ours exists
     slots = threading.BoundedSemaphore(MAX_OUTSTANDING)
     producer = Producer(url, objects, cfg, keep=keep, dest=out, ctx=ctx, engines=engines, slots=slots,
@@ -156,7 +158,7 @@ def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings
         if not clean:
             ctx.cancel.set()
             engines.kill()
-        if out.state is not None and not dry_run:
+        if out.state is not None and writes:
             _close_state(out.state, report, raising=clean)
 
 

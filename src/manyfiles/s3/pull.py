@@ -132,7 +132,7 @@ def pull(source: str | None = None, dest: str | os.PathLike | None = None, *, st
                 on_event(ev)
     if plan is not None:
         report.listed += len(plan.failures)
-    if not dry_run and report.ok:
+    if not dry_run and report.ok and report.listed:     # nothing listed: nothing was created
         empty_tmp(os.fspath(dest))
     return report
 
