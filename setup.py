@@ -52,17 +52,18 @@ if sys.platform.startswith("linux"):
     ext_modules.append(
         Extension(
             "manyfiles._dents",
-            # one directory + module init, the one glob rule set, the parallel tree walker (listing/),
-            # the CRCs of s3pull's small-object checks (s3/).  One extension at the package root:
-            # listing, remove (the walker's remove-tree mode) and s3 all use it.
+            # one directory + module init, the one glob rule set, the parallel tree walker and its
+            # remove-tree mode (listing/), the CRCs of s3pull's small-object checks (s3/).  One
+            # extension at the package root: listing, remove (remove_tree) and s3 all use it.
             [
                 "src/manyfiles/listing/_dents.c",
                 "src/manyfiles/listing/_glob.c",
                 "src/manyfiles/listing/_walk.c",
+                "src/manyfiles/listing/_remove_tree.c",
                 "src/manyfiles/s3/_crc.c",
             ],
             include_dirs=["src/manyfiles/listing"],  # _dents.h, for s3/_crc.c
-            depends=["src/manyfiles/listing/_dents.h"],
+            depends=["src/manyfiles/listing/_dents.h", "src/manyfiles/listing/_walk.h"],
             extra_compile_args=["-O2", "-std=gnu11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             extra_link_args=["-pthread"],
             optional=not required,

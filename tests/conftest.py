@@ -121,6 +121,21 @@ def world_readable_tmp(tmp_path_factory: pytest.TempPathFactory):
     shutil.rmtree(root, ignore_errors=True)
 
 
+S3_TESTS = Path(__file__).resolve().parent / "s3"   # s3util: the S3 fixtures' helpers (FaultProxy, Bucket)
+if str(S3_TESTS) not in sys.path:
+    sys.path.insert(0, str(S3_TESTS))
+
+
+@pytest.fixture(scope="session")
+def moto_direct():
+    """moto's S3 server for the session (one per xdist worker), shared by the s3, cache and ml tests;
+    every test takes its own bucket, most behind their own fault proxy (``s3util.Bucket``)."""
+    from s3util import moto_endpoint
+
+    with moto_endpoint() as url:
+        yield url
+
+
 @pytest.fixture(scope="session")
 def dask_client():
     """One real Dask cluster for the scale-out tests: a LocalCluster of 2 worker processes, started

@@ -152,6 +152,25 @@ def test_progress_false_costs_nothing_and_bad_values_are_refused_before_work():
             check_progress(bad)
 
 
+def test_progress_parts_count_on_from_the_parts_before():
+    """start_part / part_done / part_progress: the base count of a run over several paths (or
+    rounds) lives in the Progress; part_done is the hook a native walker is handed."""
+    seen: list[Snapshot] = []
+    with progress_for(seen.append, "fastls", unit="entries", interval=0) as p:
+        p.part_done(5)                              # the first part starts at 0
+        p.start_part(done=7, failures=1)            # its exact totals, then the next part
+        p.part_done(3)
+        p.part_progress(Snapshot("job", done=4, failures=2))
+        p.start_part()
+        p.part_done(1)
+    assert [(s.done, s.failures) for s in seen] == [(5, 0), (10, 1), (11, 3), (12, 3), (12, 3)]
+    assert seen[-1].finished
+    with progress_for(False, "x") as quiet:          # nobody listens: parts are no-ops too
+        quiet.start_part(done=3)
+        quiet.part_done(2)
+        assert quiet.snapshot().done == 0
+
+
 def test_progress_true_without_terminal_prints_plain_lines():
     code = ("from manyfiles._core.progress import progress_for\n"
             "with progress_for(True, 'demo', unit='files', total=3) as p:\n"

@@ -1,40 +1,18 @@
 """A real S3 endpoint over HTTP: moto's server mode, behind an edge that checks every SigV4
 signature (moto's own server accepts any), and a fault-injecting proxy that checks them too.
 
-``moto_server`` is the URL every test pulls from (signatures checked); ``moto_direct`` is moto
-itself, for the admin client that seeds buckets.
+``moto_server`` is the URL every test pulls from (signatures checked); ``moto_direct`` (tests/conftest.py)
+is moto itself, for the admin client that seeds buckets.
 """
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
 from s3util import CREDS, SECRETS, FaultProxy
 
 from manyfiles.s3 import ClientSettings
-
-
-@pytest.fixture(scope="session")
-def moto_direct():
-    import logging
-
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    old = {k: os.environ.get(k) for k in CREDS}
-    os.environ.update(CREDS)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,9 @@ import ssl
 import struct
 import threading
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -23,6 +26,86 @@ SECRETS = {CREDS["AWS_ACCESS_KEY_ID"]: CREDS["AWS_SECRET_ACCESS_KEY"]}   # what 
 
 # Fast retries: the tests exercise the retry paths, not the sleeping.
 FAST_RETRY = RetryPolicy(attempts=4, base=0.01, cap=0.05)
+
+
+@contextmanager
+def moto_endpoint() -> Iterator[str]:
+    """moto's S3 server on a free port of 127.0.0.1 (the URL), with the tests' credentials in the
+    environment while it runs.  One per test session: tests/conftest.py's ``moto_direct``."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    old = {k: os.environ.get(k) for k in CREDS}
+    os.environ.update(CREDS)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class Bucket:
+    """A fresh bucket on moto behind its own fault proxy (which checks every SigV4 signature and
+    records every request): seed it with ``put``, point the code under test at ``settings`` or
+    ``env``, misbehave with ``fault``, count what reached the store with ``gets``/``heads``/``lists``."""
+
+    retry = FAST_RETRY          # what the tests' clients retry with (fast: the tests exercise retries)
+
+    def __init__(self, moto: str, prefix: str = "t") -> None:
+        import boto3
+
+        from manyfiles.s3 import ClientSettings
+
+        self.admin = boto3.client("s3", endpoint_url=moto, region_name="us-east-1",
+                                  aws_access_key_id="testing", aws_secret_access_key="testing")
+        self.bucket = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        self.admin.create_bucket(Bucket=self.bucket)
+        self.proxy = FaultProxy(moto, secrets=SECRETS)
+        self.endpoint = self.proxy.url
+        self.settings = ClientSettings(endpoint_url=self.proxy.url, region="us-east-1")
+
+    def close(self) -> None:
+        self.proxy.close()
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def put(self, key: str, data: bytes) -> bytes:
+        self.admin.put_object(Bucket=self.bucket, Key=key, Body=data)
+        return data
+
+    def fault(self, kind: str, *, method: str = "GET", key: str = "", ranged: bool | None = None) -> None:
+        """Apply ``kind`` once to the next ``method`` request on an object whose key ends with
+        ``key`` (``ranged``: only to a ranged GET / only to a whole one)."""
+        def pred(m, path, headers) -> bool:
+            if m != method or "list-type" in path or not path.partition("?")[0].endswith(key):
+                return False
+            return ranged is None or ranged == bool(headers.get("Range"))
+        self.proxy.faults.append((pred, kind))
+
+    def gets(self) -> list[tuple[str, str, str | None]]:
+        """Object GETs the proxy saw (listings excluded)."""
+        return [r for r in self.proxy.requests if r[0] == "GET" and "list-type" not in r[1]]
+
+    def heads(self) -> list[tuple[str, str, str | None]]:
+        return [r for r in self.proxy.requests if r[0] == "HEAD"]
+
+    def lists(self) -> list[tuple[str, str, str | None]]:
+        return [r for r in self.proxy.requests if r[0] == "GET" and "list-type" in r[1]]
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for CLI subprocesses: the proxy as endpoint, fast retries."""
+        return {**CREDS, "AWS_ENDPOINT_URL": self.proxy.url, "MANYFILES_RETRY_BASE": "0.01"}
 
 
 def blob(n: int, seed: str = "") -> bytes:

@@ -107,6 +107,19 @@ def test_failed_listing_creates_nothing(run_cli, cli_env, tmp_path):
     assert r.returncode == 1 and not dest.exists()
 
 
+@pytest.mark.parametrize("strategy", ["auto", "processes"])
+def test_an_empty_prefix_creates_nothing(strategy, run_cli, bucket, cli_env, tmp_path):
+    # a typo in the prefix lists nothing: one line, exit 1, and no DEST (nor DEST/.s3pull) left behind
+    name, put = bucket
+    put("data/a", b"x")
+    dest = tmp_path / "dest"
+    r = run_cli("s3pull", "--strategy", strategy, f"s3://{name}/dta/", str(dest), env=cli_env)
+    assert r.returncode == 1 and b"no object matched" in r.stderr and not dest.exists()
+    dest.mkdir()
+    r = run_cli("s3pull", "--strategy", strategy, f"s3://{name}/dta/", str(dest), env=cli_env)
+    assert r.returncode == 1 and os.listdir(dest) == []
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 6 MiB tmpfs (root only; CI runs as root): the destination fills up mid-run."""

@@ -83,3 +83,21 @@ def test_a_worker_killed_mid_bucket_loses_nothing(tmp_path: Path, dask_client, w
     no_leftovers(root)
     assert shard.revert(root).ok                                     # and back, on this machine
     assert sorted(os.listdir(root)) == sorted(want)
+
+
+
+def test_cluster_rounds_show_one_growing_count(tmp_path: Path) -> None:
+    """A reshard is two rounds (revert, apply); each round's job snapshots count on from the rounds
+    before (Progress.start_part, issue 19): the count only grows and ends at the files moved."""
+    from manyfiles._core.progress import Snapshot
+    from manyfiles.scale.executor import InProcessExecutor
+
+    root = tmp_path / "flat"
+    fill(root, 2_000)
+    shard.apply(root, workers=2)
+    seen: list[Snapshot] = []
+    report = shard.reshard(root, shard.Layout(levels=(2,)), cluster=InProcessExecutor(), progress=seen.append)
+    assert report.ok and report.moved == 2 * 2_000, report.failures
+    dones = [s.done for s in seen]
+    assert dones == sorted(dones) and 2_000 in dones, dones   # round 2 starts where round 1 ended
+    assert seen[-1].finished and seen[-1].done == report.moved

@@ -312,6 +312,17 @@ def test_progress_callable_gets_snapshots_of_files(tmp_path: Path) -> None:
     assert seen[-1].finished and seen[-1].done == seen[-1].total == 500 and seen[-1].unit == "files"
 
 
+def test_progress_counts_the_files_set_aside_once(tmp_path: Path) -> None:
+    # files named like a top bucket ("ab") step aside before the buckets exist: the display counts
+    # them once, as every other file, both ways (done = total = files moved)
+    root = make_dataset(tmp_path / "d", 500)
+    for op in (apply, revert):
+        seen: list[Snapshot] = []
+        rep = op(root, workers=3, progress=seen.append)
+        assert rep.ok and rep.set_aside == 4
+        assert seen[-1].finished and seen[-1].done == seen[-1].total == rep.moved, op.__name__
+
+
 def test_revert_of_a_flat_folder_is_nothing_to_do(tmp_path: Path) -> None:
     root = make_dataset(tmp_path / "d", 5, edge=False, symlinks=False)
     rep = revert(root)

@@ -11,7 +11,10 @@ Every long call of the library takes ``progress: bool | Callable[[Snapshot], Non
 
 A tool creates a :class:`Progress` with :func:`progress_for`, updates its counters from
 any thread with :meth:`Progress.add`, and calls :meth:`Progress.tick` from the thread
-that waits on its workers (or lets ``add`` from that thread render).
+that waits on its workers (or lets ``add`` from that thread render).  That one object goes
+down to whatever does the work: a native walker is handed :meth:`Progress.part_done` as its
+hook (a callable taking the running count), a nested run :meth:`Progress.part_progress` as its
+``progress=``; :meth:`Progress.start_part` makes a run over several paths one growing count.
 
 Example:
     >>> seen = []
@@ -104,6 +107,7 @@ class Progress:
         self._render = render
         self._base = Snapshot(task, total=total, bytes_total=bytes_total, unit=unit)
         self._done = self._bytes = self._failures = 0
+        self._part_done = self._part_failures = 0   # the counts before the current part
         self._total, self._bytes_total = total, bytes_total
         self._t0 = time.monotonic()
         self._last = float("-inf")
@@ -140,6 +144,27 @@ class Progress:
             self._failures = self._failures if failures is None else failures
         if threading.get_ident() == self._owner:
             self.tick()
+
+    def start_part(self, *, done: int | None = None, failures: int | None = None) -> None:
+        """Start the next part of the operation (one path of several): :meth:`part_done` and
+        :meth:`part_progress` then count on top of what is done now (``done``, ``failures``:
+        set first, e.g. the exact totals of the parts before)."""
+        if self._render is None:
+            return
+        with self._lock:
+            self._done = self._done if done is None else done
+            self._failures = self._failures if failures is None else failures
+            self._part_done, self._part_failures = self._done, self._failures
+
+    def part_done(self, n: int) -> None:
+        """``n`` items done so far in the current part: the hook a native walker is given (it
+        calls it with its running count, from the calling thread)."""
+        self.set(done=self._part_done + n)
+
+    def part_progress(self, snap: Snapshot) -> None:
+        """The current part's own :class:`Snapshot` (the ``progress=`` callable of a nested run,
+        e.g. a cluster job): its ``done`` and ``failures`` count on top of the earlier parts."""
+        self.set(done=self._part_done + snap.done, failures=self._part_failures + snap.failures)
 
     def snapshot(self, finished: bool = False) -> Snapshot:
         with self._lock:

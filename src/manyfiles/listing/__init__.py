@@ -22,7 +22,8 @@ Modules: ``_directory`` (one directory, the shared types, the backends), ``_tree
 (that job without the report, for the script's start-up), ``_fastls_main`` (the ``fastls``
 script), ``table`` (listings as tables; public as :mod:`manyfiles.table`), ``_cluster`` (trees
 on a Dask cluster).  The C sources of ``manyfiles._dents`` are here too (``_dents.c``,
-``_walk.c``, ``_glob.c``; ``s3/_crc.c`` is compiled into the same extension).
+``_walk.c`` and its remove-tree mode ``_remove_tree.c``, ``_glob.c``; ``s3/_crc.c`` is compiled into
+the same extension).
 """
 
 from __future__ import annotations

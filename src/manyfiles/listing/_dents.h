@@ -1,6 +1,7 @@
 /*
  * Shared declarations of the native core (manyfiles._dents): _dents.c (one directory,
- * module init), _glob.c (the one glob rule set) and _walk.c (the parallel tree walker).
+ * module init), _glob.c (the one glob rule set), _walk.c (the parallel tree walker) and
+ * _remove_tree.c (its remove mode; the two share _walk.h).
  */
 #ifndef MANYFILES_DENTS_H
 #define MANYFILES_DENTS_H
@@ -138,7 +139,7 @@ int glob_add_type(PyObject *module, ModState *st);
 /* ---- walker (_walk.c) ----------------------------------------------------------------------- */
 
 int walk_add_type(PyObject *module, ModState *st);
-extern PyMethodDef walk_functions[];
+extern PyMethodDef walk_functions[]; /* walk_count, walk_write and remove_tree (_remove_tree.c) */
 
 /* _crc.c: crc64nvme() and crc32c() for s3pull's checks of small objects */
 int crc_add_functions(PyObject *module);

@@ -205,6 +205,12 @@ class _Silent:
     def set(self, **counters: int | None) -> None:
         pass
 
+    def start_part(self, **counters: int | None) -> None:
+        pass
+
+    def part_done(self, n: int) -> None:
+        pass
+
     def __enter__(self) -> _Silent:
         return self
 
@@ -224,16 +230,18 @@ def _progress_for(progress: ProgressArg, task: str) -> Any:
     return progress_for(progress, task, unit="entries")
 
 
-def _entries_hook(shown: Progress | _Silent,
-                  on_entries: Callable[[int], object] | None) -> Callable[[int], object] | None:
-    """What the C walker calls with the entries so far (~10 times a second, calling thread)."""
+def _walker_hook(shown: Progress | _Silent | None,
+                 on_entries: Callable[[int], object] | None) -> Callable[[int], object] | None:
+    """What the C walker calls with its running count (~10 times a second, calling thread):
+    the Progress's own :meth:`~manyfiles._core.progress.Progress.part_done`, the caller's raw
+    ``on_entries``, both, or nothing at all (no hook: the walker never calls into Python)."""
+    if on_entries is None:
+        return shown.part_done if shown else None
     if not shown:
         return on_entries
-    if on_entries is None:
-        return lambda n: shown.set(done=n)
 
     def both(n: int) -> None:
-        shown.set(done=n)
+        shown.part_done(n)
         on_entries(n)
 
     return both

@@ -21,10 +21,15 @@ import errno
 import os
 import time
 from collections import namedtuple
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from manyfiles import listing
 from manyfiles.listing import DEFAULT_BUFSIZE, DEFAULT_THREADS, NO_FILTER, DirListing
+from manyfiles.listing._tree import count_into, tree_args, write_into
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up)
+if TYPE_CHECKING:
+    from manyfiles._core.progress import Progress
 
 FORMATS = ("names", "json", "long")
 
@@ -71,20 +76,23 @@ class Tally:
         self.seconds = 0.0
 
 
-#: the raw entries hook (``on_entries`` of :func:`manyfiles.listing.count_tree`): called with the
-#: entries listed so far, from the calling thread, about ten times a second.  Not a
-#: :class:`manyfiles._core.progress.Progress`: fastls.run turns one into this.
-OnEntries = Callable[[int], None]
+def list_to(request: ListRequest, out_fd: int, progress: Progress | None = None) -> Tally:
+    """List ``request.paths`` to ``out_fd`` (counts only, with ``count_only``).
 
-
-def list_to(request: ListRequest, out_fd: int, on_entries: OnEntries | None = None) -> Tally:
-    """List ``request.paths`` to ``out_fd`` (counts only, with ``count_only``)."""
+    ``progress``: the open :class:`~manyfiles._core.progress.Progress` of the caller
+    (:func:`manyfiles.fastls.run`), ``done`` = entries so far across the paths; each path is one
+    of its parts, and the C walker is handed its ``part_done``.  None or a silent one: nothing
+    is computed for it and the walker gets no hook.
+    """
+    shown = progress if progress else None
     tally = Tally()
     t0 = time.perf_counter()
     writer = _Output(out_fd)
     for path in request.paths:
+        if shown is not None:  # the next path counts on from everything so far
+            shown.start_part(done=tally.entries, failures=len(tally.failures))
         try:
-            _run_one(request, path, writer, tally, on_entries)
+            _run_one(request, path, writer, tally, shown)
         except BrokenPipeError:
             raise  # the reader went away: stop everything, not just this path
         except OSError as exc:
@@ -112,7 +120,7 @@ def _uses_c_walker(request: ListRequest) -> bool:
 
 
 def _run_one(request: ListRequest, path: str, writer: _Output, report: Tally,
-             on_entries: OnEntries | None) -> None:
+             shown: Progress | None) -> None:
     # one path of several: print full paths so the output stays unambiguous
     prefix = os.fsencode(os.path.join(path, "")) if len(request.paths) > 1 or request.recursive else b""
     if request.count_only and not request.recursive:
@@ -120,9 +128,9 @@ def _run_one(request: ListRequest, path: str, writer: _Output, report: Tally,
         _add_count(report, path, n)
         return
     if _uses_c_walker(request):
-        _run_c_walker(request, path, writer, report, on_entries)
+        _run_c_walker(request, path, writer, report, shown)
         return
-    if _uses_fast_path(request) and on_entries is None:
+    if _uses_fast_path(request) and shown is None:
         writer.flush()
         n = listing.write_names(
             path, writer.fd, sep=request.sep, prefix=prefix, bufsize=request.bufsize, filter=request.filter
@@ -134,7 +142,6 @@ def _run_one(request: ListRequest, path: str, writer: _Output, report: Tally,
     listings = _listings(request, os.fsencode(path))
     records = _sorted(listings) if request.sort else listings
     n = 0
-    base = report.entries
     for d in records:
         if d.error is not None:
             report.failures.append(Failed.of(d.path, d.error))
@@ -143,30 +150,23 @@ def _run_one(request: ListRequest, path: str, writer: _Output, report: Tally,
         n += len(d.entries)
         if not request.count_only:
             writer.write(_format(request, d, prefix if d.depth == 0 and not request.recursive else None))
-        if on_entries is not None:
-            on_entries(base + n)
+        if shown is not None:
+            shown.part_done(n)
     _add_count(report, path, n)
 
 
 def _run_c_walker(request: ListRequest, path: str, writer: _Output, report: Tally,
-                  on_entries: OnEntries | None) -> None:
-    options = {
-        "threads": request.threads if request.recursive else 1,
-        "max_depth": request.max_depth if request.recursive else 0,
-        "follow_symlinks": request.follow_symlinks,
-        "bufsize": request.bufsize,
-        "filter": request.filter,
-    }
-    base = report.entries
-    ticks = None if on_entries is None else (lambda n: on_entries(base + n))
+                  shown: Progress | None) -> None:
+    args = tree_args(threads=request.threads if request.recursive else 1,
+                     max_depth=request.max_depth if request.recursive else 0,
+                     follow_symlinks=request.follow_symlinks, bufsize=request.bufsize, filter=request.filter)
     # bytes root: the paths in failures stay exactly what the walker saw
     root = os.fsencode(path)
     if request.count_only:
-        tally = listing.count_tree(root, on_entries=ticks, **options)
+        tally = count_into(shown, root, args)
     else:
         writer.flush()
-        tally = listing.write_tree(root, writer.fd, json=request.format == "json", sep=request.sep,
-                                   on_entries=ticks, **options)
+        tally = write_into(shown, root, writer.fd, args, json=request.format == "json", sep=request.sep)
     for failed, exc in tally.failures:
         report.failures.append(Failed.of(failed, exc))
     report.directories += tally.directories

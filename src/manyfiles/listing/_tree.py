@@ -26,13 +26,13 @@ from manyfiles.listing._directory import (
     _check_bufsize,
     _check_progress,
     _dents,
-    _entries_hook,
     _native_trace,
     _on_dir,
     _open_dir,
     _progress_for,
     _resolve_backend,
     _tracer,
+    _walker_hook,
     iter_entries,
 )
 
@@ -40,7 +40,8 @@ TYPE_CHECKING = False  # typing is not imported at run time: ~7 ms of fastls' st
 if TYPE_CHECKING:
     from typing import Any
 
-    from manyfiles._core.progress import ProgressArg
+    from manyfiles._core.progress import Progress, ProgressArg
+    from manyfiles.listing._directory import _Silent
 
 
 # ---- count: one directory, or a tree (recursive=True) ------------------------------
@@ -154,7 +155,7 @@ class _TreeArgs(namedtuple("_TreeArgs", "threads max_depth min_depth follow_syml
         }
 
 
-def _tree_args(
+def tree_args(
     threads: int = DEFAULT_THREADS,
     max_depth: int | None = None,
     min_depth: int = 0,
@@ -165,6 +166,7 @@ def _tree_args(
     prune: Sequence[str] = (),
     descend: Sequence[Sequence[str] | None] = (),
 ) -> _TreeArgs:
+    """The tree options of :func:`walk`, checked (ValueError) before anything is read."""
     if max_depth is not None and max_depth < 0:
         raise ValueError("max_depth must be >= 0 (or None)")
     if len(descend) > 8:
@@ -222,8 +224,8 @@ def walk(
     """
     _check_progress(progress)
     root = os.fspath(root)
-    args = _tree_args(threads, max_depth, min_depth, follow_symlinks, one_filesystem, bufsize, filter,
-                      prune, descend)
+    args = tree_args(threads, max_depth, min_depth, follow_symlinks, one_filesystem, bufsize, filter,
+                     prune, descend)
     if _resolve_backend(backend) == "dents":
         listings = _walk_c(root, args, stat, postorder)
     else:
@@ -388,24 +390,38 @@ def count_tree(
     With the C core no Python object is created per entry or per directory.  ``progress``:
     True for the shared live display, or a callable taking a
     :class:`~manyfiles._core.progress.Snapshot` (``done`` = entries so far; the last one has the
-    final count).  ``on_entries`` is the raw hook under it: called with the entries counted
-    so far about ten times a second, from the calling thread (an exception it raises stops the
-    walk and propagates).  A root that cannot be listed raises ``OSError``; other unreadable
+    final count).  ``on_entries``: a raw hook called with the entries counted so far about ten
+    times a second, from the calling thread (an exception it raises stops the walk and
+    propagates).  A root that cannot be listed raises ``OSError``; other unreadable
     directories are in ``failures``.
     """
     _check_progress(progress)
-    root = os.fspath(root)
-    args = _tree_args(threads, max_depth, min_depth, follow_symlinks, one_filesystem, bufsize, filter,
-                      prune, descend)
-    name = _resolve_backend(backend)
+    args = tree_args(threads, max_depth, min_depth, follow_symlinks, one_filesystem, bufsize, filter,
+                     prune, descend)
+    _resolve_backend(backend)
     with _progress_for(progress, "count") as shown:
-        hook = _entries_hook(shown, on_entries)
-        if name == "dents":
-            tally = _tree_count(root, _dents.walk_count(os.fsencode(root), progress=hook, **args.c_kwargs()))
-        else:
-            tally = _count_python(root, args, backend, hook)
-        shown.set(done=tally.entries, failures=len(tally.failures))
+        return count_into(shown, root, args, backend, on_entries)
+
+
+def count_into(shown: Progress | _Silent | None, root: str | bytes | os.PathLike, args: _TreeArgs,
+               backend: str | None = None, on_entries: Callable[[int], object] | None = None) -> TreeCount:
+    """:func:`count_tree` reporting into an open Progress (``shown``; None: nobody listens), as the
+    current part of its operation (:meth:`~manyfiles._core.progress.Progress.start_part`: fastls
+    over several paths); ``args`` from :func:`tree_args`."""
+    root = os.fspath(root)
+    hook = _walker_hook(shown, on_entries)
+    if _resolve_backend(backend) == "dents":
+        tally = _tree_count(root, _dents.walk_count(os.fsencode(root), progress=hook, **args.c_kwargs()))
+    else:
+        tally = _count_python(root, args, backend, hook)
+    _part_finished(shown, tally)
     return tally
+
+
+def _part_finished(shown: Progress | _Silent | None, tally: TreeCount) -> None:
+    if shown:
+        shown.part_done(tally.entries)
+        shown.add(failures=len(tally.failures))
 
 
 def _count_python(root: str | bytes, args: _TreeArgs, backend: str | None,
@@ -452,13 +468,20 @@ def write_tree(
     """
     _check_progress(progress)
     _resolve_backend("dents")
-    root = os.fspath(root)
-    args = _tree_args(threads, max_depth, 0, follow_symlinks, one_filesystem, bufsize, filter)
+    args = tree_args(threads, max_depth, 0, follow_symlinks, one_filesystem, bufsize, filter)
     with _progress_for(progress, "write") as shown:
-        hook = _entries_hook(shown, on_entries)
-        raw = _dents.walk_write(os.fsencode(root), out_fd, json, sep, progress=hook, **args.c_kwargs())
-        tally = _tree_count(root, raw)
-        shown.set(done=tally.entries, failures=len(tally.failures))
+        return write_into(shown, root, out_fd, args, json=json, sep=sep, on_entries=on_entries)
+
+
+def write_into(shown: Progress | _Silent | None, root: str | bytes | os.PathLike, out_fd: int,
+               args: _TreeArgs, *, json: bool = False, sep: bytes = b"\n",
+               on_entries: Callable[[int], object] | None = None) -> TreeCount:
+    """:func:`write_tree` reporting into an open Progress, as :func:`count_into` does."""
+    root = os.fspath(root)
+    raw = _dents.walk_write(os.fsencode(root), out_fd, json, sep, progress=_walker_hook(shown, on_entries),
+                            **args.c_kwargs())
+    tally = _tree_count(root, raw)
+    _part_finished(shown, tally)
     return tally
 
 

@@ -23,7 +23,8 @@
  *           consumer: one GIL acquisition per directory             -> Walk (an iterator)
  *   remove  fastrm: unlinks every non-directory it lists (unlinkat relative to the directory's
  *           fd), and rmdirs each directory once everything below it is gone, on the thread
- *           that finished its last child (post-order)                -> remove_tree()
+ *           that finished its last child (post-order)                -> remove_tree(), in
+ *           _remove_tree.c; the types and functions both files use are in _walk.h
  * The consumer of `events` can also ask for post-order events: (path, depth) once a
  * directory and everything below it has been reported (children before parents).
  *
@@ -34,51 +35,27 @@
  * Order: directories are visited in parallel, so the order of output is not deterministic
  * across runs; within one directory entries come in getdents order.
  */
-#include "_dents.h"
+
+#include "_walk.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-enum { M_COUNT, M_WRITE, M_EVENTS, M_REMOVE };
 enum { F_LINES, F_JSON };
 enum { EV_DIR, EV_POST };
 
 #define OUT_BUFSIZE (256 * 1024)
-#define WAIT_SLICE_NS (100 * 1000 * 1000) /* the Python thread checks signals this often */
 
-/* Operations in the I/O log (names as manyfiles.trace.iotrace calls them). */
-enum { OP_GETDENTS, OP_OPEN, OP_UNLINK, OP_RMDIR, OP_STAT, N_OPS };
 static const char *const OP_NAMES[N_OPS] = {"getdents", "open", "unlink", "rmdir", "stat"};
 
 /* ---- directories ---------------------------------------------------------------------------- */
 
-typedef struct WDir {
-    struct WDir *parent; /* referenced while we still need its fd (see dir_release) */
-    atomic_int refs;
-    int fd;
-    int depth;
-    int listed;        /* read to the end: only such directories get a post-order event */
-    /* remove mode */
-    uint8_t take;      /* everything inside goes (no include filter below here) */
-    uint8_t take_self; /* rmdir it once its subtree is done */
-    uint8_t gone;      /* vanished (or was not a directory any more): nothing left to do */
-    uint8_t anchor;    /* the root's parent: an fd the caller owns, never closed or removed */
-    atomic_int blocked; /* something inside stays: no rmdir (ancestors stay too, silently) */
-    uint32_t len;      /* bytes of path */
-    uint32_t name_off; /* path + name_off is the directory's own name */
-    uint32_t rel_off;  /* path + rel_off is the path relative to the root ("" for the root) */
-    char path[];
-} WDir;
-
-static WDir *dir_new(const WDir *parent, const char *name, size_t name_len) {
+WDir *dir_new(const WDir *parent, const char *name, size_t name_len) {
     size_t plen = parent->len;
     int slash = plen > 0 && parent->path[plen - 1] != '/';
     size_t len = plen + (size_t)slash + name_len;
@@ -104,47 +81,9 @@ static WDir *dir_new(const WDir *parent, const char *name, size_t name_len) {
     return d;
 }
 
-/* ---- configuration and shared state --------------------------------------------------------- */
+/* ---- events: batches handed to the Python consumer -------------------------------------------------- */
 
-typedef struct {
-    int mode, fmt;
-    char sep;
-    int out_fd;
-    int threads;
-    int max_depth; /* < 0: no limit */
-    int min_depth; /* entries are reported from directories at this depth or deeper */
-    int follow, xdev, postorder;
-    unsigned types; /* bit (1 << d_type) per type to report; 0 = all */
-    const GlobSet *include, *exclude, *prune;
-    const GlobSet *descend[8]; /* descend[d]: a directory at depth d+1 is entered only if it matches */
-    int ndescend;
-    size_t bufsize;
-    int fake_dtype;
-    int trace;
-    int max_batches;
-    /* remove mode */
-    int dry_run, cross, retries;
-    int collect;             /* removed paths go to the Python thread in batches (on_removed) */
-    int has_expect;          /* the root must be this (st_dev, st_ino): a plan's identity check */
-    dev_t expect_dev, dev;   /* dev: the argument's filesystem, for the mount check */
-    ino_t expect_ino;
-} Config;
-
-typedef struct {
-    int64_t start, dur;
-    long a, b;       /* getdents: entries, bytes */
-    int op, result;  /* OP_x; 0 or the errno */
-    size_t path_off; /* into the owner's arena */
-} TraceRec;
-
-typedef struct {
-    TraceRec *v;
-    size_t n, cap;
-    char *arena;
-    size_t used, acap;
-} TraceLog;
-
-typedef struct Batch {
+struct Batch {
     struct Batch *next;
     int kind, depth, err;
     char *path;
@@ -160,127 +99,29 @@ typedef struct Batch {
     size_t n, cap;
     TraceLog trace;
     long tid; /* the worker that filled it (for its trace records) */
-} Batch;
-
-typedef struct {
-    char *path;
-    int err;
-    int depth;
-    char *detail; /* a longer reason (remove mode: what keeps a directory from being empty), or NULL */
-} Failure;
-
-/* Removed paths on their way to the Python thread (remove mode with on_removed): NUL-ended. */
-typedef struct {
-    char *buf;
-    size_t used, cap, n;
-} PathBatch;
-
-struct slot {
-    uint64_t ino;
-    struct linux_dirent64 *d;
 };
-
-struct Walk;
-
-typedef struct Worker {
-    struct Walk *w;
-    pthread_t tid;
-    int started;
-    char *buf;
-    size_t bufsize;
-    /* the deque: owner pushes and pops at hi, thieves take at lo */
-    pthread_mutex_t mu;
-    WDir **dq;
-    size_t lo, hi, cap;
-    /* children found in the current directory, pushed when it is fully read */
-    WDir **kids;
-    size_t nkids, kcap;
-    /* mode state */
-    unsigned long long counts[N_DTYPES];
-    unsigned long long dirs;
-    char *out;
-    size_t used, ocap;
-    char *scratch; /* relative paths for '/' patterns */
-    size_t scap;
-    Batch *batch;
-    TraceLog trace;            /* count/write/remove modes: drained by the Python thread */
-    pthread_mutex_t trace_mu;
-    long ktid;                 /* kernel thread id, for the I/O log */
-    /* remove mode */
-    char *pathbuf;             /* full paths of entries (failures, output, trace) */
-    size_t pcap;
-    struct slot *slots;        /* one getdents batch, sorted by inode before unlinking */
-    size_t slcap;
-    PathBatch removed;         /* collect: paths waiting to be handed over */
-    int waiting;               /* collect: our batch is posted and not consumed yet (under q_mu) */
-    struct Worker *cq_next;
-} Worker;
-
-typedef struct Walk {
-    Config cfg;
-    int nworkers;
-    Worker *workers;
-    pthread_mutex_t mu;
-    pthread_cond_t work_cv; /* idle workers */
-    atomic_long pending;    /* directories queued or being processed */
-    atomic_long queued;     /* directories sitting in deques */
-    atomic_int idle;
-    atomic_int stop;        /* cancel: Ctrl-C, a closed pipe, the consumer went away, ENOMEM */
-    int nstarted;           /* worker threads that started */
-    dev_t root_dev;
-    /* remove mode counters */
-    atomic_llong files, dirs, found, kept, retries;
-    atomic_llong progress;  /* entries reported so far */
-    int fatal;              /* errno that stopped the walk (ENOMEM), under mu */
-    /* -L: directories seen, by (st_dev, st_ino) */
-    pthread_mutex_t seen_mu;
-    struct DevIno { dev_t dev; ino_t ino; } *seen;
-    size_t nseen, seen_cap;
-    /* failures (count/write modes) */
-    pthread_mutex_t err_mu;
-    Failure *fails;
-    size_t nfails, fcap;
-    /* write mode */
-    pthread_mutex_t out_mu;
-    int out_err;
-    /* events mode */
-    pthread_mutex_t q_mu;
-    pthread_cond_t q_cv;    /* the Python thread waits for a batch, or for the workers' end */
-    pthread_cond_t free_cv; /* producers wait for a free batch (remove: for their batch's consumption) */
-    Batch *q_head, *q_tail, *free_list;
-    int nbatches, nfree, free_waiters;
-    int producers_done;     /* worker threads that returned */
-    /* remove mode, collect: workers whose removed-path batch waits for the Python thread */
-    Worker *cq_head, *cq_tail;
-    Worker *cq_busy;        /* the one the Python thread is reading */
-} Walk;
 
 /* ---- small helpers ---------------------------------------------------------------------------- */
 
-static void set_fatal(Walk *w, int err) {
+void set_fatal(Walk *w, int err) {
     pthread_mutex_lock(&w->mu);
     if (!w->fatal) w->fatal = err;
     pthread_mutex_unlock(&w->mu);
     atomic_store(&w->stop, 1);
 }
 
-/* One record of the I/O log: `op` on d's path (+ "/" + name when name is not NULL).  A
- * worker's own log is read by the Python thread meanwhile: `mu` (its lock) or NULL for a
+/* A worker's own log is read by the Python thread meanwhile: `mu` (its lock) or NULL for a
  * batch's log, which only the worker touches until the batch is handed over. */
-static void trace_add(Walk *w, TraceLog *t, pthread_mutex_t *mu, int op, const WDir *d, const char *name,
-                      size_t nl, int64_t start, int64_t dur, int result, long a, long b) {
-    size_t slash = name && d->len > 0 && d->path[d->len - 1] != '/';
-    size_t plen = d->len + (name ? slash + nl : 0);
+void trace_add(Walk *w, TraceLog *t, pthread_mutex_t *mu, int op, const WDir *d, const char *name, size_t nl,
+               int64_t start, int64_t dur, int result, long a, long b) {
+    size_t plen = name ? entry_path_len(d, nl) : d->len;
     if (mu) pthread_mutex_lock(mu);
     int ok = grow_array((void **)&t->v, &t->cap, t->n + 1, sizeof(TraceRec)) == 0 &&
              grow_array((void **)&t->arena, &t->acap, t->used + plen + 1, 1) == 0;
     if (ok) {
         char *p = t->arena + t->used;
-        memcpy(p, d->path, d->len);
-        if (name) {
-            if (slash) p[d->len] = '/';
-            memcpy(p + d->len + slash, name, nl);
-        }
+        if (name) put_entry_path(p, d, name, nl);
+        else memcpy(p, d->path, d->len);
         p[plen] = 0;
         t->v[t->n++] = (TraceRec){start, dur, a, b, op, result, t->used};
         t->used += plen + 1;
@@ -289,13 +130,7 @@ static void trace_add(Walk *w, TraceLog *t, pthread_mutex_t *mu, int op, const W
     if (!ok) set_fatal(w, ENOMEM);
 }
 
-/* A worker's own log (count, write and remove modes), for a call that started at `start`. */
-static inline void wtrace(Worker *wk, int op, const WDir *d, const char *name, size_t nl, int64_t start,
-                          int result) {
-    trace_add(wk->w, &wk->trace, &wk->trace_mu, op, d, name, nl, start, now_ns() - start, result, 0, 0);
-}
-
-static void add_failure_path(Walk *w, const char *path, size_t len, int err, int depth, const char *detail) {
+void add_failure_path(Walk *w, const char *path, size_t len, int err, int depth, const char *detail) {
     char *copy = malloc(len + 1);
     char *dcopy = detail ? strdup(detail) : NULL;
     pthread_mutex_lock(&w->err_mu);
@@ -313,7 +148,7 @@ static void add_failure_path(Walk *w, const char *path, size_t len, int err, int
     pthread_mutex_unlock(&w->err_mu);
 }
 
-static void add_failure(Walk *w, const WDir *d, int err) { add_failure_path(w, d->path, d->len, err, d->depth, NULL); }
+void add_failure(Walk *w, const WDir *d, int err) { add_failure_path(w, d->path, d->len, err, d->depth, NULL); }
 
 /* ---- -L cycle detection ----------------------------------------------------------------------- */
 
@@ -362,7 +197,7 @@ static int seen_insert(Walk *w, dev_t dev, ino_t ino) {
 
 /* ---- scheduling ------------------------------------------------------------------------------- */
 
-static void push_kids(Worker *wk) {
+void push_kids(Worker *wk) {
     Walk *w = wk->w;
     size_t n = wk->nkids;
     if (!n) return;
@@ -397,6 +232,17 @@ static void push_kids(Worker *wk) {
             for (size_t i = 0; i < n; i++) pthread_cond_signal(&w->work_cv);
         pthread_mutex_unlock(&w->mu);
     }
+}
+
+void queue_subdirs(Worker *wk, WDir *d) {
+    d->listed = 1;
+    atomic_fetch_add(&d->refs, (int)wk->nkids);
+    push_kids(wk);
+}
+
+void discard_kids(Worker *wk) {
+    for (size_t i = 0; i < wk->nkids; i++) free(wk->kids[i]);
+    wk->nkids = 0;
 }
 
 static WDir *pop_own(Worker *wk) {
@@ -441,8 +287,6 @@ static WDir *next_dir(Worker *wk) {
         if (over) return NULL;
     }
 }
-
-/* ---- events: batches handed to the Python consumer -------------------------------------------------- */
 
 static Batch *batch_get(Walk *w) {
     pthread_mutex_lock(&w->q_mu);
@@ -553,7 +397,7 @@ static void report_failure(Worker *wk, const WDir *d, int err) {
 
 /* ---- output: paths and JSON lines --------------------------------------------------------------- */
 
-static int out_flush(Walk *w, Worker *wk) {
+int out_flush(Walk *w, Worker *wk) {
     if (!wk->used) return 0;
     int rc = 0;
     pthread_mutex_lock(&w->out_mu);
@@ -574,7 +418,7 @@ static int out_flush(Walk *w, Worker *wk) {
     return rc;
 }
 
-static int out_reserve(Worker *wk, size_t need) {
+int out_reserve(Worker *wk, size_t need) {
     Walk *w = wk->w;
     if (wk->used + need <= wk->ocap) return 0;
     if (out_flush(w, wk) < 0) return -1;
@@ -664,15 +508,12 @@ static const char TYPE_LETTER[N_DTYPES] = {'?', 'p', 'c', '?', 'd', '?', 'b', '?
 /* The record fastls --json has always printed (manyfiles.fastls._json_line without -l):
  * {"path": P, "name": N, "type": T, "inode": I} plus "path_b64" when the path is not UTF-8. */
 static int emit_json(Worker *wk, const WDir *d, const char *name, size_t nl, unsigned char type, uint64_t ino) {
-    size_t plen = d->len, slash = plen > 0 && d->path[plen - 1] != '/';
-    size_t full = plen + slash + nl;
+    size_t full = entry_path_len(d, nl);
     size_t need = 6 * full + 6 * nl + 4 * (full / 3 + 1) + 128;
     if (out_reserve(wk, need + full) < 0) return -1;
     /* the raw path first, at the end of the reserved area, for base64 */
     char *raw = wk->out + wk->used + need;
-    memcpy(raw, d->path, plen);
-    if (slash) raw[plen] = '/';
-    memcpy(raw + plen + slash, name, nl);
+    put_entry_path(raw, d, name, nl);
     char *p = wk->out + wk->used;
     int valid = 1;
     p = put(p, "{\"path\": \"", 10);
@@ -694,20 +535,14 @@ static int emit_json(Worker *wk, const WDir *d, const char *name, size_t nl, uns
 }
 
 static int emit_line(Worker *wk, const WDir *d, const char *name, size_t nl) {
-    size_t plen = d->len, slash = plen > 0 && d->path[plen - 1] != '/';
-    if (out_reserve(wk, plen + slash + nl + 1) < 0) return -1;
-    char *p = wk->out + wk->used;
-    p = put(p, d->path, plen);
-    if (slash) *p++ = '/';
-    p = put(p, name, nl);
+    if (out_reserve(wk, entry_path_len(d, nl) + 1) < 0) return -1;
+    char *p = put_entry_path(wk->out + wk->used, d, name, nl);
     *p++ = wk->w->cfg.sep;
     wk->used = (size_t)(p - wk->out);
     return 0;
 }
 
 /* ---- one directory ------------------------------------------------------------------------------- */
-
-static void dir_release(Worker *wk, WDir *d);
 
 static void emit_post(Worker *wk, WDir *d) {
     Walk *w = wk->w;
@@ -722,12 +557,9 @@ static void emit_post(Worker *wk, WDir *d) {
     batch_put(w, b);
 }
 
-/* Drops one reference; the last one closes the fd, emits the post-order event and (in
- * post-order mode, where children hold their parent until they finish) walks up. */
-static void rm_finish(Worker *wk, WDir *d);
-static void rm_sync(Worker *wk);
-
-static void dir_release(Worker *wk, WDir *d) {
+/* The last reference closes the fd, emits the post-order event and (in post-order mode, where
+ * children hold their parent until they finish) walks up. */
+void dir_release(Worker *wk, WDir *d) {
     const Config *c = &wk->w->cfg;
     int remove = c->mode == M_REMOVE, sync = remove && (c->out_fd >= 0 || c->collect);
     while (d) {
@@ -744,7 +576,7 @@ static void dir_release(Worker *wk, WDir *d) {
     }
 }
 
-static long read_dir(Worker *wk, int fd) {
+long read_dir(Worker *wk, int fd) {
     for (;;) {
         long n = syscall(SYS_getdents64, fd, wk->buf, wk->bufsize);
         if (n >= 0) return n;
@@ -772,8 +604,7 @@ static int wanted(const Config *c, const char *name, size_t nl, unsigned char ty
     return 1;
 }
 
-/* The entry's path relative to the root, in the worker's scratch buffer (for '/' patterns). */
-static const char *rel_path(Worker *wk, const WDir *d, const char *name, size_t nl, size_t *rl) {
+const char *rel_path(Worker *wk, const WDir *d, const char *name, size_t nl, size_t *rl) {
     size_t dl = d->len - d->rel_off;
     size_t need = dl + 1 + nl;
     if (grow_array((void **)&wk->scratch, &wk->scap, need + 1, 1) < 0) return NULL;
@@ -800,7 +631,7 @@ static int enter_ok(const Config *c, int child_depth, const char *name, size_t n
     return 1;
 }
 
-static int open_dir(Walk *w, WDir *d) {
+int open_dir(Walk *w, WDir *d) {
     int flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOCTTY | (w->cfg.follow ? 0 : O_NOFOLLOW);
     int fd;
     do {
@@ -910,8 +741,7 @@ static void process(Worker *wk, WDir *d) {
     }
     if (err) {
         /* the listing is incomplete: report the failure, do not descend */
-        for (size_t i = 0; i < wk->nkids; i++) free(wk->kids[i]);
-        wk->nkids = 0;
+        discard_kids(wk);
         if (wk->batch) {
             wk->batch->n = wk->batch->names_len = 0;
             wk->batch->err = err;
@@ -923,21 +753,17 @@ static void process(Worker *wk, WDir *d) {
         goto done;
     }
     wk->dirs++;
-    d->listed = 1;
     atomic_fetch_add(&w->progress, listed);
     if (wk->batch) {
         batch_put(w, wk->batch);
         wk->batch = NULL;
     }
-    /* children reference us (our fd) until they have opened themselves (or finished) */
-    atomic_fetch_add(&d->refs, (int)wk->nkids);
-    push_kids(wk);
+    queue_subdirs(wk, d);
     goto done;
 nomem:
     set_fatal(w, ENOMEM);
 stopped:
-    for (size_t i = 0; i < wk->nkids; i++) free(wk->kids[i]);
-    wk->nkids = 0;
+    discard_kids(wk);
     if (wk->batch) {
         batch_recycle(w, wk->batch);
         wk->batch = NULL;
@@ -946,517 +772,7 @@ done:
     dir_release(wk, d);
 }
 
-/* ---- remove mode (fastrm) ---------------------------------------------------------------------------
- *
- * Every unlink(2) and rmdir(2) takes the parent directory's lock, so a worker owns one directory
- * at a time: it lists it and unlinks each non-directory with unlinkat(dir_fd, name) as it reads
- * (sorted by inode per getdents batch, as GNU rm does, so the inode table is read in order).
- * The d_type says "directory"; when it is DT_UNKNOWN (sshfs, NFSv3) the unlink's EISDIR says so,
- * and only EPERM (which POSIX allows for a directory) costs an fstatat.  Subdirectories are
- * queued after the directory's own files are gone; a directory is removed once its subtree is
- * done, by the thread that finished its last child, relative to its parent's fd (children keep
- * it open).  Nothing follows a symlink (O_NOFOLLOW), mounts are not entered unless asked, and a
- * failure (path + errno) blocks the removal of its ancestors without stopping the walk.
- * An rmdir meeting ENOTEMPTY (a concurrent writer, an NFS .nfsXXXX silly-rename) empties the
- * directory again, in this thread, and retries with back-off. */
-
-#define FLUSH_PATHS 4096 /* removed paths per batch handed to on_removed */
-#define RETRY_BACKOFF_NS (50 * 1000 * 1000)
-
-/* d's path + "/" + name in the worker's path buffer (failures, output). */
-static const char *entry_path(Worker *wk, const WDir *d, const char *name, size_t nl, size_t *len) {
-    size_t slash = d->len > 0 && d->path[d->len - 1] != '/';
-    size_t n = d->len + slash + nl;
-    if (grow_array((void **)&wk->pathbuf, &wk->pcap, n + 1, 1) < 0) return NULL;
-    memcpy(wk->pathbuf, d->path, d->len);
-    if (slash) wk->pathbuf[d->len] = '/';
-    memcpy(wk->pathbuf + d->len + slash, name, nl);
-    wk->pathbuf[n] = 0;
-    *len = n;
-    return wk->pathbuf;
-}
-
-static void rm_fail(Worker *wk, const WDir *d, const char *name, size_t nl, int err, const char *detail) {
-    size_t len = d->len;
-    const char *path = name ? entry_path(wk, d, name, nl, &len) : d->path;
-    if (!path) {
-        set_fatal(wk->w, ENOMEM);
-        return;
-    }
-    add_failure_path(wk->w, path, len, err, d->depth + (name != NULL), detail);
-}
-
-/* The Python thread runs on_removed with this worker's batch; the worker waits meanwhile, so
- * the callback sees the tree as it is (the directory holding these paths is not removed yet). */
-static void collect_post(Worker *wk) {
-    Walk *w = wk->w;
-    PathBatch *pb = &wk->removed;
-    if (!pb->n) return;
-    pthread_mutex_lock(&w->q_mu);
-    if (!atomic_load(&w->stop)) {
-        wk->waiting = 1;
-        wk->cq_next = NULL;
-        if (w->cq_tail) w->cq_tail->cq_next = wk;
-        else w->cq_head = wk;
-        w->cq_tail = wk;
-        pthread_cond_broadcast(&w->q_cv);
-        while (wk->waiting && !(atomic_load(&w->stop) && w->cq_busy != wk)) pthread_cond_wait(&w->free_cv, &w->q_mu);
-        wk->waiting = 0;
-    }
-    pthread_mutex_unlock(&w->q_mu);
-    pb->used = pb->n = 0;
-}
-
-/* A removed (or, in a dry run, removable) path goes to the output: an fd, or on_removed. */
-static void rm_emit(Worker *wk, const char *path, size_t len) {
-    Walk *w = wk->w;
-    if (w->cfg.out_fd >= 0) {
-        if (out_reserve(wk, len + 1) < 0) return;
-        memcpy(wk->out + wk->used, path, len);
-        wk->out[wk->used + len] = w->cfg.sep;
-        wk->used += len + 1;
-    } else if (w->cfg.collect) {
-        PathBatch *pb = &wk->removed;
-        if (grow_array((void **)&pb->buf, &pb->cap, pb->used + len + 1, 1) < 0) {
-            set_fatal(w, ENOMEM);
-            return;
-        }
-        memcpy(pb->buf + pb->used, path, len);
-        pb->buf[pb->used + len] = 0;
-        pb->used += len + 1;
-        if (++pb->n >= FLUSH_PATHS) collect_post(wk);
-    }
-}
-
-static void rm_emit_entry(Worker *wk, const WDir *d, const char *name, size_t nl) {
-    if (wk->w->cfg.out_fd < 0 && !wk->w->cfg.collect) return;
-    size_t len;
-    const char *path = entry_path(wk, d, name, nl, &len);
-    if (!path) set_fatal(wk->w, ENOMEM);
-    else rm_emit(wk, path, len);
-}
-
-static void rm_sync(Worker *wk) {
-    Walk *w = wk->w;
-    if (w->cfg.out_fd >= 0) out_flush(w, wk);
-    else if (w->cfg.collect) collect_post(wk);
-}
-
-/* on_removed has seen every path removed so far from inside a directory before that directory is
- * removed (so a callback may still act on it, as a concurrent writer would). */
-static inline void before_rmdir(Worker *wk) {
-    if (wk->w->cfg.collect) collect_post(wk);
-}
-
-static int rm_unlink(Worker *wk, const WDir *d, const char *name, size_t nl) {
-    int trace = wk->w->cfg.trace;
-    int64_t t0 = trace ? now_ns() : 0;
-    int err = unlinkat(d->fd, name, 0) < 0 ? errno : 0;
-    if (trace) wtrace(wk, OP_UNLINK, d, name, nl, t0, err);
-    return err;
-}
-
-/* fstatat without following: is `name` in d a directory (a symlink to one is not)? */
-static int rm_is_dir(Worker *wk, const WDir *d, const char *name, size_t nl) {
-    int trace = wk->w->cfg.trace;
-    int64_t t0 = trace ? now_ns() : 0;
-    struct stat st;
-    int err = fstatat(d->fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 ? errno : 0;
-    if (trace) wtrace(wk, OP_STAT, d, name, nl, t0, err);
-    return !err && S_ISDIR(st.st_mode);
-}
-
-static int rm_open(Worker *wk, WDir *d) {
-    int trace = wk->w->cfg.trace;
-    int64_t t0 = trace ? now_ns() : 0;
-    int fd = open_dir(wk->w, d); /* relative to the parent, O_NOFOLLOW */
-    int err = fd < 0 ? errno : 0;
-    if (trace) wtrace(wk, OP_OPEN, d, NULL, 0, t0, err);
-    d->fd = fd;
-    return err;
-}
-
-enum { RM_KEPT, RM_FILE, RM_DIR };
-
-/* An entry of d that goes (or would go): RM_FILE once unlinked, RM_DIR when it is a directory
- * (to enter), RM_KEPT when it stays (gone already, or a failure, recorded). */
-static int rm_entry(Worker *wk, WDir *d, const char *name, size_t nl, unsigned char type) {
-    if (wk->w->cfg.dry_run) {
-        if (type == DT_UNKNOWN && rm_is_dir(wk, d, name, nl)) return RM_DIR;
-        rm_emit_entry(wk, d, name, nl);
-        return RM_FILE;
-    }
-    int err = rm_unlink(wk, d, name, nl);
-    if (!err) {
-        rm_emit_entry(wk, d, name, nl);
-        return RM_FILE;
-    }
-    if (err == ENOENT) return RM_KEPT; /* removed by someone else meanwhile */
-    /* Linux answers unlink on a directory with EISDIR; POSIX also allows EPERM, which on Linux
-     * means immutable/append-only or a sticky directory: only then look */
-    if (err == EISDIR || (err == EPERM && rm_is_dir(wk, d, name, nl))) return RM_DIR;
-    rm_fail(wk, d, name, nl, err, NULL);
-    atomic_store(&d->blocked, 1);
-    return RM_KEPT;
-}
-
-static int by_inode(const void *a, const void *b) {
-    uint64_t x = ((const struct slot *)a)->ino, y = ((const struct slot *)b)->ino;
-    return (x > y) - (x < y);
-}
-
-/* Opening d failed: gone, replaced, or a real failure. */
-static void rm_open_failed(Worker *wk, WDir *d, int err) {
-    const Config *c = &wk->w->cfg;
-    if (err == ENOENT) {
-        d->gone = 1; /* removed by someone else: fine */
-        return;
-    }
-    int replaced = err == ELOOP || err == ENOTDIR;
-    if (replaced && !(c->has_expect && d->depth == 0)) {
-        /* a symlink or a file took its place since it was listed: remove that, never follow it */
-        d->gone = 1;
-        if (d->take) {
-            WDir *p = d->parent;
-            int e = c->dry_run ? 0 : unlinkat(p->fd, d->path + d->name_off, 0) < 0 ? errno : 0;
-            if (!e) {
-                atomic_fetch_add(&wk->w->files, 1);
-                rm_emit(wk, d->path, d->len);
-            } else if (e != ENOENT) {
-                add_failure(wk->w, d, e);
-                atomic_store(&p->blocked, 1);
-            }
-        }
-        return;
-    }
-    add_failure(wk->w, d, replaced ? ESTALE : err);
-    atomic_store(&d->blocked, 1);
-}
-
-/* Identity (a plan's root) and mount checks on the opened d; 0 or the errno that stops it. */
-static int rm_check(Walk *w, WDir *d) {
-    Config *c = &w->cfg;
-    int root = d->depth == 0;
-    if (c->cross && !(root && c->has_expect)) return 0;
-    struct stat st;
-    if (fstat(d->fd, &st) < 0) return errno;
-    if (root && c->has_expect && (st.st_dev != c->expect_dev || st.st_ino != c->expect_ino)) return ESTALE;
-    /* only this thread runs while the root is processed: the children see the value (push_kids' lock) */
-    if (root && c->dev == (dev_t)-1) c->dev = st.st_dev;
-    if (!c->cross && st.st_dev != c->dev) return EXDEV;
-    return 0;
-}
-
-static void process_remove(Worker *wk, WDir *d) {
-    Walk *w = wk->w;
-    const Config *c = &w->cfg;
-    long long files = 0, found = 0, kept = 0;
-    int err;
-    if (d->fd < 0 && (err = rm_open(wk, d)) != 0) {
-        rm_open_failed(wk, d, err);
-        goto done;
-    }
-    if ((err = rm_check(w, d)) != 0) {
-        add_failure(w, d, err);
-        atomic_store(&d->blocked, 1);
-        goto done;
-    }
-    int need_rel = (c->include && c->include->any_slash) || (c->exclude && c->exclude->any_slash);
-    for (;;) {
-        int64_t t0 = c->trace ? now_ns() : 0;
-        long n = read_dir(wk, d->fd);
-        if (n < 0) {
-            err = errno;
-            break;
-        }
-        size_t m = 0;
-        for (long pos = 0; pos < n;) {
-            struct linux_dirent64 *e = (struct linux_dirent64 *)(wk->buf + pos);
-            pos += e->d_reclen;
-            if (is_dot(e->d_name)) continue;
-            if (grow_array((void **)&wk->slots, &wk->slcap, m + 1, sizeof(struct slot)) < 0) goto nomem;
-            wk->slots[m++] = (struct slot){e->d_ino, e};
-        }
-        if (c->trace) trace_add(w, &wk->trace, &wk->trace_mu, OP_GETDENTS, d, NULL, 0, t0, now_ns() - t0, 0, (long)m, n);
-        if (n == 0) break;
-        found += (long long)m;
-        if (!c->dry_run && m > 1) qsort(wk->slots, m, sizeof(struct slot), by_inode);
-        for (size_t i = 0; i < m; i++) {
-            struct linux_dirent64 *e = wk->slots[i].d;
-            const char *name = e->d_name;
-            size_t nl = strlen(name);
-            unsigned char type = effective_dtype(c->fake_dtype, e->d_type);
-            size_t rl = 0;
-            const char *rel = need_rel ? rel_path(wk, d, name, nl, &rl) : NULL;
-            if (need_rel && !rel) goto nomem;
-            if (c->exclude && globset_match(c->exclude, name, nl, rel, rl)) {
-                kept++; /* kept, and a kept directory is not entered; its ancestors stay */
-                atomic_store(&d->blocked, 1);
-                continue;
-            }
-            int take = d->take || (c->include && globset_match(c->include, name, nl, rel, rl));
-            int is_dir = type == DT_DIR;
-            if (!is_dir && take) {
-                int r = rm_entry(wk, d, name, nl, type);
-                files += r == RM_FILE;
-                is_dir = r == RM_DIR;
-            } else if (!is_dir && type == DT_UNKNOWN) {
-                is_dir = rm_is_dir(wk, d, name, nl); /* a directory that does not match is still searched */
-            }
-            if (!is_dir) continue;
-            if (grow_array((void **)&wk->kids, &wk->kcap, wk->nkids + 1, sizeof(WDir *)) < 0) goto nomem;
-            WDir *kid = dir_new(d, name, nl);
-            if (!kid) goto nomem;
-            kid->take = kid->take_self = (uint8_t)take;
-            wk->kids[wk->nkids++] = kid;
-        }
-        atomic_fetch_add(&w->files, files);
-        atomic_fetch_add(&w->found, found);
-        files = found = 0;
-        if (atomic_load(&w->stop)) goto stopped;
-    }
-    if (err) { /* the listing is incomplete: say so, keep the directory and all above it */
-        add_failure(w, d, err);
-        atomic_store(&d->blocked, 1);
-        goto stopped;
-    }
-    d->listed = 1;
-    /* children reference us (our fd) until they are finished */
-    atomic_fetch_add(&d->refs, (int)wk->nkids);
-    push_kids(wk);
-    goto done;
-nomem:
-    set_fatal(w, ENOMEM);
-stopped:
-    for (size_t i = 0; i < wk->nkids; i++) free(wk->kids[i]);
-    wk->nkids = 0;
-done:
-    atomic_fetch_add(&w->files, files);
-    atomic_fetch_add(&w->found, found);
-    atomic_fetch_add(&w->kept, kept);
-    dir_release(wk, d);
-}
-
-static void backoff(Walk *w, int attempt) {
-    if (attempt == 0) return; /* the first retry at once: a racing writer is usually beaten by then */
-    uint64_t x = (uint64_t)now_ns() * 0x9E3779B97F4A7C15ull;
-    int64_t cap = (int64_t)RETRY_BACKOFF_NS << (attempt - 1 < 10 ? attempt - 1 : 10);
-    int64_t ns = (int64_t)((x >> 11) % (uint64_t)cap); /* full jitter */
-    while (ns > 0 && !atomic_load(&w->stop)) {
-        int64_t slice = ns < WAIT_SLICE_NS ? ns : WAIT_SLICE_NS;
-        struct timespec ts = {slice / 1000000000, slice % 1000000000};
-        nanosleep(&ts, NULL);
-        ns -= slice;
-    }
-}
-
-/* Empties d again, depth-first, in this thread (the ENOTEMPTY retry path).  Errors are not
- * reported here: the rmdir that follows says what stayed. */
-static void rm_clean(Worker *wk, WDir *d) {
-    Walk *w = wk->w;
-    const Config *c = &w->cfg;
-    if (rm_open(wk, d) != 0) return;
-    struct stat st;
-    if (!c->cross && (fstat(d->fd, &st) < 0 || st.st_dev != c->dev)) goto out;
-    /* every name first: our unlinks must not disturb the listing, and children need the buffer */
-    char *names = NULL;
-    size_t used = 0, cap = 0;
-    long n;
-    while ((n = read_dir(wk, d->fd)) > 0) {
-        for (long pos = 0; pos < n;) {
-            struct linux_dirent64 *e = (struct linux_dirent64 *)(wk->buf + pos);
-            pos += e->d_reclen;
-            if (is_dot(e->d_name)) continue;
-            size_t nl = strlen(e->d_name);
-            if (grow_array((void **)&names, &cap, used + nl + 2, 1) < 0) {
-                free(names);
-                set_fatal(w, ENOMEM);
-                goto out;
-            }
-            names[used] = (char)effective_dtype(c->fake_dtype, e->d_type);
-            memcpy(names + used + 1, e->d_name, nl + 1);
-            used += nl + 2;
-        }
-    }
-    long long files = 0, dirs = 0;
-    for (size_t off = 0; off < used && !atomic_load(&w->stop);) {
-        unsigned char type = (unsigned char)names[off];
-        const char *name = names + off + 1;
-        size_t nl = strlen(name);
-        off += nl + 2;
-        size_t rl = 0;
-        const char *rel = c->exclude && c->exclude->any_slash ? rel_path(wk, d, name, nl, &rl) : NULL;
-        if (c->exclude && globset_match(c->exclude, name, nl, rel, rl)) continue;
-        if (type != DT_DIR) {
-            int err = rm_unlink(wk, d, name, nl);
-            if (!err) {
-                files++;
-                rm_emit_entry(wk, d, name, nl);
-                continue;
-            }
-            if (!(err == EISDIR || (err == EPERM && rm_is_dir(wk, d, name, nl)))) continue;
-        }
-        WDir *kid = dir_new(d, name, nl);
-        if (!kid) {
-            set_fatal(w, ENOMEM);
-            break;
-        }
-        rm_clean(wk, kid);
-        before_rmdir(wk);
-        int64_t t0 = c->trace ? now_ns() : 0;
-        int err = unlinkat(d->fd, name, AT_REMOVEDIR) < 0 ? errno : 0;
-        if (c->trace) wtrace(wk, OP_RMDIR, kid, NULL, 0, t0, err);
-        if (!err) {
-            dirs++;
-            rm_emit(wk, kid->path, kid->len);
-        }
-        free(kid);
-    }
-    free(names);
-    atomic_fetch_add(&w->files, files);
-    atomic_fetch_add(&w->dirs, dirs);
-    atomic_fetch_add(&w->found, files + dirs);
-out:
-    close(d->fd);
-    d->fd = -1;
-}
-
-static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-/* Why d is still not empty, naming a few entries (and NFS silly-renames, which go away only
- * when the last process holding the deleted file closes it); NULL if d cannot be read. */
-static char *not_empty_detail(Worker *wk, WDir *d) {
-    if (rm_open(wk, d) != 0) return NULL;
-    char *names = NULL, **list = NULL, *out = NULL;
-    size_t used = 0, cap = 0, n = 0, lcap = 0;
-    long k;
-    while ((k = read_dir(wk, d->fd)) > 0) {
-        for (long pos = 0; pos < k;) {
-            struct linux_dirent64 *e = (struct linux_dirent64 *)(wk->buf + pos);
-            pos += e->d_reclen;
-            if (is_dot(e->d_name)) continue;
-            size_t nl = strlen(e->d_name);
-            if (grow_array((void **)&names, &cap, used + nl + 1, 1) < 0) goto out;
-            memcpy(names + used, e->d_name, nl + 1);
-            used += nl + 1;
-            n++;
-        }
-    }
-    if (!n || grow_array((void **)&list, &lcap, n, sizeof(char *)) < 0) goto out;
-    for (size_t off = 0, i = 0; i < n; i++) {
-        list[i] = names + off;
-        off += strlen(names + off) + 1;
-    }
-    qsort(list, n, sizeof(char *), by_name);
-    size_t nfs = 0, shown[3], ns = 0, total = 0;
-    for (size_t i = 0; i < n && nfs < 3; i++)
-        if (strncmp(list[i], ".nfs", 4) == 0) shown[nfs++] = i;
-    if (!nfs)
-        for (size_t i = 0; i < n && i < 3; i++) shown[ns++] = i;
-    size_t count = nfs ? nfs : ns;
-    for (size_t i = 0; i < count; i++) total += strlen(list[shown[i]]) + 2;
-    out = malloc(total + 80);
-    if (!out) goto out;
-    char *p = out;
-    p += sprintf(p, "%s (%s: ", strerror(ENOTEMPTY),
-                 nfs ? "NFS silly-renamed files still open" : "new entries keep appearing");
-    for (size_t i = 0; i < count; i++) p += sprintf(p, "%s%s", i ? ", " : "", list[shown[i]]);
-    sprintf(p, "%s)", !nfs && n > 3 ? ", ..." : "");
-out:
-    free(names);
-    free(list);
-    close(d->fd);
-    d->fd = -1;
-    return out;
-}
-
-/* rmdir d (its fd closed) relative to its parent; on ENOTEMPTY empty it again and retry.
- * Returns 0 or the errno; *detail may say what keeps appearing. */
-static int rm_rmdir(Worker *wk, WDir *d, char **detail) {
-    Walk *w = wk->w;
-    const Config *c = &w->cfg;
-    for (int attempt = 0;; attempt++) {
-        before_rmdir(wk);
-        int64_t t0 = c->trace ? now_ns() : 0;
-        int err = unlinkat(d->parent->fd, d->path + d->name_off, AT_REMOVEDIR) < 0 ? errno : 0;
-        if (c->trace) wtrace(wk, OP_RMDIR, d, NULL, 0, t0, err);
-        if (err != ENOTEMPTY && err != EEXIST) return err;
-        if (attempt >= c->retries || atomic_load(&w->stop)) {
-            *detail = atomic_load(&w->stop) ? NULL : not_empty_detail(wk, d);
-            return ENOTEMPTY;
-        }
-        atomic_fetch_add(&w->retries, 1);
-        backoff(w, attempt);
-        rm_clean(wk, d);
-    }
-}
-
-/* d and everything below it are done: close it, remove it if it goes, tell the parent if it stays. */
-static void rm_finish(Worker *wk, WDir *d) {
-    Walk *w = wk->w;
-    if (d->anchor) return; /* the caller's fd */
-    if (d->fd >= 0) {
-        close(d->fd);
-        d->fd = -1;
-    }
-    WDir *parent = d->parent;
-    if (d->gone) return;
-    if (!d->listed || atomic_load(&d->blocked) || atomic_load(&w->stop)) {
-        atomic_store(&parent->blocked, 1);
-        return;
-    }
-    if (!d->take_self) return;
-    if (w->cfg.dry_run) {
-        atomic_fetch_add(&w->dirs, 1);
-        rm_emit(wk, d->path, d->len);
-        return;
-    }
-    char *detail = NULL;
-    int err = rm_rmdir(wk, d, &detail);
-    if (!err) {
-        atomic_fetch_add(&w->dirs, 1);
-        rm_emit(wk, d->path, d->len);
-    } else if (err != ENOENT) {
-        add_failure_path(w, d->path, d->len, err, d->depth, detail);
-        atomic_store(&parent->blocked, 1);
-    }
-    free(detail);
-}
-
-/* The root: `label` (its path, for messages) names `label + name_off` in the open directory
- * `parent_fd`, which stays the caller's.  Queued on worker 0; 0 or an errno. */
-static int walk_seed_remove(Walk *w, int parent_fd, const char *label, size_t label_len, size_t name_off,
-                            int take, int take_self) {
-    WDir *a = calloc(1, sizeof(WDir) + 1);
-    WDir *d = calloc(1, sizeof(WDir) + label_len + 1);
-    Worker *wk = &w->workers[0];
-    if (!a || !d || grow_array((void **)&wk->kids, &wk->kcap, 1, sizeof(WDir *)) < 0) {
-        free(a);
-        free(d);
-        return ENOMEM;
-    }
-    a->fd = parent_fd;
-    a->anchor = 1;
-    a->depth = -1;
-    atomic_init(&a->refs, 1); /* the root's */
-    d->parent = a;
-    atomic_init(&d->refs, 1);
-    d->fd = -1;
-    memcpy(d->path, label, label_len);
-    d->len = (uint32_t)label_len;
-    d->name_off = (uint32_t)name_off;
-    d->rel_off = (uint32_t)label_len;
-    d->take = (uint8_t)take;
-    d->take_self = (uint8_t)take_self;
-    wk->kids[0] = d;
-    wk->nkids = 1;
-    push_kids(wk);
-    return 0;
-}
-
 /* ---- workers ----------------------------------------------------------------------------------- */
-
-static void process_remove(Worker *wk, WDir *d);
 
 static void *worker_main(void *arg) {
     Worker *wk = arg;
@@ -1489,7 +805,7 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-static void walk_free(Walk *w) {
+void walk_free(Walk *w) {
     if (!w) return;
     for (int i = 0; i < w->nworkers; i++) {
         Worker *wk = &w->workers[i];
@@ -1537,7 +853,7 @@ static void walk_free(Walk *w) {
 
 /* Directories left in deques after a cancel hold references on their parents (whose fds
  * are then still open): release them so every fd is closed. */
-static void drain_queues(Walk *w) {
+void drain_queues(Walk *w) {
     atomic_store(&w->stop, 1); /* remove mode: nothing more is removed (rm_finish) */
     for (int i = 0; i < w->nworkers; i++) {
         Worker *wk = &w->workers[i];
@@ -1551,7 +867,7 @@ static void drain_queues(Walk *w) {
     }
 }
 
-static Walk *walk_alloc(const Config *cfg) {
+Walk *walk_alloc(const Config *cfg) {
     Walk *w = calloc(1, sizeof(*w));
     if (!w) return NULL;
     w->cfg = *cfg;
@@ -1645,7 +961,7 @@ static int walk_seed(Walk *w, int root_fd, const char *label, size_t label_len) 
     return 0;
 }
 
-static int walk_start(Walk *w) {
+int walk_start(Walk *w) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, 256 * 1024);
@@ -1686,14 +1002,6 @@ static void deadline_after(struct timespec *ts, long ns) {
 
 /* ---- Python arguments ------------------------------------------------------------------------------ */
 
-typedef struct {
-    PyObject *root, *label, *include, *exclude, *prune, *descend, *progress, *trace;
-    int root_fd;
-    Py_ssize_t bufsize;
-    int threads, max_depth, min_depth, follow, xdev;
-    unsigned types;
-} PyArgs;
-
 #define PYARGS_DEFAULTS {.bufsize = 32 * 1024, .threads = 4, .max_depth = -1}
 
 static const GlobSet *glob_or_none(PyObject *o, ModState *st, int *ok) {
@@ -1703,7 +1011,7 @@ static const GlobSet *glob_or_none(PyObject *o, ModState *st, int *ok) {
     return g;
 }
 
-static PyObject *callable_or_null(PyObject *o, const char *what, int *ok) {
+PyObject *callable_or_null(PyObject *o, const char *what, int *ok) {
     if (o == NULL || o == Py_None || o == Py_False) return NULL;
     if (!PyCallable_Check(o)) {
         PyErr_Format(PyExc_TypeError, "%s must be a callable or None", what);
@@ -1713,9 +1021,7 @@ static PyObject *callable_or_null(PyObject *o, const char *what, int *ok) {
     return o;
 }
 
-/* Fills cfg's common fields from the keyword arguments (the mode's fields are the caller's);
- * returns 0, or -1 with an exception set. */
-static int config_common(PyObject *module, Config *cfg, PyArgs *a) {
+int config_common(PyObject *module, Config *cfg, PyArgs *a) {
     ModState *st = mod_state(module);
     int threads = a->threads <= 0 ? 1 : a->threads > 256 ? 256 : a->threads;
     cfg->threads = threads;
@@ -1782,7 +1088,7 @@ static int config_from(PyObject *module, Config *cfg, PyArgs *a) {
     return 0;
 }
 
-static PyObject *failures_list(Walk *w) {
+PyObject *failures_list(Walk *w) {
     PyObject *out = PyList_New((Py_ssize_t)w->nfails);
     if (!out) return NULL;
     for (size_t i = 0; i < w->nfails; i++) {
@@ -1888,40 +1194,10 @@ static int trace_drain(Walk *w, PyObject *trace) {
 
 /* ---- waiting for a count, write or remove walk ---------------------------------------------------- */
 
-typedef struct {
-    PyObject *progress;   /* called about ten times a second with progress_value() */
-    PyObject *trace;      /* trace(flat, threads), or NULL */
-    PyObject *on_removed; /* remove mode: on_removed([path, ...]) per batch, or NULL */
-    PyObject *(*progress_value)(Walk *w);
-    int as_bytes;         /* on_removed paths as bytes (else str, decoded like os.fsdecode) */
-} Hooks;
-
-/* on_removed(the paths in wk's batch); the worker waits until this returns. */
-static int hand_over(Worker *wk, const Hooks *h) {
-    PathBatch *pb = &wk->removed;
-    PyObject *list = PyList_New((Py_ssize_t)pb->n);
-    if (!list) return -1;
-    size_t off = 0;
-    for (size_t i = 0; i < pb->n; i++) {
-        size_t len = strlen(pb->buf + off);
-        PyObject *p = make_name(pb->buf + off, len, h->as_bytes);
-        if (!p) {
-            Py_DECREF(list);
-            return -1;
-        }
-        PyList_SET_ITEM(list, (Py_ssize_t)i, p);
-        off += len + 1;
-    }
-    PyObject *r = PyObject_CallOneArg(h->on_removed, list);
-    Py_DECREF(list);
-    Py_XDECREF(r);
-    return r ? 0 : -1;
-}
-
 /* Waits (GIL released) for the started walk to end, waking for on_removed batches and, every
  * 100 ms, for signals (Ctrl-C cancels: the threads stop and every fd is closed), progress and
  * the I/O log.  Returns 0, or -1 with a Python exception set (the walk was cancelled). */
-static int wait_walk(Walk *w, const Hooks *h) {
+int wait_walk(Walk *w, const Hooks *h) {
     int failed = 0;
     int64_t next_tick = now_ns() + WAIT_SLICE_NS;
     for (;;) {
@@ -1951,7 +1227,7 @@ static int wait_walk(Walk *w, const Hooks *h) {
         pthread_mutex_unlock(&w->q_mu);
         Py_END_ALLOW_THREADS
         if (wk) {
-            if (hand_over(wk, h) < 0) failed = 1;
+            if (hand_over_removed(wk, h) < 0) failed = 1;
             pthread_mutex_lock(&w->q_mu);
             w->cq_busy = NULL;
             wk->waiting = 0;
@@ -2075,80 +1351,6 @@ static PyObject *walk_write(PyObject *module, PyObject *args, PyObject *kw) {
         return NULL;
     cfg.fmt = json ? F_JSON : F_LINES;
     return walk_to_the_end(module, &cfg, &a);
-}
-
-/* ---- remove_tree: fastrm's walk ------------------------------------------------------------------ */
-
-static PyObject *removal_counts(Walk *w) {
-    return Py_BuildValue("(LLLn)", (long long)atomic_load(&w->files), (long long)atomic_load(&w->dirs),
-                         (long long)atomic_load(&w->found), (Py_ssize_t)w->nfails);
-}
-
-static PyObject *remove_tree(PyObject *module, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"parent_fd", "name", "label", "threads", "bufsize", "include", "exclude", "take",
-                             "rmdir_root", "dry_run", "cross_mounts", "dev", "expect", "retries", "out_fd", "sep",
-                             "on_removed", "as_bytes", "progress", "trace", NULL};
-    PyArgs a = {.bufsize = DEFAULT_BUFSIZE, .threads = 8};
-    PyObject *name, *expect = Py_None, *on_removed = Py_None;
-    int take = 1, rmdir_root = 1, dry_run = 0, cross = 0, retries = 5, out_fd = -1, as_bytes = 0;
-    long long dev = -1;
-    char sep = '\n';
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOO!|$inOOppppLOiicOpOO:remove_tree", kwlist, &a.root_fd, &name,
-                                     &PyBytes_Type, &a.label, &a.threads, &a.bufsize, &a.include, &a.exclude, &take,
-                                     &rmdir_root, &dry_run, &cross, &dev, &expect, &retries, &out_fd, &sep,
-                                     &on_removed, &as_bytes, &a.progress, &a.trace))
-        return NULL;
-    const char *label = PyBytes_AS_STRING(a.label);
-    size_t label_len = (size_t)PyBytes_GET_SIZE(a.label);
-    if (!PyBytes_Check(name) || (size_t)PyBytes_GET_SIZE(name) > label_len || PyBytes_GET_SIZE(name) == 0 ||
-        memcmp(label + label_len - PyBytes_GET_SIZE(name), PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name)) != 0 ||
-        strlen(label) != label_len || memchr(PyBytes_AS_STRING(name), '/', PyBytes_GET_SIZE(name))) {
-        PyErr_SetString(PyExc_ValueError, "name must be the last component of label (bytes, no '/')");
-        return NULL;
-    }
-    Config cfg = {.mode = M_REMOVE, .dry_run = dry_run, .cross = cross, .retries = retries < 0 ? 0 : retries,
-                  .out_fd = out_fd, .sep = sep, .dev = (dev_t)dev};
-    if (config_common(module, &cfg, &a) < 0) return NULL;
-    if (expect != Py_None) {
-        unsigned long long edev, eino;
-        if (!PyArg_ParseTuple(expect, "KK;expect must be (st_dev, st_ino)", &edev, &eino)) return NULL;
-        cfg.has_expect = 1;
-        cfg.expect_dev = (dev_t)edev;
-        cfg.expect_ino = (ino_t)eino;
-    }
-    int ok = 1;
-    on_removed = callable_or_null(on_removed, "on_removed", &ok);
-    if (!ok) return NULL;
-    cfg.collect = on_removed != NULL && out_fd < 0;
-    Walk *w = walk_alloc(&cfg);
-    if (!w) return PyErr_NoMemory();
-    size_t name_off = label_len - (size_t)PyBytes_GET_SIZE(name);
-    int seed_err, started = 0, parent_fd = a.root_fd;
-    Py_BEGIN_ALLOW_THREADS
-    seed_err = walk_seed_remove(w, parent_fd, label, label_len, name_off, take, rmdir_root && take);
-    if (!seed_err) started = walk_start(w) == 0;
-    Py_END_ALLOW_THREADS
-    PyObject *res = NULL;
-    if (seed_err || !started) {
-        Py_BEGIN_ALLOW_THREADS
-        drain_queues(w);
-        Py_END_ALLOW_THREADS
-        if (seed_err) PyErr_NoMemory();
-        else PyErr_SetString(PyExc_RuntimeError, "could not start walker threads");
-        walk_free(w);
-        return NULL;
-    }
-    Hooks h = {.progress = a.progress, .trace = a.trace, .on_removed = cfg.collect ? on_removed : NULL,
-               .progress_value = removal_counts, .as_bytes = as_bytes};
-    if (wait_walk(w, &h) == 0) {
-        PyObject *fails = failures_list(w);
-        if (fails)
-            res = Py_BuildValue("(LLLLLN)", (long long)atomic_load(&w->files), (long long)atomic_load(&w->dirs),
-                                (long long)atomic_load(&w->found), (long long)atomic_load(&w->kept),
-                                (long long)atomic_load(&w->retries), fails);
-    }
-    walk_free(w);
-    return res;
 }
 
 /* ---- the events iterator: manyfiles._dents.Walk --------------------------------------------------------- */
@@ -2455,12 +1657,7 @@ PyMethodDef walk_functions[] = {
      "progress=None) -> (counts per d_type (16-tuple), entries, directories, failures [(path, errno, depth, None)]); "
      "trace(flat, threads) receives the I/O log (see docs/fastls.md), progress(entries so far) is called "
      "about ten times a second"},
-    {"remove_tree", (PyCFunction)(void (*)(void))remove_tree, METH_VARARGS | METH_KEYWORDS,
-     "remove_tree(parent_fd, name, label, *, threads=8, bufsize=1M, include=None, exclude=None, take=True, "
-     "rmdir_root=True, dry_run=False, cross_mounts=False, dev=-1, expect=None, retries=5, out_fd=-1, sep=b'\\n', "
-     "on_removed=None, as_bytes=False, progress=None, trace=None) -> (files, dirs, found, kept, retries, "
-     "failures [(path, errno, depth, detail)]): fastrm's walk of directory `name` in the open directory "
-     "parent_fd (label: its path); see docs/fastls.md"},
+    {"remove_tree", (PyCFunction)(void (*)(void))remove_tree, METH_VARARGS | METH_KEYWORDS, remove_tree_doc},
     {"walk_write", (PyCFunction)(void (*)(void))walk_write, METH_VARARGS | METH_KEYWORDS,
      "walk_write(root, out_fd, json=False, sep=b'\\n', *, <walk_count's options>) -> the same tuple; writes "
      "one path + sep (or one JSON line) per entry to out_fd, in whole lines per write(2)"},

@@ -61,13 +61,12 @@ def run(request: ListRequest, out_fd: int, progress: ProgressArg = False, *, clu
     request runs on Dask workers (:mod:`manyfiles.listing._cluster`; paths printed absolute,
     part files in ``parts_dir``).
     """
-    check_progress(progress)
     if cluster is not None:
         return _run_on_cluster(request, out_fd, cluster=cluster, parts_dir=parts_dir, progress=progress)
-    check_progress(progress)
-    with progress_for(progress, "fastls", unit="entries") as p:
-        tally = list_to(request, out_fd, (lambda n: p.set(done=n)) if p else None)
-        p.set(done=tally.entries, failures=len(tally.failures))
+    # the one place the argument becomes a Progress (and is checked); it goes down as it is
+    with progress_for(progress, "fastls", unit="entries") as shown:
+        tally = list_to(request, out_fd, shown)
+        shown.set(done=tally.entries, failures=len(tally.failures))
     return ListReport(entries=tally.entries, directories=tally.directories, counts=tally.counts,
                       failures=[Failure(*f) for f in tally.failures], seconds=tally.seconds)
 
@@ -84,6 +83,9 @@ def _run_on_cluster(request: ListRequest, out_fd: int, *, cluster: object, parts
     from manyfiles.scale.executor import connect
 
     _check_cluster_request(request)
+    # refused before connecting (which can take seconds); the display opens once connected, so a
+    # cluster that cannot be reached is one line on stderr, not a finished display and a line
+    check_progress(progress)
     report = ListReport()
     t0 = time.perf_counter()
     own = parts_dir is None
@@ -118,13 +120,9 @@ def _list_on_cluster(executor: Any, request: ListRequest, path: str, folder: str
     job = make_job(path, out_dir=None if request.count_only else folder, sep=request.sep,
                    json=request.format == "json", max_depth=request.max_depth, filter=request.filter,
                    threads=request.threads)
-    base = report.entries
-
-    def tick(snap: Any) -> None:
-        shown.set(done=base + snap.done)
-
+    shown.start_part(done=report.entries, failures=len(report.failures))
     try:
-        run = executor.run(job, progress=tick if shown else False).result
+        run = executor.run(job, progress=shown.part_progress if shown else False).result
     except (NotFound, AccessDenied) as exc:        # fastls goes on with the next path
         report.failures.append(Failure(path, str(exc).split(": ", 1)[-1], type(exc).__name__))
         return

@@ -2,7 +2,8 @@
 iter_objects, get_objects) and the dry run's :class:`PullPlan`.
 
 The work is :func:`~manyfiles.s3._run.run` (``_run.py``: the listing, the planner, the engines,
-the state); on a cluster, ``_cluster.py`` cuts it into shards.
+the state; its producer and consumer sides in ``_producer.py`` and ``_events.py``); on a cluster,
+``_cluster.py`` cuts it into shards.
 
 A producer thread lists the source (or reads the manifest, or a plan's objects), maps each
 key to a safe local path, skips what a previous run finished, asks :mod:`plan` for an engine
@@ -22,14 +23,8 @@ from typing import Any
 from manyfiles._core.progress import ProgressArg, check_progress, progress_for
 from manyfiles.errors import PartialFailure, UsageError
 from manyfiles.s3._cluster import SLICE_KEYS, PullJob, Slice, pull_on_cluster
-from manyfiles.s3._run import (
-    Event,
-    PullConfig,
-    _config,
-    _source,
-    empty_tmp,
-    run,
-)
+from manyfiles.s3._events import Event
+from manyfiles.s3._run import PullConfig, _config, _source, empty_tmp, run
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.keys import STATE_DIR, S3Url, make_filter, parse_url
 from manyfiles.s3.object_listing import ObjectInfo
@@ -137,7 +132,7 @@ def pull(source: str | None = None, dest: str | os.PathLike | None = None, *, st
                 on_event(ev)
     if plan is not None:
         report.listed += len(plan.failures)
-    if not dry_run and report.ok:
+    if not dry_run and report.ok and report.listed:     # nothing listed: nothing was created
         empty_tmp(os.fspath(dest))
     return report
 

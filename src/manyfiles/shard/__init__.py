@@ -10,8 +10,10 @@ Example:
 
 ``apply``/``revert``/``reshard`` are resumable: after a crash, run the same call again.
 Modules: ``layout`` (names -> buckets, pure), ``sharded_dir`` (ShardedDir), ``scan`` (the
-root listing), ``migrate`` (plan, apply, revert, reshard), ``_engine`` (the moves on the
-worker pool), ``journal`` (journal and lock), ``verify`` (verify, status).
+root listing), ``migrate`` (plan, apply, revert, reshard), ``_phases`` (their journaled
+phases), ``_rounds`` (the rounds of moves, a task per top bucket), ``_engine`` (a run's state: lock,
+journal, counters, pool, the move itself), ``journal`` (journal and lock), ``verify`` (verify, status),
+``_cluster`` (the rounds on Dask).
 """
 
 from manyfiles.shard.layout import HASHES, KEYS, Layout, parse_levels

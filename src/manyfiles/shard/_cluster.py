@@ -50,6 +50,7 @@ from manyfiles.scale.executor import (
     merge_report,
 )
 from manyfiles.shard._engine import Migration
+from manyfiles.shard._rounds import TASKS
 from manyfiles.shard.journal import Journal, Lock, name_to_json
 from manyfiles.shard.layout import Layout
 from manyfiles.shard.report import MigrationReport
@@ -68,17 +69,12 @@ class ClusterMigration(Migration):
         self.executor = executor
         self.cluster = ClusterReport(job=f"shard {op}", cluster=executor.address)
 
-    def run_parallel(self, fn: Any, items: list[Any]) -> None:
-        method = getattr(fn, "func", fn)          # a bound method, or a partial of one
-        job = MoveJob(root=self.rootb, op=self.op, method=method.__name__, args=getattr(fn, "args", ()),
+    def run_parallel(self, task: Any, items: list[Any], *args: Any) -> None:
+        job = MoveJob(root=self.rootb, op=self.op, task=task.__name__, args=args,
                       workers=self.workers, journal_sync=self.journal_sync)
-        base = self.progress.snapshot()
-
-        def forward(snap: Any) -> None:
-            self.progress.set(done=base.done + snap.done, failures=base.failures + snap.failures)
-
+        self.progress.start_part()      # this round's snapshots count on from the rounds before
         run = self.executor.run(job, shards=groups(items, SHARDS_PER_THREAD * max(1, self.executor.workers)),
-                                progress=forward if self.progress else False)
+                                progress=self.progress.part_progress if self.progress else False)
         self.cluster.absorb(run)
         assert run.result is not None
         merge_report(self.report, run.result)
@@ -103,8 +99,8 @@ class MoveJob(Job):
 
     root: bytes
     op: str
-    method: str                 # the Migration method a worker runs on its item
-    args: tuple = ()            # its leading arguments (revert: the layout)
+    task: str                   # the round's task a worker runs on its item (a key of _rounds.TASKS)
+    args: tuple = ()            # its arguments before the item (revert: the layout)
     workers: int = 1
     journal_sync: bool = True
     name = "shard"
@@ -117,13 +113,14 @@ class MoveJob(Job):
         return next((a for a in self.args if isinstance(a, Layout)), None)
 
     def run(self, group: tuple, publish: Publish) -> ShardResult:
-        if self.method not in ("_apply_top", "_revert_top"):
-            raise ManyfilesError(f"shard: no cluster form of {self.method}")
+        task = TASKS.get(self.task)
+        if task is None:
+            raise ManyfilesError(f"shard: no cluster form of {self.task}")
         rerun = bool(lease.current().earlier)      # a lost attempt of this shard came first
         with PartitionMigration(self.root, self.op, self.journal_sync, group[0][0], publish, rerun) as m:
             m.report = self.new_report()
             for item in group:
-                getattr(m, self.method)(*self.args, item)
+                task(m, *self.args, item)
             # on a local disk the client's syncfs covers us; on NFS renames are synchronous
             # server operations anyway: this makes "done" in the partition journal true everywhere
             _fsops.syncfs(m.rootfd, m.rootb)

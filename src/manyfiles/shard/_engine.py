@@ -1,11 +1,13 @@
-"""The migration engine: one run's root fd, lock, journal, counters and worker pool.
+"""The migration engine: one run's root fd, lock, journal, counters and worker pool, and the one
+move (a rename that never replaces) with the bucket opener that every round uses.
 
 Every file moves with one rename that never replaces an existing name; each move is
 idempotent (source gone + destination present = done), so a rerun after kill -9 at any
 point simply continues.  Work is partitioned by top bucket: one worker owns ``ab/`` and
 everything below it, so no two workers ever create or rename entries in the same bucket
 directory.  The public operations (``apply``, ``revert``, ``reshard``) in
-:mod:`manyfiles.shard.migrate` decide *what* to do; this module does it.
+:mod:`manyfiles.shard.migrate` decide *what* to do, :mod:`manyfiles.shard._phases` and
+:mod:`manyfiles.shard._rounds` in which order; this module does each move.
 """
 
 from __future__ import annotations
@@ -18,23 +20,17 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from manyfiles import listing
 from manyfiles._core import fsops as _fsops
 from manyfiles._core.pool import Pool
 from manyfiles._core.progress import Progress, ProgressArg, progress_for
 from manyfiles._core.testing import killpoint
 from manyfiles.errors import ManyfilesError, describe_oserror
-from manyfiles.shard.journal import Journal, Lock, name_to_json
-from manyfiles.shard.layout import Layout
-from manyfiles.shard.scan import RootArg, abs_root, default_workers, group_by_top, open_root
-from manyfiles.shard.sharded_dir import DESCRIPTOR, TMP_PREFIX, bucket_walk
-
-ASIDE = b".manyfiles-shard.aside"
+from manyfiles.shard.journal import Journal, Lock
+from manyfiles.shard.scan import RootArg, abs_root, default_workers, open_root
 
 _FATAL = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EXDEV, errno.EIO, errno.EACCES}
 _MAX_ERRORS = 1000
 _CONFLICT = "exists at both source and destination; both kept"
-_DIR_IN_BUCKET = "directory inside a bucket left in place"
 
 
 class Migration:
@@ -166,15 +162,15 @@ class Migration:
         try:
             _fsops.rename_noreplace(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, dev=self.dev)
         except FileNotFoundError:
-            if _lexists(dname, dfd):
+            if lexists(dname, dfd):
                 self.tally("already")  # source gone + destination present = done
-            elif _lexists(sname, sfd):
+            elif lexists(sname, sfd):
                 raise ManyfilesError(f"{self.where(label)}: destination directory disappeared") from None
             else:
                 self.tally("vanished")
             return False
         except FileExistsError:
-            if _lexists(sname, sfd):
+            if lexists(sname, sfd):
                 with self._mutex:  # two different files with one name: keep both
                     self.report.conflicts.append(label)
                 self.fail(label, _CONFLICT, "EEXIST")
@@ -249,9 +245,11 @@ class Migration:
 
     # -- worker pool ---------------------------------------------------------------------------
 
-    def run_parallel(self, fn: Callable[[Any], None], items: list[Any]) -> None:
-        """``fn(item)`` for each item (one top bucket each) on the workers; the first error
-        stops the others and is raised.  Progress is rendered meanwhile and at the end."""
+    def run_parallel(self, task: Callable[..., None], items: list[Any], *args: Any) -> None:
+        """``task(self, *args, item)`` for each item (one top bucket each) on the workers; the first
+        error stops the others and is raised.  Progress is rendered meanwhile and at the end.
+        ``task`` is one of :data:`manyfiles.shard._rounds.TASKS` (a cluster run ships its name)."""
+        fn = functools.partial(task, self, *args)
         self.pool = Pool(fn, min(self.workers, max(1, len(items))), name="shard")
         try:
             self.pool.run(items, tick=self.progress.tick)
@@ -262,177 +260,8 @@ class Migration:
     def stopping(self) -> bool:
         return self.pool is not None and self.pool.cancelled
 
-    # -- apply: flat -> tree -------------------------------------------------------------------
-
-    def apply_round(self, layout: Layout, flat: list[bytes]) -> None:
-        rep = self.report
-        # 1. flat files named like a top bucket (a file "ab" where "ab/" must go) step aside first,
-        #    before any worker can mkdir that bucket; the journal records each one before it moves.
-        collide = [n for n in flat if layout.is_bucket(n, 0)]
-        if collide:
-            asidefd = self.open_bucket(ASIDE, create=True)
-            try:
-                for name in collide:
-                    self.note({"type": "aside", "name": name_to_json(name)}, durable=True)
-                    self.move(self.rootfd, name, asidefd, name, name, "set_aside")
-                    killpoint("aside")
-            finally:
-                os.close(asidefd)
-            moved_aside = set(collide)
-            flat = [n for n in flat if n not in moved_aside]
-        # 2. everything else, one top bucket per task
-        tops = group_by_top(layout, flat)
-        rep.buckets += sum(len(leaves) for leaves in tops.values())
-        self.run_parallel(self._apply_top, list(tops.items()))
-        # 3. the set-aside files go to their buckets (also those of an earlier, killed run)
-        self.place_aside(lambda name: layout.bucket_rel(name))
-
-    def _apply_top(self, item: tuple[bytes, dict[bytes, list[bytes]]]) -> None:
-        top, leaves = item
-        n = 0
-        topfd = self.open_bucket(top, create=True)
-        try:
-            for leaf, names in leaves.items():
-                if self.stopping():
-                    return
-                below = leaf[len(top) + 1:]
-                lfd = self.open_bucket(below, create=True, under=(topfd, top)) if below else topfd
-                moved = 0
-                try:
-                    for name in names:
-                        moved += self.move(self.rootfd, name, lfd, name, name, None)
-                finally:
-                    if lfd != topfd:
-                        os.close(lfd)
-                    self.tally("moved", moved)
-                self.progress.add(len(names))
-                n += len(names)
-        finally:
-            os.close(topfd)
-        self.note({"type": "done", "top": name_to_json(top), "files": n})
-
-    def place_aside(self, dest_rel: Callable[[bytes], bytes | None]) -> None:
-        """Move every file in the aside directory to ``dest_rel(name)`` (None = the root)."""
-        try:
-            asidefd = self.open_bucket(ASIDE, create=False)
-        except FileNotFoundError:
-            return
-        try:
-            for name in [e.name for e in listing.iter_entries(os.path.join(self.rootb, ASIDE))]:
-                rel = dest_rel(name)
-                dfd = self.rootfd if rel is None else self.open_bucket(rel, create=True)
-                try:
-                    self.move(asidefd, name, dfd, name, name)
-                finally:
-                    if dfd != self.rootfd:
-                        os.close(dfd)
-                killpoint("place")
-        finally:
-            os.close(asidefd)
-        if _fsops.rmdir_if_empty(ASIDE, dir_fd=self.rootfd):
-            self.note({"type": "aside-done"}, durable=True)
-
-    # -- revert: tree -> flat ------------------------------------------------------------------
-
-    def scan_tree(self, layout: Layout) -> tuple[dict[bytes, list[tuple[bytes, list[bytes]]]], int]:
-        """top -> [(directory, non-directory names)] for every bucket directory, and the file count.
-
-        The C walker enters bucket directories only and does not report the root's own entries
-        (min_depth 1): a half-reverted root of a million flat files costs no Python object here.
-        """
-        depth = len(layout.levels)
-        exact = layout.bucket_globs() is not None  # else is_bucket() decides below
-        tops: dict[bytes, list[tuple[bytes, list[bytes]]]] = {}
-        total = 0
-        for d in listing.walk(self.rootb, **bucket_walk(layout, min_depth=1)):
-            rel = d.path[len(self.rootb):].lstrip(b"/")
-            parts = rel.split(b"/")
-            if not exact and not all(layout.is_bucket(p, i) for i, p in enumerate(parts)):
-                continue
-            if d.error is not None:
-                raise ManyfilesError(f"{self.where(rel)}: {describe_oserror(d.error)}")
-            names = []
-            for e in d.entries:
-                if e.type != "d":
-                    names.append(e.name)
-                elif d.depth == depth:
-                    self.report.skipped.append((rel + b"/" + e.name, _DIR_IN_BUCKET))
-            tops.setdefault(parts[0], []).append((rel, names))
-            total += len(names)
-        for dirs in tops.values():
-            dirs.sort(key=lambda x: -x[0].count(b"/"))  # deepest first, so pruning goes bottom-up
-        return tops, total
-
-    def revert_round(self, layout: Layout) -> int:
-        tops, total = self.scan_tree(layout)
-        self.add_total(total)
-        if any(layout.is_bucket(n, 0) for dirs in tops.values() for _, names in dirs for n in names):
-            _fsops.makedirs(os.path.join(self.rootb, ASIDE))
-        # leaf buckets only, as apply counts them (a 2:2 tree's 256 top directories are not buckets)
-        depth = len(layout.levels) - 1
-        self.report.buckets += sum(1 for dirs in tops.values() for rel, _ in dirs if rel.count(b"/") == depth)
-        self.run_parallel(functools.partial(self._revert_top, layout), list(tops.items()))
-        self.place_aside(lambda name: None)
-        return total
-
-    def _revert_top(self, layout: Layout, item: tuple[bytes, list[tuple[bytes, list[bytes]]]]) -> None:
-        top, dirs = item
-        asidefd = None
-        n = 0
-        try:
-            for rel, names in dirs:
-                if self.stopping():
-                    return
-                try:
-                    sfd = self.open_bucket(rel, create=False)
-                except FileNotFoundError:
-                    continue  # pruned by an earlier (killed) run
-                moved = 0
-                try:
-                    for name in names:
-                        if name.startswith(TMP_PREFIX):
-                            # an uncommitted put() of a killed writer: garbage by construction
-                            with contextlib.suppress(FileNotFoundError):
-                                _fsops.unlink(name, dir_fd=sfd)
-                        elif layout.is_bucket(name, 0):
-                            # a file named like a top bucket waits aside until the buckets are gone
-                            if asidefd is None:
-                                asidefd = self.open_bucket(ASIDE, create=False)
-                            self.move(sfd, name, asidefd, name, rel + b"/" + name, "set_aside")
-                        else:
-                            moved += self.move(sfd, name, self.rootfd, name, rel + b"/" + name, None)
-                finally:
-                    os.close(sfd)
-                    self.tally("moved", moved)
-                self.progress.add(len(names))
-                n += len(names)
-                if _fsops.rmdir_if_empty(rel, dir_fd=self.rootfd):
-                    killpoint("prune")
-        finally:
-            if asidefd is not None:
-                os.close(asidefd)
-        self.note({"type": "done", "top": name_to_json(top), "files": n})
-
-    def tree_left(self, layout: Layout) -> bool:
-        """Is any top bucket left?  (After a revert the root may hold millions of flat files: the
-        C core filters them, creating no object per entry, for hashed layouts.)"""
-        globs = layout.bucket_globs()
-        if globs is not None:
-            return listing.count(self.rootb, filter=listing.Filter(include=(globs[0],), types="d")) > 0
-        return any(e.type == "d" and layout.is_bucket(e.name, 0) for e in listing.iter_entries(self.rootb))
-
-    def aside_left(self) -> bool:
-        return _lexists(ASIDE, self.rootfd)
-
-    def clean_descriptor_temps(self) -> None:
-        """Temp files of a descriptor write that a kill interrupted (picked by the C core's glob)."""
-        temps = listing.Filter(include=(os.fsdecode(DESCRIPTOR) + ".*.tmp",))
-        for name in listing.listdir(self.rootb, filter=temps):
-            with contextlib.suppress(FileNotFoundError):
-                _fsops.unlink(name, dir_fd=self.rootfd)
-
-
-def _lexists(name: bytes, dir_fd: int) -> bool:
+def lexists(name: bytes, dir_fd: int) -> bool:
+    """Is there an entry ``name`` in ``dir_fd`` (a symlink counts, followed or not)?"""
     try:
         os.lstat(name, dir_fd=dir_fd)
     except FileNotFoundError:

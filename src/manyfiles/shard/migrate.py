@@ -3,8 +3,10 @@
 Data flow: scan -> plan -> execute -> report.  :func:`plan` lists the root once and says what
 :func:`apply` would move where; ``apply(plan=...)`` (or ``plan.execute()``) runs exactly that
 plan after checking it against the disk.  Every operation is resumable: after a crash, run
-the same call again.  The moves themselves happen in :mod:`manyfiles.shard._engine`; the
-design is explained in docs/shard.md.
+the same call again.  This module checks the arguments and decides what a run starts from (a
+fresh run, or the journal of an interrupted one; from which layout to which); the journaled
+phases are in :mod:`manyfiles.shard._phases`, the moves themselves in
+:mod:`manyfiles.shard._engine`.  The design is explained in docs/shard.md.
 """
 
 from __future__ import annotations
@@ -12,32 +14,20 @@ from __future__ import annotations
 import contextlib
 import csv
 import html
-import json
 import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from manyfiles import listing
 from manyfiles._core.progress import ProgressArg, check_progress, progress_for
-from manyfiles._core.testing import killpoint
 from manyfiles.errors import ManyfilesError, UsageError, describe_oserror
 from manyfiles.shard._engine import Migration
+from manyfiles.shard._phases import build_tree, flatten_tree, layout_from, reshard_tree
 from manyfiles.shard.journal import Journal, refuse_if_running
 from manyfiles.shard.layout import Layout
 from manyfiles.shard.report import MigrationReport
 from manyfiles.shard.scan import RootArg, abs_root, open_root, scan_root
-from manyfiles.shard.sharded_dir import (
-    DESCRIPTOR,
-    STORED_FILES,
-    BucketStats,
-    create_descriptor,
-    read_descriptor,
-    remove_descriptor,
-)
-
-_RESCANS = 3  # extra passes for files created while we run
-
+from manyfiles.shard.sharded_dir import DESCRIPTOR, BucketStats, read_descriptor
 
 # -- the plan --------------------------------------------------------------------------------------
 
@@ -146,15 +136,7 @@ def _check_plan(plan: Plan, m: Migration, recorded: Layout | None, journal: Jour
                          "new plan (nothing was moved)")
 
 
-# -- apply -------------------------------------------------------------------------------------------
-
-
-def _resume_check(journal: Journal, op: str, root: bytes) -> dict[str, Any]:
-    header = journal.header
-    if header.get("op") != op:
-        raise ManyfilesError(f"{os.fsdecode(root)}: an interrupted `shard {header.get('op')}` must finish "
-                             f"first: run `shard {header.get('op')} {os.fsdecode(root)}`")
-    return header
+# -- apply, revert, reshard: what the run starts from, then its phases (shard/_phases.py) -----------
 
 
 def _engine(root: RootArg, op: str, workers: int | None, journal_sync: bool,
@@ -167,12 +149,17 @@ def _engine(root: RootArg, op: str, workers: int | None, journal_sync: bool,
     return cluster_migration(root, op, workers, journal_sync, cluster)
 
 
-def _layout_doc(layout: Layout | None) -> dict[str, Any] | None:
-    return None if layout is None else json.loads(layout.to_json())
-
-
-def _layout_from(doc: dict[str, Any] | None) -> Layout | None:
-    return None if doc is None else Layout.from_json(json.dumps(doc).encode())
+def _adopt_journal(m: Migration, journal: Journal | None, op: str) -> dict[str, Any] | None:
+    """The header of an interrupted ``op`` (this run takes its journal over), None if there is
+    none; an interrupted migration of another op must finish first."""
+    if journal is None:
+        return None
+    m.journal = journal
+    header = journal.header
+    if header.get("op") != op:
+        raise ManyfilesError(f"{os.fsdecode(m.rootb)}: an interrupted `shard {header.get('op')}` must finish "
+                             f"first: run `shard {header.get('op')} {os.fsdecode(m.rootb)}`")
+    return header
 
 
 def apply(root: RootArg | None = None, layout: Layout | None = None, *, plan: Plan | None = None,
@@ -192,13 +179,7 @@ def apply(root: RootArg | None = None, layout: Layout | None = None, *, plan: Pl
     _check_common(workers, progress, journal_sync)
     _check_layout(layout)
     if plan is not None:
-        if not isinstance(plan, Plan):
-            raise UsageError(f"plan must come from manyfiles.shard.plan(), not {plan!r}")
-        if root is not None and abs_root(root) != abs_root(plan.root):
-            raise UsageError(f"the plan is for {plan.root}, not {os.fsdecode(os.fspath(root))}")
-        if layout is not None and layout != plan.layout:
-            raise UsageError(f"the plan uses {plan.layout.describe()}, not {layout.describe()}")
-        root, layout = plan.root, plan.layout
+        root, layout = _from_plan(plan, root, layout)
     _check_root(root)
     assert root is not None
     t0 = time.monotonic()
@@ -207,82 +188,42 @@ def apply(root: RootArg | None = None, layout: Layout | None = None, *, plan: Pl
         recorded = read_descriptor(m.rootfd, m.rootb)
         if plan is not None:
             _check_plan(plan, m, recorded, journal)
-        if journal is not None:
-            if journal.header.get("op") == "reshard":
-                journal.close()
-                raise ManyfilesError(f"{os.fsdecode(m.rootb)}: an interrupted `shard reshard` must finish "
-                                     f"first: run `shard reshard {os.fsdecode(m.rootb)}`")
-            m.journal = journal
-            target = _layout_from(_resume_check(journal, "apply", m.rootb)["to"])
-            assert target is not None
-            if layout is not None and layout != target:
-                raise UsageError(f"{os.fsdecode(m.rootb)}: the interrupted apply uses {target.describe()}; "
-                                 "rerun it with the same options (or none) to finish")
-        else:
-            if recorded is not None and layout is not None and recorded != layout:
-                raise UsageError(f"{os.fsdecode(m.rootb)}: already sharded with {recorded.describe()}; "
-                                 f"use `shard reshard` to change it")
-            target = recorded or layout or Layout()
+        target = _apply_target(m, journal, recorded, layout)
         m.report = MigrationReport(op="apply", root=os.fsdecode(m.rootb), layout=target,
                                    resumed=journal is not None)
         with m.showing(progress):
-            _run_apply(m, target, fresh=journal is None, recorded=recorded,
+            build_tree(m, target, fresh=journal is None, recorded=recorded,
                        only=plan.names if plan is not None else None)
         m.report.seconds = time.monotonic() - t0
         return m.result()
 
 
-def _run_apply(m: Migration, target: Layout, *, fresh: bool, recorded: Layout | None,
-               op: str = "apply", only: frozenset[bytes] | None = None) -> None:
-    rep = m.report
-
-    def still_flat(planned_only: bool = True) -> list[bytes]:
-        """Flat names now, without those that already failed (conflicts, errors)."""
-        stuck = set(rep.conflicts) | {os.fsencode(os.path.basename(f.path)) for f in rep.failures}
-        return [n for n in scan_root(m.rootb, target)[0]
-                if n not in stuck and (only is None or not planned_only or n in only)]
-
-    m.clean_descriptor_temps()
-    flat, buckets, skipped = scan_root(m.rootb, target)
-    rep.skipped.extend(skipped)
-    flat_at_start = len(flat)  # `shard status` counts what left the top level against it
-    if only is not None:
-        flat = [n for n in flat if n in only]
-    aside_left = m.aside_left()
-    if fresh:
-        if recorded is None and buckets:
-            names = ", ".join(os.fsdecode(b) for b in sorted(buckets)[:3])
-            raise ManyfilesError(f"{os.fsdecode(m.rootb)}: subdirectories named like shard buckets already "
-                                 f"exist ({names}); rename them or choose other --levels (nothing was moved)")
-        if recorded is not None and not flat and not aside_left:
-            rep.nothing_to_do = True
-            return
-        m.journal = Journal.create(m.rootfd, {"type": "header", "op": op, "from": None,
-                                              "to": _layout_doc(target), "total": len(flat),
-                                              "flat": flat_at_start, "pid": os.getpid(),
-                                              "started": time.time()},
-                                   sync=m.journal_sync)
-    else:
-        m.note({"type": "resume", "remaining": len(flat), "pid": os.getpid()}, durable=True)
-    if read_descriptor(m.rootfd, m.rootb) is None:
-        create_descriptor(m.rootfd, target, m.rootb)
-        killpoint("descriptor")
-    m.add_total(len(flat))
-    m.apply_round(target, flat)
-    for _ in range(_RESCANS):
-        # files created while we ran: move them too (later ones stay flat and are counted)
-        flat = still_flat()
-        if not flat:
-            break
-        before = rep.moved
-        m.add_total(len(flat))
-        m.apply_round(target, flat)
-        rep.appeared += rep.moved - before
-    rep.left_flat = len(still_flat(planned_only=False))
-    m.finish()
+def _from_plan(plan: Plan, root: RootArg | None, layout: Layout | None) -> tuple[str, Layout]:
+    """``apply(plan=...)``: the plan's root and layout (a root or layout also given must agree)."""
+    if not isinstance(plan, Plan):
+        raise UsageError(f"plan must come from manyfiles.shard.plan(), not {plan!r}")
+    if root is not None and abs_root(root) != abs_root(plan.root):
+        raise UsageError(f"the plan is for {plan.root}, not {os.fsdecode(os.fspath(root))}")
+    if layout is not None and layout != plan.layout:
+        raise UsageError(f"the plan uses {plan.layout.describe()}, not {layout.describe()}")
+    return plan.root, plan.layout
 
 
-# -- revert and reshard -------------------------------------------------------------------------------
+def _apply_target(m: Migration, journal: Journal | None, recorded: Layout | None,
+                  layout: Layout | None) -> Layout:
+    """The layout apply builds: an interrupted apply's, else the recorded, the asked or the default one."""
+    header = _adopt_journal(m, journal, "apply")
+    if header is not None:
+        target = layout_from(header["to"])
+        assert target is not None
+        if layout is not None and layout != target:
+            raise UsageError(f"{os.fsdecode(m.rootb)}: the interrupted apply uses {target.describe()}; "
+                             "rerun it with the same options (or none) to finish")
+        return target
+    if recorded is not None and layout is not None and recorded != layout:
+        raise UsageError(f"{os.fsdecode(m.rootb)}: already sharded with {recorded.describe()}; "
+                         f"use `shard reshard` to change it")
+    return recorded or layout or Layout()
 
 
 def revert(root: RootArg, *, workers: int | None = None, progress: ProgressArg = False,
@@ -300,56 +241,18 @@ def revert(root: RootArg, *, workers: int | None = None, progress: ProgressArg =
     t0 = time.monotonic()
     with _engine(root, "revert", workers, journal_sync, cluster) as m:
         journal = Journal.open(m.rootfd, sync=journal_sync)
-        if journal is not None:
-            m.journal = journal
-            if journal.header.get("op") == "reshard":
-                raise ManyfilesError(f"{os.fsdecode(m.rootb)}: an interrupted `shard reshard` must finish "
-                                     f"first: run `shard reshard {os.fsdecode(m.rootb)}`")
-            source = _layout_from(_resume_check(journal, "revert", m.rootb)["from"])
-            assert source is not None
-        else:
-            source = read_descriptor(m.rootfd, m.rootb)
+        header = _adopt_journal(m, journal, "revert")
+        source = read_descriptor(m.rootfd, m.rootb) if header is None else layout_from(header["from"])
+        assert header is None or source is not None
         m.report = MigrationReport(op="revert", root=os.fsdecode(m.rootb), layout=source,
                                    resumed=journal is not None)
         if source is None:
             m.report.nothing_to_do = True
         else:
             with m.showing(progress):
-                _run_revert(m, source, fresh=journal is None)
+                flatten_tree(m, source, fresh=journal is None)
         m.report.seconds = time.monotonic() - t0
         return m.result()
-
-
-def _run_revert(m: Migration, source: Layout, *, fresh: bool, op: str = "revert",
-                to: Layout | None = None) -> bool:
-    """Flatten; True if the tree is gone (descriptor removed), False if something stayed."""
-    rep = m.report
-    if fresh:
-        # `shard status` counts what reached the top level against the files already there
-        flat = listing.count(m.rootb, filter=STORED_FILES)
-        m.journal = Journal.create(m.rootfd, {"type": "header", "op": op, "from": _layout_doc(source),
-                                              "to": _layout_doc(to), "flat": flat, "pid": os.getpid(),
-                                              "started": time.time()}, sync=m.journal_sync)
-    else:
-        m.note({"type": "resume", "pid": os.getpid()}, durable=True)
-    m.revert_round(source)
-    for _ in range(_RESCANS):
-        if not m.tree_left(source):
-            break
-        before = rep.moved
-        if m.revert_round(source) == 0:
-            break
-        rep.appeared += rep.moved - before
-    gone = not m.tree_left(source) and not m.aside_left()
-    if gone:
-        remove_descriptor(m.rootfd)
-        killpoint("descriptor")
-    elif op == "revert":
-        rep.add_failure(rep.root, "some entries stayed in the tree (see skipped/conflicts); the descriptor "
-                                  "is kept, resolve them and rerun", "incomplete")
-    if op == "revert":
-        m.finish()
-    return gone
 
 
 def reshard(root: RootArg, layout: Layout | None = None, *, workers: int | None = None,
@@ -368,35 +271,34 @@ def reshard(root: RootArg, layout: Layout | None = None, *, workers: int | None 
     t0 = time.monotonic()
     with _engine(root, "reshard", workers, journal_sync, cluster) as m:
         journal = Journal.open(m.rootfd, sync=journal_sync)
-        if journal is not None:
-            header = _resume_check(journal, "reshard", m.rootb)
-            m.journal = journal
-            source, target = _layout_from(header["from"]), _layout_from(header["to"])
-            assert source is not None and target is not None
-            if layout is not None and layout != target:
-                raise UsageError(f"{os.fsdecode(m.rootb)}: the interrupted reshard goes to "
-                                 f"{target.describe()}; rerun it with the same options (or none)")
-        else:
-            if layout is None:
-                raise UsageError("reshard needs the new layout (--levels, --hash or --key)")
-            source, target = read_descriptor(m.rootfd, m.rootb), layout
-            if source is None:
-                raise ManyfilesError(f"{os.fsdecode(m.rootb)}: not sharded; use `shard apply`")
+        source, target = _reshard_layouts(m, journal, layout)
         m.report = MigrationReport(op="reshard", root=os.fsdecode(m.rootb), layout=target,
                                    resumed=journal is not None)
         if source == target:
             m.report.nothing_to_do = True
             return m.report
         with m.showing(progress):
-            if read_descriptor(m.rootfd, m.rootb) == source and not _run_revert(
-                    m, source, fresh=journal is None, op="reshard", to=target):
-                m.report.add_failure(m.report.root, "the old tree could not be emptied; resolve the "
-                                                    "conflicts and rerun", "incomplete")
-            else:
-                # the apply phase continues the same journal (its header says reshard)
-                _run_apply(m, target, fresh=False, recorded=None, op="reshard")
+            reshard_tree(m, source, target, fresh=journal is None)
         m.report.seconds = time.monotonic() - t0
         return m.result()
+
+
+def _reshard_layouts(m: Migration, journal: Journal | None, layout: Layout | None) -> tuple[Layout, Layout]:
+    """(from, to): an interrupted reshard's, else the recorded layout and the asked one."""
+    header = _adopt_journal(m, journal, "reshard")
+    if header is not None:
+        source, target = layout_from(header["from"]), layout_from(header["to"])
+        assert source is not None and target is not None
+        if layout is not None and layout != target:
+            raise UsageError(f"{os.fsdecode(m.rootb)}: the interrupted reshard goes to "
+                             f"{target.describe()}; rerun it with the same options (or none)")
+        return source, target
+    if layout is None:
+        raise UsageError("reshard needs the new layout (--levels, --hash or --key)")
+    source = read_descriptor(m.rootfd, m.rootb)
+    if source is None:
+        raise ManyfilesError(f"{os.fsdecode(m.rootb)}: not sharded; use `shard apply`")
+    return source, layout
 
 
 # -- dry runs ----------------------------------------------------------------------------------------
@@ -424,7 +326,7 @@ def preview(root: RootArg, op: str, layout: Layout | None = None) -> MigrationRe
             raise ManyfilesError(f"{rep.root}: an interrupted `shard {header.get('op')}` must finish first: "
                                  f"run `shard {header.get('op')} {rep.root}`")
         if op == "reshard" and rep.layout is None:
-            rep.layout = _layout_from(header.get("to"))
+            rep.layout = layout_from(header.get("to"))
     elif source is None:
         if op == "reshard":
             raise ManyfilesError(f"{rep.root}: not sharded; use `shard apply`")

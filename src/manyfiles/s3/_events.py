@@ -1,0 +1,132 @@
+"""The report side of one pull: the calling thread turns the events of the producer and the engines
+into the report, the state file, the progress and the :class:`Event` stream the caller reads."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from manyfiles._core.progress import Progress
+from manyfiles.s3.engines.base import Ctx, Done, Failed
+from manyfiles.s3.keys import S3Url
+from manyfiles.s3.report import PullReport
+from manyfiles.s3.transfer import Job
+
+if TYPE_CHECKING:
+    from manyfiles.s3._run import Destination, PullConfig
+
+
+class Event(NamedTuple):
+    """What ``on_event`` receives.
+
+    kind: "plan" (engine chosen; value = part size), "skip" (value = reason), "done" (value = the
+    relative path), "failed" (value = reason), "retry" (value = reason), "bytes" (value = n, no
+    key), "listed" (listing finished; value = number of objects).
+    """
+
+    kind: str
+    key: str | None
+    size: int | None
+    engine: str | None
+    value: Any
+
+
+class Consumer:
+    """Reads ``ctx.events`` in the calling thread (where Ctrl-C lands): fills ``report`` (a
+    :class:`PullPlan` also collects the planned jobs) and ``progress`` (objects: done + skipped +
+    failed; bytes; totals once the listing ended), records each installed object in the state file
+    (and the cache), and frees the producer's slot of each finished job."""
+
+    def __init__(self, ctx: Ctx, report: PullReport, progress: Progress | None, dest: Destination,
+                 cfg: PullConfig, url: S3Url, slots: threading.BoundedSemaphore, dry_run: bool) -> None:
+        self.ctx, self.report, self.progress, self.dest = ctx, report, progress, dest
+        self.cfg, self.url, self.slots, self.dry_run = cfg, url, slots, dry_run
+        self.planned_bytes: int | None = 0   # None once an object of unknown size was planned
+
+    def events(self) -> Iterator[Event | tuple[str, bytes]]:
+        """Events until the producer's end, and (key, bytes) pairs from a memory sink.  Raises the
+        producer's fatal error, or the error of a failure that stops the run (a full disk)."""
+        get = self.ctx.events.get
+        while True:
+            kind, job, value = get()
+            if kind == "bytes":
+                yield from self._counted(value)
+            elif kind == "done":
+                yield from self._done(job, value)
+            elif kind == "data":
+                yield (job, value)
+            elif kind == "plan":
+                yield self._planned(job, value)
+            elif kind == "failed":
+                yield self._failed(job, value)
+            elif kind == "retry":
+                self.report.retries += 1
+                yield Event("retry", job.key, job.size, job.engine, value)
+            elif kind == "skip":
+                yield self._skipped(job, value)
+            elif kind == "listed":
+                yield self._listed(value)
+            elif kind == "fatal":
+                raise value
+            elif kind == "end":
+                yield from self._counted(self.ctx.take_bytes())
+                return
+
+    def _counted(self, n: int) -> Iterator[Event]:
+        if n:
+            self.report.bytes += n
+            if self.progress:
+                self.progress.add(bytes=n)
+            yield Event("bytes", None, None, None, n)
+
+    def _done(self, job: Job, outcome: Done) -> Iterator[Event]:
+        self.slots.release()
+        yield from self._counted(self.ctx.take_bytes())   # this object's bytes not sent as an event yet
+        self.report.add_done(outcome.engine, outcome.size, outcome.claim.kind, outcome.claim.note,
+                             outcome.resumed_parts)
+        dest, cache = self.dest, self.cfg.cache
+        if dest.state is not None:
+            dest.state.record(job.key, outcome.size, job.etag, outcome.claim.to_record(),
+                              dest.final_path(job.rel), stat=outcome.installed)
+        if cache is not None and outcome.engine != "cache" and job.etag and not dest.sink.memory:
+            cache.import_file(f"s3://{self.url.bucket}/{job.key}", job.etag, outcome.size,
+                              dest.final_path(job.rel))
+        if self.progress:
+            self.progress.add(1)
+        yield Event("done", job.key, outcome.size, outcome.engine, job.rel)
+
+    def _planned(self, job: Job, part_size: int | None) -> Event:
+        self.report.add_planned(job.engine, job.size)
+        planned = getattr(self.report, "objects", None)   # a PullPlan collects its jobs
+        if planned is not None:
+            planned.append(job)
+        if self.planned_bytes is not None:
+            self.planned_bytes = None if job.size is None else self.planned_bytes + job.size
+        if self.dry_run and self.progress:
+            self.progress.add(1)
+        return Event("plan", job.key, job.size, job.engine, part_size)
+
+    def _failed(self, job: Job, failed: Failed) -> Event:
+        if not self.dry_run and job.engine:
+            self.slots.release()
+        self.report.add_failure(job.key, failed.reason, failed.code)
+        if self.progress:
+            self.progress.add(1, failures=1)
+        if failed.stop is not None:
+            # the run stops on it (a full disk...): its error names the object, one line, not
+            # an event line and the error line for the same ENOSPC
+            raise failed.stop
+        return Event("failed", job.key, job.size, job.engine or None, failed.reason)
+
+    def _skipped(self, job: Job, reason: str) -> Event:
+        self.report.skipped += 1
+        if self.progress:
+            self.progress.add(1)
+        return Event("skip", job.key, job.size, None, reason)
+
+    def _listed(self, count: int) -> Event:
+        self.report.listed = count
+        if self.progress:
+            self.progress.set(total=count, bytes_total=None if self.dry_run else self.planned_bytes)
+        return Event("listed", None, None, None, count)
