@@ -97,7 +97,7 @@ def _fill(store: BlockStore, stream: WholeRead, version: Version,
         writer.abort()
         raise
     if wrong:
-        store.count(corrupt=wrong)
+        store.counters.count(corrupt=wrong)
     return Completed(stream.method or "", version.size, wrong)
 
 

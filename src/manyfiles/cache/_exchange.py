@@ -1,30 +1,31 @@
-"""Exchange with ``s3pull --cache``: hand out what the cache holds checked, take in what s3pull checked.
+"""Exchange with ``s3pull --cache``: hand out what the cache holds checked, take in what s3pull fetched.
 
-Only checked bytes cross in either direction: :func:`export` hands out an object held whole (or
-every block of it checked per part), never unverified blocks; :func:`import_file` installs a
-downloaded file as the object's whole file only after hashing it again against the object's
-claim (nothing is cached when there is none to hash it against).
+Only checked bytes leave: :func:`export` hands out an object held whole (or every block of it
+checked per part), never unverified blocks.  :func:`import_file` installs a downloaded file as
+the object's whole file only after hashing it again against the object's claim (nothing is
+cached when there is none to hash it against); :func:`fill` keeps bytes a reader fetched itself,
+whole when it checked them, else as unverified blocks checked whole in the background.
 """
 
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Callable
 from typing import Any
 
+from manyfiles.cache._complete import Completions
 from manyfiles.cache._format import HEADER_SIZE
 from manyfiles.cache._index import Version
-from manyfiles.cache._origin import Head, S3Origin
+from manyfiles.cache._origin import S3Origin, crc_claim
 from manyfiles.cache._store import BlockStore
 
 CHUNK = 4 << 20
 
 
-def export(cache: Any, src: Any, etag: str, size: int, write: Callable[[bytes], Any]) -> bool:
-    """See :meth:`Cache.export`."""
-    origin = cache.origin(src)
-    v = cache.validated(origin, Head(S3Origin.validator(etag, size), size))
-    store: BlockStore = cache._store
+def export(store: BlockStore, origin: Any, v: Version, write: Callable[[bytes], Any]) -> bool:
+    """See :meth:`Cache.export` (``v``: the version a listing named)."""
+    size = v.size
     fd = store.open_whole(v.objid, size)
     if fd is not None:
         try:
@@ -43,9 +44,25 @@ def export(cache: Any, src: Any, etag: str, size: int, write: Callable[[bytes], 
             write(bytes(queued))
         elif not _export_blocks(store, origin, v, write):
             return False
-    store.note_access(v.objid, v.validated_at)
-    store.count(hits=store.nblocks(size) if size else 0, hit_bytes=size, object_hits=1)
+    store.counters.note_access(v.objid, v.validated_at)
+    store.counters.count(hits=store.nblocks(size) if size else 0, hit_bytes=size, object_hits=1)
     return True
+
+
+def fill(store: BlockStore, completions: Completions, origin: Any, v: Version, data: bytes,
+         checked: str | None) -> None:
+    """See :meth:`Cache.fill` (``checked``: the check the caller's bytes passed, or None)."""
+    bs = store.block_size
+    if checked is not None:
+        store.fills.whole(v, data, checked, crc_claim(zlib.crc32(data)))
+    elif data:
+        view = memoryview(data)
+        for i in range(store.nblocks(len(data))):
+            store.fills.block(v, i, bytes(view[i * bs:(i + 1) * bs]), checked=False)
+        completions.schedule(origin, v)
+    n = len(data)
+    store.counters.note_access(v.objid, v.validated_at)
+    store.counters.count(misses=store.nblocks(n) if n else 0, miss_bytes=n, object_misses=1)
 
 
 def _export_blocks(store: BlockStore, origin: Any, v: Version, write: Callable[[bytes], Any]) -> bool:

@@ -303,7 +303,7 @@ class Fills:
         self._accounting.put([(fill, next(self._seq))])
 
     def count_dropped(self, n: int) -> None:
-        self.store.count(fills_dropped=n)
+        self.store.counters.count(fills_dropped=n)
 
     def reject(self, version: Version) -> None:
         """The object failed its whole-object check: never keep a file of it (queued, being written
@@ -342,7 +342,7 @@ class Fills:
                     self._inflight_whole[target.version.objid] = data
                 seq = next(self._seq)
         if dropped:        # (counted outside the lock: counting may start the threads, which takes it)
-            store.count(fills_dropped=store.nblocks(n) if kind == "whole" else 1)
+            store.counters.count(fills_dropped=store.nblocks(n) if kind == "whole" else 1)
             return False
         if queued + n > BACKLOG * self.queue_bytes:
             self._backlog.set()
@@ -481,7 +481,7 @@ class Fills:
         evicts past the watermarks.  Also sets the events flush() puts in its queue."""
         while True:
             try:
-                wait = QUIET if self.store.counts_pending() else FLUSH_INTERVAL
+                wait = QUIET if self.store.counters.pending() else FLUSH_INTERVAL
                 items = [self._accounting.get(timeout=wait)]
             except queue.Empty:
                 items = []
@@ -517,7 +517,7 @@ class Fills:
                 self.count_dropped(len(fills))
                 store.degrade(exc)
                 return
-            store.count(fills=done.new, fill_bytes=done.new_bytes)
+            store.counters.count(fills=done.new, fill_bytes=done.new_bytes)
             for objid, index in (*done.stale_blocks, *done.replaced):
                 store.unlink_block(objid, index)
             for objid in done.stale_wholes:
@@ -530,10 +530,11 @@ class Fills:
         now = time.monotonic()
         if len(self.buffers) > IDLE_BUFFERS:
             self.buffers.trim()
-        if fills or now - store.last_flush >= FLUSH_INTERVAL or (store.counts_pending()
-                                                                 and now - store.last_count >= QUIET):
-            store.flush_counters()
-            store.evict_to_watermarks()
+        counters = store.counters
+        if fills or now - counters.last_flush >= FLUSH_INTERVAL or (counters.pending()
+                                                                   and now - counters.last_count >= QUIET):
+            counters.flush()
+            store.space.to_watermarks()
 
     # -- flush and close -----------------------------------------------------------------------------
 

@@ -157,6 +157,26 @@ def foreign_entries(root: str) -> list[str]:
         return []
 
 
+def open_dir(root: str, block_size: int | None) -> dict:
+    """The descriptor of the cache at ``root``, made a cache first if it is missing or empty
+    (``block_size``: its block size then; given for an existing cache, it must be that cache's)."""
+    os.makedirs(root, exist_ok=True)
+    desc = read_descriptor(root)
+    if desc is None:
+        foreign = foreign_entries(root)
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
+            raise UsageError(f"{root}: not a manyfiles cache and not empty ({shown}); refusing to use it")
+        os.makedirs(os.path.join(root, TMP), exist_ok=True)
+        os.makedirs(os.path.join(root, BLOCKS), exist_ok=True)
+        desc = create_descriptor(root, check_block_size(block_size or DEFAULT_BLOCK_SIZE))
+    if block_size is not None and block_size != desc["block_size"]:
+        raise UsageError(f"{root}: the cache was created with block size {desc['block_size']}, "
+                         f"not {block_size}")
+    os.makedirs(os.path.join(root, TMP), exist_ok=True)
+    return desc
+
+
 def trace(op: str, path: Any, offset: int, length: int, t0: int, result: int = 0) -> None:
     tr = iotrace.TRACER
     if tr is not None:

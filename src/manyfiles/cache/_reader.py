@@ -106,7 +106,7 @@ class CachedReader(io.RawIOBase):
         if stream is not None:
             self._start_pump(stream)
         if store is not None:
-            store.note_access(version.objid, version.validated_at)
+            store.counters.note_access(version.objid, version.validated_at)
 
     def _start_pump(self, stream: Any) -> None:
         if self._store is not None and self._nblocks > 0 and not self._strict:
@@ -218,7 +218,7 @@ class CachedReader(io.RawIOBase):
             # one object read: a hit if no byte of it came from the origin
             objects = ({"object_misses": 1} if self._misses else
                        {"object_hits": 1} if self._hit_bytes else {})
-            self._store.count(hits=self._hits, misses=self._misses, hit_bytes=self._hit_bytes,
+            self._store.counters.count(hits=self._hits, misses=self._misses, hit_bytes=self._hit_bytes,
                               miss_bytes=self._miss_bytes, **objects)
         self._hits = self._misses = self._hit_bytes = self._miss_bytes = 0
         super().close()

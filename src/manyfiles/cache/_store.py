@@ -1,9 +1,11 @@
-"""One cache directory: its files (whole files, block files, temp files), its space, its counters.
+"""One cache directory: its files (whole files, block files, temp files) and what looks after them.
 
 Readers call :meth:`BlockStore.open_whole` (a hit on an object held whole: one ``open``) or
 :meth:`BlockStore.open_block` (one ``open`` and one ``pread`` of the header) and hand what they
-fetched from the origin to the write-behind (:attr:`BlockStore.fills`, see _fills.py), which
-never blocks them.  Eviction is by LRU past the watermarks, in batches.
+fetched from the origin to the write-behind (:attr:`BlockStore.fills`, _fills.py), which never
+blocks them.  The store holds the directory's other parts too: its index (:attr:`BlockStore.index`,
+_index.py), this process's batched counters (:attr:`BlockStore.counters`, _counters.py) and its
+space, the watermarks and LRU eviction (:attr:`BlockStore.space`, _space.py).
 
 A file being read is never taken away from its reader: readers hold an open descriptor, and
 an unlinked file's data lives until its last descriptor is closed.
@@ -21,12 +23,13 @@ import sqlite3
 import threading
 import time
 import warnings
-from collections.abc import Iterable
 
 from manyfiles.cache import _format as fmt
+from manyfiles.cache._counters import Counters
 from manyfiles.cache._format import trace
 from manyfiles.cache._index import Fill, Index, Version, Victim, bits_set, block_disk_bytes
-from manyfiles.errors import IntegrityError, ManyfilesError, UsageError, from_oserror
+from manyfiles.cache._space import Space, check_low_water
+from manyfiles.errors import IntegrityError, ManyfilesError, from_oserror
 
 DEGRADED_RETRY = 30.0                # seconds of pass-through after the cache disk failed
 STALE_TEMP_AGE = 3600.0
@@ -34,18 +37,8 @@ _O_READ = os.O_RDONLY | os.O_CLOEXEC
 _O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
 
-def _free_bytes(path: str) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
-def _fs_bytes(path: str) -> int:
-    st = os.statvfs(path)
-    return st.f_blocks * st.f_frsize
-
-
 class BlockStore:
-    """One cache directory: its index, its files, its write-behind."""
+    """One cache directory: its files, and the index, write-behind, counters and space that use them."""
 
     def __init__(self, root: str | os.PathLike, *, block_size: int | None = None, max_size: int | None = None,
                  min_free: float | int | None = 0.1, low_water: float = 0.9, verify: bool = False,
@@ -53,86 +46,32 @@ class BlockStore:
         from manyfiles.cache._fills import Fills
 
         self.root = os.path.abspath(os.fspath(root))
-        if not 0.0 < low_water <= 1.0:
-            raise UsageError(f"low_water {low_water}: must be in (0, 1]")
-        self.low_water = low_water
-        self.max_size = max_size
         self.verify = verify
+        check_low_water(low_water)          # before the directory is made
         try:
-            desc = self._open_dir(block_size)
-            self.block_size = int(desc["block_size"])
+            self.block_size = int(fmt.open_dir(self.root, block_size)["block_size"])
             self.index = Index(os.path.join(self.root, fmt.INDEX), self.block_size)
         except OSError as exc:
             raise from_oserror(exc, self.root) from exc
         except sqlite3.DatabaseError as exc:
             raise ManyfilesError(f"{self.root}: cannot use the cache index: {exc}") from exc
-        if min_free is not None and 0 <= min_free < 1 and isinstance(min_free, float):
-            min_free = int(min_free * _fs_bytes(self.root))
-        self.min_free = int(min_free or 0)
-        self._tmp = os.path.join(self.root, fmt.TMP)
+        self.space = Space(self, max_size=max_size, min_free=min_free, low_water=low_water)
+        self.tmp = os.path.join(self.root, fmt.TMP)
         self._temp_names = itertools.count()
         self._degraded_until = 0.0
         self._warned = False
         self._checked: set[tuple[bytes, int, int]] = set()     # (objid, index, inode) CRC-checked here
-        self._fresh_process_state()
         self.fills = Fills(self, fill_queue_bytes)
-        self.clean_stale_temps()
-
-    def _fresh_process_state(self) -> None:
-        """What belongs to one process: locks, batched counters and accesses.  Also called in a
-        forked child (a DataLoader worker), whose parent's threads do not exist."""
-        self._lock = threading.Lock()
-        self._accesses: dict[bytes, tuple[float, float]] = {}
-        self._counts: dict[str, int] = {}
-        self.last_flush = self.last_count = time.monotonic()
-        self._evicting = threading.Lock()
+        self.counters = Counters(self.index, degrade=self.degrade, wake=self.fills.start)
+        clean_stale_temps(self.tmp)
 
     def after_fork(self) -> None:
-        self._fresh_process_state()
+        """A forked child (a DataLoader worker) has none of the parent's threads: fresh locks and batches."""
+        self.counters.after_fork()
+        self.space.after_fork()
         self.fills.after_fork()
 
-    # -- the directory ------------------------------------------------------------------------------
-
-    def _open_dir(self, block_size: int | None) -> dict:
-        os.makedirs(self.root, exist_ok=True)
-        desc = fmt.read_descriptor(self.root)
-        if desc is None:
-            foreign = fmt.foreign_entries(self.root)
-            if foreign:
-                shown = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
-                raise UsageError(f"{self.root}: not a manyfiles cache and not empty ({shown}); "
-                                 "refusing to use it")
-            os.makedirs(os.path.join(self.root, fmt.TMP), exist_ok=True)
-            os.makedirs(os.path.join(self.root, fmt.BLOCKS), exist_ok=True)
-            size = fmt.check_block_size(block_size or fmt.DEFAULT_BLOCK_SIZE)
-            desc = fmt.create_descriptor(self.root, size)
-        if block_size is not None and block_size != desc["block_size"]:
-            raise UsageError(f"{self.root}: the cache was created with block size {desc['block_size']}, "
-                             f"not {block_size}")
-        os.makedirs(os.path.join(self.root, fmt.TMP), exist_ok=True)
-        return desc
-
-    def clean_stale_temps(self) -> int:
-        """Remove what killed processes left in tmp/ (their pid is gone, or it is old); returns how many."""
-        now = time.time()
-        me = str(os.getpid())
-        removed = 0
-        with contextlib.suppress(OSError), os.scandir(self._tmp) as it:
-            for e in it:
-                pid = e.name.partition("-")[0]
-                try:
-                    dead = not pid.isdigit() or not _alive(int(pid))
-                    old = now - e.stat(follow_symlinks=False).st_mtime > STALE_TEMP_AGE
-                    if pid == me or not (dead or old):
-                        continue
-                    if e.is_dir(follow_symlinks=False):
-                        shutil.rmtree(e.path)      # a `clear` cut short
-                    else:
-                        os.unlink(e.path)
-                    removed += 1
-                except OSError:
-                    pass
-        return removed
+    # -- the files ----------------------------------------------------------------------------------
 
     def block_path(self, objid: bytes, index: int) -> str:
         return os.path.join(self.root, fmt.block_relpath(objid, index))
@@ -255,30 +194,14 @@ class BlockStore:
         with contextlib.suppress(OSError):
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 os.unlink(path)
-        self.count(corrupt=1)
+        self.counters.count(corrupt=1)
         warnings.warn(f"{self.root}: corrupt cache file {name} removed; reading it from the origin",
                       RuntimeWarning, stacklevel=4)
-
-    def count(self, **counts: int) -> None:
-        with self._lock:
-            c = self._counts
-            for k, n in counts.items():
-                c[k] = c.get(k, 0) + n
-            self.last_count = time.monotonic()
-        # a process that only hits (epoch 2) fills nothing: its accounting thread still writes the
-        # counters within a second of the reads, not only at exit
-        self.fills.start()
-
-    def note_access(self, objid: bytes, validated_at: float) -> None:
-        t = time.time()
-        with self._lock:
-            old = self._accesses.get(objid)
-            self._accesses[objid] = (t, validated_at if old is None else max(old[1], validated_at))
 
     # -- writing files ------------------------------------------------------------------------------
 
     def temp_path(self, suffix: str = "") -> str:
-        return os.path.join(self._tmp, f"{os.getpid()}-{threading.get_native_id()}-{next(self._temp_names)}"
+        return os.path.join(self.tmp, f"{os.getpid()}-{threading.get_native_id()}-{next(self._temp_names)}"
                                        f"{suffix}")
 
     def write_temp(self, version: Version, index: int, data: bytes | memoryview, checked: bool) -> str:
@@ -369,88 +292,18 @@ class BlockStore:
             why = f"cannot write to the cache ({getattr(exc, 'strerror', None) or exc})"
         warnings.warn(f"{self.root}: {why}; reading through without caching", RuntimeWarning, stacklevel=2)
 
-    # -- counters -----------------------------------------------------------------------------------
-
-    def counts_pending(self) -> bool:
-        return bool(self._counts or self._accesses)
-
-    def flush_counters(self) -> None:
-        """Write batched accesses and counters to the index (the accounting thread does it every second)."""
-        with self._lock:
-            accesses, self._accesses = self._accesses, {}
-            counts, self._counts = self._counts, {}
-            self.last_flush = time.monotonic()
-        if not accesses and not any(counts.values()):
-            return
-        try:
-            self.index.touch(accesses, counts)
-        except sqlite3.Error as exc:
-            self.degrade(exc)
-
     def flush(self) -> None:
         """Wait until every queued fill is written and accounted, then flush the counters."""
         self.fills.flush()
-        self.flush_counters()
+        self.counters.flush()
 
     def close(self) -> None:
         self.fills.close()
-        self.flush_counters()
+        self.counters.flush()
         self.index.close()
 
-    # -- space --------------------------------------------------------------------------------------
-
-    def used_bytes(self) -> int:
-        return self.index.counters().get("bytes", 0)
-
-    def evict_to_watermarks(self) -> list[Victim]:
-        """Evict LRU entries when above ``max_size`` (down to ``low_water`` of it) or below ``min_free``."""
-        if not self._evicting.acquire(blocking=False):
-            return []               # another thread is at it
-        try:
-            return self._evict_to_watermarks()
-        finally:
-            self._evicting.release()
-
-    def watermark_need(self) -> int:
-        """Bytes to evict now: above ``max_size`` down to ``low_water`` of it, or to get ``min_free``."""
-        need = 0
-        if self.max_size is not None:
-            used = self.used_bytes()
-            if used > self.max_size:
-                need = used - int(self.max_size * self.low_water)
-        if self.min_free:
-            free = _free_bytes(self.root)
-            if free < self.min_free:
-                need = max(need, int(self.min_free / self.low_water) - free)
-        return need
-
-    def _evict_to_watermarks(self) -> list[Victim]:
-        try:
-            need = self.watermark_need()
-            if need <= 0:
-                return []
-            self.flush_counters()   # our own recent accesses count for the LRU order
-            victims = self.index.pop_lru(need)
-        except (OSError, sqlite3.Error) as exc:
-            self.degrade(exc)
-            return []
-        self.unlink_victims(victims)
-        if self.min_free and not victims and _free_bytes(self.root) < self.min_free:
-            self.degrade(OSError(errno.ENOSPC, f"less than {self.min_free} bytes free and nothing to evict"))
-        return victims
-
-    def evict(self, need_bytes: int | None, *, older_than: float | None = None) -> list[Victim]:
-        self.flush_counters()
-        victims = self.index.pop_lru(need_bytes, older_than=older_than)
-        self.unlink_victims(victims)
-        return victims
-
-    def remove_sources(self, sources: Iterable[bytes]) -> list[Victim]:
-        victims = self.index.remove_sources(sources)
-        self.unlink_victims(victims)
-        return victims
-
     def unlink_victims(self, victims: list[Victim]) -> None:
+        """Remove the files of entries the index no longer lists (evicted, superseded)."""
         for v in victims:
             t0 = time.monotonic_ns()
             if v.whole:
@@ -459,6 +312,29 @@ class BlockStore:
                 for i in bits_set(v.present):
                     self.unlink_block(v.objid, i)
             trace("cache.evict", v.objid.hex(), 0, v.disk_bytes, t0)
+
+
+def clean_stale_temps(tmp: str) -> int:
+    """Remove what killed processes left in ``tmp`` (their pid is gone, or it is old); returns how many."""
+    now = time.time()
+    me = str(os.getpid())
+    removed = 0
+    with contextlib.suppress(OSError), os.scandir(tmp) as it:
+        for e in it:
+            pid = e.name.partition("-")[0]
+            try:
+                dead = not pid.isdigit() or not _alive(int(pid))
+                old = now - e.stat(follow_symlinks=False).st_mtime > STALE_TEMP_AGE
+                if pid == me or not (dead or old):
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    shutil.rmtree(e.path)      # a `clear` cut short
+                else:
+                    os.unlink(e.path)
+                removed += 1
+            except OSError:
+                pass
+    return removed
 
 
 def _alive(pid: int) -> bool:

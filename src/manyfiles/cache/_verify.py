@@ -30,7 +30,7 @@ from typing import Any
 from manyfiles._core.progress import Progress
 from manyfiles.cache import _format as fmt
 from manyfiles.cache._index import Entry, Version
-from manyfiles.cache._store import BlockStore
+from manyfiles.cache._store import BlockStore, clean_stale_temps
 from manyfiles.errors import ManyfilesError, NotFound, ObjectChanged
 
 ORPHAN_AGE = 60.0
@@ -69,10 +69,10 @@ def verify(cache: Any, report: Any, progress: Progress, *, complete: bool = Fals
         progress.add(1)
     store.flush()
     report.orphans = _remove_orphans(store)
-    report.temps = store.clean_stale_temps()
+    report.temps = clean_stale_temps(store.tmp)
     index.recount()
-    store.count(corrupt=report.corrupt)
-    store.flush_counters()
+    store.counters.count(corrupt=report.corrupt)
+    store.counters.flush()
     report.seconds = time.monotonic() - t0
     return report
 

@@ -128,7 +128,7 @@ def warm_one(cache: Any, item: tuple) -> tuple[str, int]:
     try:
         v = cache.validated(origin, known)
         if cache.holds_checked(v):
-            cache._store.note_access(v.objid, v.validated_at)
+            cache._store.counters.note_access(v.objid, v.validated_at)
             return "cached", 0
         complete(cache._store, origin, v, cache.retry, stream=stream)
         stream = None
