@@ -39,7 +39,7 @@ struct DirentRef {
 static const char *entry_path(Worker *wk, const WDir *d, const char *name, size_t nl, size_t *len) {
     size_t n = entry_path_len(d, nl);
     if (grow_array((void **)&wk->pathbuf, &wk->pcap, n + 1, 1) < 0) return NULL;
-    *put_entry_path(wk->pathbuf, d, name, nl) = 0;
+    *put_entry_path(wk->pathbuf, d, name, nl, n) = 0;
     *len = n;
     return wk->pathbuf;
 }

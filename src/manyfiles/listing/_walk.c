@@ -120,7 +120,7 @@ void trace_add(Walk *w, TraceLog *t, pthread_mutex_t *mu, int op, const WDir *d,
              grow_array((void **)&t->arena, &t->acap, t->used + plen + 1, 1) == 0;
     if (ok) {
         char *p = t->arena + t->used;
-        if (name) put_entry_path(p, d, name, nl);
+        if (name) put_entry_path(p, d, name, nl, plen);
         else memcpy(p, d->path, d->len);
         p[plen] = 0;
         t->v[t->n++] = (TraceRec){start, dur, a, b, op, result, t->used};
@@ -513,7 +513,7 @@ static int emit_json(Worker *wk, const WDir *d, const char *name, size_t nl, uns
     if (out_reserve(wk, need + full) < 0) return -1;
     /* the raw path first, at the end of the reserved area, for base64 */
     char *raw = wk->out + wk->used + need;
-    put_entry_path(raw, d, name, nl);
+    put_entry_path(raw, d, name, nl, full);
     char *p = wk->out + wk->used;
     int valid = 1;
     p = put(p, "{\"path\": \"", 10);
@@ -535,8 +535,9 @@ static int emit_json(Worker *wk, const WDir *d, const char *name, size_t nl, uns
 }
 
 static int emit_line(Worker *wk, const WDir *d, const char *name, size_t nl) {
-    if (out_reserve(wk, entry_path_len(d, nl) + 1) < 0) return -1;
-    char *p = put_entry_path(wk->out + wk->used, d, name, nl);
+    size_t full = entry_path_len(d, nl);
+    if (out_reserve(wk, full + 1) < 0) return -1;
+    char *p = put_entry_path(wk->out + wk->used, d, name, nl, full);
     *p++ = wk->w->cfg.sep;
     wk->used = (size_t)(p - wk->out);
     return 0;

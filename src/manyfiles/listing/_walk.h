@@ -55,13 +55,14 @@ static inline size_t entry_path_len(const WDir *d, size_t nl) {
     return d->len + (d->len > 0 && d->path[d->len - 1] != '/') + nl;
 }
 
-/* Writes d's path + "/" + name at p (not NUL-ended); returns the end. */
-static inline char *put_entry_path(char *p, const WDir *d, const char *name, size_t nl) {
+/* Writes d's path + "/" + name at p (not NUL-ended), `full` = entry_path_len(d, nl) bytes (the
+ * caller reserved them: passing it saves the hot writers a second look at d's last byte); returns
+ * the end. */
+static inline char *put_entry_path(char *p, const WDir *d, const char *name, size_t nl, size_t full) {
     memcpy(p, d->path, d->len);
-    p += d->len;
-    if (d->len > 0 && d->path[d->len - 1] != '/') *p++ = '/';
-    memcpy(p, name, nl);
-    return p + nl;
+    if (full - nl > d->len) p[d->len] = '/';
+    memcpy(p + full - nl, name, nl);
+    return p + full;
 }
 
 /* ---- configuration and shared state --------------------------------------------------------- */
