@@ -39,7 +39,7 @@ struct DirentRef {
 static const char *entry_path(Worker *wk, const WDir *d, const char *name, size_t nl, size_t *len) {
     size_t n = entry_path_len(d, nl);
     if (grow_array((void **)&wk->pathbuf, &wk->pcap, n + 1, 1) < 0) return NULL;
-    *put_entry_path(wk->pathbuf, d, name, nl, n) = 0;
+    *put_entry_path(wk->pathbuf, d, name, nl) = 0;
     *len = n;
     return wk->pathbuf;
 }
@@ -512,7 +512,7 @@ static int walk_seed_remove(Walk *w, int parent_fd, const char *label, size_t la
     atomic_init(&d->refs, 1);
     d->fd = -1;
     memcpy(d->path, label, label_len);
-    d->len = (uint32_t)label_len;
+    dir_set_len(d, label_len);
     d->name_off = (uint32_t)name_off;
     d->rel_off = (uint32_t)label_len;
     d->take = (uint8_t)take;

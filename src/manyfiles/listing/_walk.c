@@ -56,9 +56,8 @@ static const char *const OP_NAMES[N_OPS] = {"getdents", "open", "unlink", "rmdir
 /* ---- directories ---------------------------------------------------------------------------- */
 
 WDir *dir_new(const WDir *parent, const char *name, size_t name_len) {
-    size_t plen = parent->len;
-    int slash = plen > 0 && parent->path[plen - 1] != '/';
-    size_t len = plen + (size_t)slash + name_len;
+    size_t plen = parent->len, slash = parent->slash;
+    size_t len = plen + slash + name_len;
     if (len > UINT32_MAX - 1) {
         errno = ENAMETOOLONG;
         return NULL;
@@ -74,7 +73,7 @@ WDir *dir_new(const WDir *parent, const char *name, size_t name_len) {
     if (slash) d->path[plen] = '/';
     memcpy(d->path + plen + slash, name, name_len);
     d->path[len] = 0;
-    d->len = (uint32_t)len;
+    dir_set_len(d, len);
     d->name_off = (uint32_t)(plen + slash);
     /* the root's children: rel = name; deeper: parent's rel + '/' + name */
     d->rel_off = parent->depth == 0 ? d->name_off : parent->rel_off;
@@ -120,7 +119,7 @@ void trace_add(Walk *w, TraceLog *t, pthread_mutex_t *mu, int op, const WDir *d,
              grow_array((void **)&t->arena, &t->acap, t->used + plen + 1, 1) == 0;
     if (ok) {
         char *p = t->arena + t->used;
-        if (name) put_entry_path(p, d, name, nl, plen);
+        if (name) put_entry_path(p, d, name, nl);
         else memcpy(p, d->path, d->len);
         p[plen] = 0;
         t->v[t->n++] = (TraceRec){start, dur, a, b, op, result, t->used};
@@ -513,7 +512,7 @@ static int emit_json(Worker *wk, const WDir *d, const char *name, size_t nl, uns
     if (out_reserve(wk, need + full) < 0) return -1;
     /* the raw path first, at the end of the reserved area, for base64 */
     char *raw = wk->out + wk->used + need;
-    put_entry_path(raw, d, name, nl, full);
+    put_entry_path(raw, d, name, nl);
     char *p = wk->out + wk->used;
     int valid = 1;
     p = put(p, "{\"path\": \"", 10);
@@ -535,9 +534,8 @@ static int emit_json(Worker *wk, const WDir *d, const char *name, size_t nl, uns
 }
 
 static int emit_line(Worker *wk, const WDir *d, const char *name, size_t nl) {
-    size_t full = entry_path_len(d, nl);
-    if (out_reserve(wk, full + 1) < 0) return -1;
-    char *p = put_entry_path(wk->out + wk->used, d, name, nl, full);
+    if (out_reserve(wk, entry_path_len(d, nl) + 1) < 0) return -1;
+    char *p = put_entry_path(wk->out + wk->used, d, name, nl);
     *p++ = wk->w->cfg.sep;
     wk->used = (size_t)(p - wk->out);
     return 0;
@@ -922,7 +920,7 @@ static int walk_seed(Walk *w, int root_fd, const char *label, size_t label_len) 
     d->listed = 0;
     memcpy(d->path, label, label_len);
     d->path[label_len] = 0;
-    d->len = (uint32_t)label_len;
+    dir_set_len(d, label_len);
     d->name_off = 0;
     d->rel_off = (uint32_t)label_len;
     int flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOCTTY;
@@ -1438,8 +1436,8 @@ static PyObject *walkobj_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
             return PyErr_NoMemory();
         }
         d->depth = 0;
-        d->len = (uint32_t)label_len;
         memcpy(d->path, label, label_len + 1);
+        dir_set_len(d, label_len);
         int rc = batch_set_path(b, d, EV_DIR, seed_err);
         free(d);
         if (rc < 0) {

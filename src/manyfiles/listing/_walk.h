@@ -41,7 +41,8 @@ typedef struct WDir {
     uint8_t gone;      /* vanished (or was not a directory any more): nothing left to do */
     uint8_t anchor;    /* the root's parent: an fd the caller owns, never closed or removed */
     atomic_int blocked; /* something inside stays: no rmdir (ancestors stay too, silently) */
-    uint32_t len;      /* bytes of path */
+    uint32_t len;      /* bytes of path (set with dir_set_len) */
+    uint8_t slash;     /* a '/' goes between path and a child's name (not after "" or a path ending in '/') */
     uint32_t name_off; /* path + name_off is the directory's own name */
     uint32_t rel_off;  /* path + rel_off is the path relative to the root ("" for the root) */
     char path[];
@@ -50,19 +51,25 @@ typedef struct WDir {
 /* A child of `parent` (not opened yet), or NULL (errno set). */
 WDir *dir_new(const WDir *parent, const char *name, size_t name_len);
 
-/* Bytes of d's path + "/" + name (no '/' is added after a path that ends in one, as "/" does). */
-static inline size_t entry_path_len(const WDir *d, size_t nl) {
-    return d->len + (d->len > 0 && d->path[d->len - 1] != '/') + nl;
+/* d's path is written (its first `len` bytes): its length, and whether a child's name needs a '/'
+ * first (decided once per directory, not per entry: the writers below run once per entry). */
+static inline void dir_set_len(WDir *d, size_t len) {
+    d->len = (uint32_t)len;
+    d->slash = len > 0 && d->path[len - 1] != '/';
 }
 
-/* Writes d's path + "/" + name at p (not NUL-ended), `full` = entry_path_len(d, nl) bytes (the
- * caller reserved them: passing it saves the hot writers a second look at d's last byte); returns
- * the end. */
-static inline char *put_entry_path(char *p, const WDir *d, const char *name, size_t nl, size_t full) {
+/* Bytes of d's path + "/" + name (no '/' is added after a path that ends in one, as "/" does). */
+static inline size_t entry_path_len(const WDir *d, size_t nl) {
+    return d->len + d->slash + nl;
+}
+
+/* Writes d's path + "/" + name at p (not NUL-ended); returns the end. */
+static inline char *put_entry_path(char *p, const WDir *d, const char *name, size_t nl) {
     memcpy(p, d->path, d->len);
-    if (full - nl > d->len) p[d->len] = '/';
-    memcpy(p + full - nl, name, nl);
-    return p + full;
+    p += d->len;
+    if (d->slash) *p++ = '/';
+    memcpy(p, name, nl);
+    return p + nl;
 }
 
 /* ---- configuration and shared state --------------------------------------------------------- */
