@@ -142,6 +142,19 @@ def moto_direct():
         yield url
 
 
+@pytest.fixture(scope="module")
+def table_tree(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """The glob table's names (tests/globcases.py) at the root and again in sub/: the tree that
+    fastls, walk and fastrm must each select from exactly as the table says."""
+    from globcases import make_files
+
+    root = tmp_path_factory.mktemp("globtree")
+    make_files(root)
+    (root / "sub").mkdir()
+    make_files(root / "sub")
+    return os.fsencode(root)
+
+
 @pytest.fixture(scope="session")
 def dask_client():
     """One real Dask cluster for the scale-out tests: a LocalCluster of 2 worker processes, started

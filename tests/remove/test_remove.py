@@ -21,7 +21,7 @@ import pytest
 import faults
 import manyfiles as mf
 import manyfiles.remove
-from globcases import NAMES, PATTERNS, expected, make_files, selects
+from globcases import NAMES, PATTERNS, expected, selects
 from manyfiles._core import fsops as _fsops
 from manyfiles._core.progress import Snapshot
 from manyfiles.errors import UsageError
@@ -486,16 +486,6 @@ def test_output_fd_lists_every_entry_before_its_directory(tmp_path: Path) -> Non
         parent = os.path.dirname(p)
         if parent in position:
             assert i < position[parent], (p, parent)
-
-
-@pytest.fixture(scope="module")
-def table_tree(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    """The glob table's names at the root and again in sub/ (tests/globcases.py)."""
-    root = tmp_path_factory.mktemp("globtree")
-    make_files(root)
-    (root / "sub").mkdir()
-    make_files(root / "sub")
-    return os.fsencode(root)
 
 
 def table_selection(root: bytes, pattern: str | bytes, exclude: bool) -> set[bytes]:
