@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("ML_BENCH_DATA", ROOT / "benchmarks" / "_data" / "ml"))
 BUCKET = "mlbench"
 BATCH = 32
+PEERS = ("mf.Dataset", "mf.IterableDataset", "boto3 loop", "s3fs + filecache", "local disk")
 
 
 def env() -> None:
@@ -121,10 +122,13 @@ def _shard(worker: tuple[int, int]) -> int:
     return sum(nbytes(x) for x in _DS.worker(*worker))
 
 
-def epochs(ds, workers: int, n: int, iterable: bool = False) -> list[tuple[float, int]]:
-    """(seconds, bytes) of ``n`` epochs of ``ds`` in a persistent pool of ``workers`` processes."""
+def epochs(ds, workers: int, n: int, iterable: bool = False) -> list[tuple[float, int, list[dict]]]:
+    """(seconds, bytes, counters per worker in that epoch) of ``n`` epochs of ``ds`` in a persistent
+    pool of ``workers`` processes (counters: ``Dataset.worker_stats()``, for the datasets that have it)."""
     ctx = mp.get_context("fork")
     out = []
+    gather = getattr(ds, "worker_stats", lambda: [])
+    before: dict[int, dict] = {}
     with ctx.Pool(workers, initializer=_init, initargs=(ds,)) as pool:
         pool.map(len, [[0]] * workers)        # the workers are up before the clock starts
         for _ in range(n):
@@ -134,18 +138,41 @@ def epochs(ds, workers: int, n: int, iterable: bool = False) -> list[tuple[float
             else:
                 batches = [list(range(i, min(i + BATCH, len(ds)))) for i in range(0, len(ds), BATCH)]
                 got = sum(pool.imap_unordered(_batch, batches, chunksize=1))
-            out.append((time.perf_counter() - t0, got))
+            secs = time.perf_counter() - t0
+            now = {s["pid"]: s for s in gather()}
+            delta = [{k: v - before.get(pid, {}).get(k, 0) if k != "pid" else v for k, v in s.items()}
+                     for pid, s in now.items()]
+            before = now
+            out.append((secs, got, delta))
     return out
+
+
+def counters_line(epoch: int, stats: list[dict]) -> str:
+    """One epoch's counters, summed over the workers (and the spread of their hit-path time)."""
+    if not stats:
+        return ""
+    tot = {k: sum(s[k] for s in stats) for k in stats[0] if k != "pid"}
+    per_hit = tot["hit_ns"] / max(1, tot["samples"]) / 1e3
+    spread = ", ".join(f"{s['hit_ns'] / 1e9:.2f}" for s in sorted(stats, key=lambda s: s["pid"]))
+    return (f"      epoch {epoch}: {tot['samples']:,} samples, {tot['hits']:,} hits ({tot['packed_hits']:,} "
+            f"packed), {tot['fetched']:,} fetched; hit path {tot['hit_ns'] / 1e9:.2f} s "
+            f"({per_hit:.1f} us/sample; per worker {spread}); fills queued {tot['fills_queued']:,}, "
+            f"done {tot['fills_done']:,}, accounted {tot['fills']:,}, dropped {tot['fills_dropped']:,}")
 
 
 # -- data -------------------------------------------------------------------------------------------
 
+def prefix(n: int, size: int) -> str:
+    """The keys of one shape (a shape of its own per prefix: the local copies never mix shapes)."""
+    return f"train/{n}x{size}/"
+
+
 def seed(endpoint: str, n: int, size: int) -> tuple[list[str], list[str]]:
     import boto3
 
-    keys = [f"train/{i // 1000:03d}/{i:06d}.bin" for i in range(n)]
+    keys = [f"{prefix(n, size)}{i // 1000:03d}/{i:06d}.bin" for i in range(n)]
     local = DATA / "local"
-    marker = DATA / f".seeded-{n}-{size}"
+    marker = DATA / f".seeded-{n}x{size}"
     if marker.exists():
         return keys, [str(local / k) for k in keys]
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
@@ -197,6 +224,9 @@ def main() -> None:
     ap.add_argument("--filecache-objects", type=int, default=1_000,
                     help="objects s3fs+filecache reads (its cost per object grows with the files it holds)")
     ap.add_argument("--boto3-objects", type=int, default=4_000, help="objects the boto3 loop reads")
+    ap.add_argument("--peers", default=",".join(PEERS),
+                    help=f"comma-separated subset of: {', '.join(PEERS)} (local disk is always run)")
+    ap.add_argument("--no-parquet", action="store_true", help="skip the Parquet scan")
     ap.add_argument("--latency", type=int, default=0, metavar="MS",
                     help="toxiproxy in front of the server adds MS to every response (S3's first-byte "
                          "latency; the readers go through it, the seeding does not)")
@@ -232,6 +262,7 @@ def run(args, size: int, seeding: str, endpoint: str) -> None:
     print(f"seeded {len(keys):,} x {size:,} B in {time.perf_counter() - t0:.1f} s")
     settings = ClientSettings(endpoint_url=endpoint, region="us-east-1")
     scratch = DATA / "scratch"
+    train = prefix(args.objects, size)
     results: dict[str, dict[str, list[float]]] = {}
 
     def fresh(name: str) -> str:
@@ -242,14 +273,19 @@ def run(args, size: int, seeding: str, endpoint: str) -> None:
         return str(d / "cache")
 
     peers = {
-        "mf.Dataset": lambda: mf.Dataset(f"s3://{BUCKET}/train/", cache=fresh("mf"), settings=settings),
-        "mf.IterableDataset": lambda: mf.IterableDataset(f"s3://{BUCKET}/train/", cache=fresh("mfi"),
+        "mf.Dataset": lambda: mf.Dataset(f"s3://{BUCKET}/{train}", cache=fresh("mf"), settings=settings),
+        "mf.IterableDataset": lambda: mf.IterableDataset(f"s3://{BUCKET}/{train}", cache=fresh("mfi"),
                                                          settings=settings),
         "boto3 loop": lambda: Boto3Reader(endpoint, keys[:args.boto3_objects]),
         "s3fs + filecache": lambda: FilecacheReader(endpoint, keys[:args.filecache_objects],
                                                     fresh("filecache")),
         "local disk": lambda: LocalReader(paths),
     }
+    wanted = {p.strip() for p in args.peers.split(",")} | {"local disk"}
+    unknown = wanted - set(peers)
+    if unknown:
+        sys.exit(f"unknown peers: {', '.join(sorted(unknown))}")
+    peers = {k: v for k, v in peers.items() if k in wanted}
     try:
         import s3torchconnector  # noqa: F401
         print("s3torchconnector is installed but not wired in this run")
@@ -264,7 +300,7 @@ def run(args, size: int, seeding: str, endpoint: str) -> None:
             listing = time.perf_counter() - t1
             runs = epochs(ds, args.workers, 2, iterable=name == "mf.IterableDataset")
             n = len(ds) if hasattr(ds, "__len__") else len(keys)
-            for (_secs, got) in runs:
+            for (_secs, got, _stats) in runs:
                 assert got == n * size, (name, got)
             r = results.setdefault(name, {"e1": [], "e2": [], "list": [], "n": n})
             r["e1"].append(n / runs[0][0])
@@ -272,11 +308,14 @@ def run(args, size: int, seeding: str, endpoint: str) -> None:
             r["list"].append(listing)
             print(f"  rep {rep + 1} {name:20s} {n:,} objects: epoch 1 {runs[0][0]:7.2f} s  epoch 2 "
                   f"{runs[1][0]:7.2f} s  (construct {listing:.2f} s)", flush=True)
+            for e, (_secs, _got, stats) in enumerate(runs, 1):
+                if stats:
+                    print(counters_line(e, stats), flush=True)
     print()
     print(f"## {args.objects:,} x {args.size} objects, {args.workers} worker processes, +{args.latency} ms "
           f"per response, medians of {args.repeat}; load {os.getloadavg()[0]:.2f}; {machine_line()}")
     print()
-    fc = median(results["s3fs + filecache"]["e1"])
+    fc = median(results["s3fs + filecache"]["e1"]) if "s3fs + filecache" in results else float("nan")
     local = median(results["local disk"]["e2"])
     print("| reader | objects | construct s | epoch 1 obj/s | epoch 2 obj/s | epoch 2 / epoch 1 "
           "| epoch 1 vs s3fs+filecache | epoch 2 vs local disk |")
@@ -285,7 +324,8 @@ def run(args, size: int, seeding: str, endpoint: str) -> None:
         e1, e2 = median(r["e1"]), median(r["e2"])
         print(f"| {name} | {r['n']:,} | {median(r['list']):.2f} | {e1:,.0f} | {e2:,.0f} | {e2 / e1:.1f}x "
               f"| {e1 / fc:.2f}x | {e2 / local:.2f}x |")
-    parquet(args, seeding, endpoint, settings)
+    if not args.no_parquet:
+        parquet(args, seeding, endpoint, settings)
 
 
 def parquet(args, seeding: str, endpoint: str, settings) -> None:

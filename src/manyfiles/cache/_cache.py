@@ -46,6 +46,9 @@ from manyfiles.errors import ManyfilesError, UsageError, from_oserror
 DEFAULT_BUFFER = io.DEFAULT_BUFFER_SIZE     # as open(): small random reads stay cheap
 VERIFY_WHOLE_MAX = 64 << 20
 MODES = ("rb", "wb")
+PROCESS_COUNTERS = ("hits", "misses", "hit_bytes", "miss_bytes", "object_hits", "object_misses", "fills",
+                    "fill_bytes", "fills_dropped", "fills_queued", "fill_bytes_queued", "fills_done",
+                    "fill_bytes_done")
 
 
 class Cache:
@@ -312,6 +315,17 @@ class Cache:
                  "evictions", "evicted_bytes", "corrupt", "object_hits", "object_misses")
         return CacheStats(self.dir, c.get("entries", 0), c.get("bytes", 0), self.block_size, space.max_size,
                           space.min_free, free, **{n: c.get(n, 0) for n in names})
+
+    def process_stats(self) -> dict[str, int]:
+        """This process's own counters since it started (a forked worker: since the fork), read
+        from memory: ``hits``, ``misses``, ``hit_bytes``, ``miss_bytes``, ``object_hits``,
+        ``object_misses``, ``fills`` (accounted), ``fill_bytes``, ``fills_dropped``, and the
+        write-behind's ``fills_queued``/``fill_bytes_queued`` and ``fills_done``/``fill_bytes_done``
+        (written, or given up at the disk).  :meth:`stats` sums every process's, from the index."""
+        out = dict.fromkeys(PROCESS_COUNTERS, 0)
+        out.update(self._store.counters.totals)
+        out.update(self._store.fills.tally())
+        return out
 
     def invalidate(self, src: Source | FileOrigin | S3Origin) -> int:
         """Forget every cached version of ``src`` (done after a write-through); returns entries removed."""

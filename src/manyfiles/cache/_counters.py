@@ -37,13 +37,16 @@ class Counters:
         self._lock = threading.Lock()
         self._accesses: dict[bytes, tuple[float, float]] = {}
         self._counts: dict[str, int] = {}
+        #: everything this process counted since it started (or forked): never reset, never shared
+        self.totals: dict[str, int] = {}
         self.last_flush = self.last_count = time.monotonic()
 
     def count(self, **counts: int) -> None:
         with self._lock:
-            c = self._counts
+            c, t = self._counts, self.totals
             for k, n in counts.items():
                 c[k] = c.get(k, 0) + n
+                t[k] = t.get(k, 0) + n
             self.last_count = time.monotonic()
         self._wake()
 

@@ -297,6 +297,12 @@ class Fills:
         """Bytes queued and not yet written (an estimate while writers run: never below the truth)."""
         return self._enqueued_bytes - sum(self._written_bytes)
 
+    def tally(self) -> dict[str, int]:
+        """This process's fills so far: queued (items, bytes), and done by the writers (written, or
+        given up at the disk)."""
+        return {"fills_queued": self._enqueued, "fill_bytes_queued": self._enqueued_bytes,
+                "fills_done": sum(self._written), "fill_bytes_done": sum(self._written_bytes)}
+
     def account(self, fill: Fill | Whole) -> None:
         """Queue the accounting of a file already renamed into place."""
         self.start()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
@@ -34,6 +35,7 @@ from typing import Any, NamedTuple
 from manyfiles.cache import Cache
 from manyfiles.errors import ObjectChanged, UsageError
 from manyfiles.ml._source import PREFETCH_MAX_BYTES, CacheRef, Item, Listing, ObjectFetcher, list_source
+from manyfiles.ml._workers import Board, Slot
 
 Source = str | os.PathLike
 CacheArg = Cache | str | os.PathLike
@@ -69,6 +71,7 @@ class _Base:
         self._settings = settings
         self._listing: Listing = list_source(self.source, settings=settings, include=include, exclude=exclude)
         self._fetcher: ObjectFetcher | None = None
+        self._board = Board()
 
     # -- pickling: the listing and a few strings; the cache and the fetcher are per process ----------
 
@@ -114,7 +117,7 @@ class _Base:
         sample = Sample(item.key, data)
         return self.transform(sample) if self.transform is not None else sample
 
-    def _cached(self, cache: Cache, item: Item) -> bytes | None:
+    def _cached_export(self, cache: Cache, item: Item) -> bytes | None:
         """The object from the cache at its listed version, or None (no request is made)."""
         if item.etag is None or item.size is None or item.size > PREFETCH_MAX_BYTES:
             return None
@@ -151,6 +154,7 @@ class _Base:
         if got.error is None and got.data is not None:
             cache.fill(item.url, got.data, etag=item.etag, checked=got.checked,
                        listed_at=self._listing.listed_at, settings=self._listing.settings)
+            self._fetched(got.data)
             return got.data
         if isinstance(got.error, ObjectChanged):
             return self._read(cache, item)
@@ -172,7 +176,7 @@ class _Base:
                         more = False
                         break
                     item = items[i]
-                    data = self._cached(cache, item)
+                    data = self._cached(cache, item, i)
                     if data is None and self._fetchable(item):
                         fetcher = fetcher or self._fetcher_for()
                         if fetcher is not None:
@@ -185,13 +189,63 @@ class _Base:
                     if fetcher is not None and self._fetchable(item):
                         data = self._finish(cache, fetcher, item)
                     else:
-                        data = self._read(cache, item)
+                        data = self._read_counted(cache, item)
                 yield item, data
         finally:            # a reader that stopped early: its fetches ahead are not waited for
             if fetcher is not None:
                 for item, data in window:
                     if data is None and self._fetchable(item):
                         fetcher.abandon(item)
+
+    def _samples(self, indexes: Iterable[int]) -> Iterator[Any]:
+        """Iteration: the samples of ``indexes``, ``prefetch`` ahead; counters published as it goes."""
+        slot = self._slot()
+        for n, (item, data) in enumerate(self._stream(indexes, self.prefetch), 1):
+            if n & 255 == 0:
+                slot.publish()
+            yield self._sample(item, data)
+        slot.publish()
+
+    # -- the hit path and the per-worker counters (ml/_workers.py) -----------------------------------
+
+    def worker_stats(self) -> list[dict[str, int]]:
+        """The counters of every process that read through this dataset (this one and its
+        ``DataLoader`` workers, each since it started), one dict per process, as each one last
+        published them (at the end of each batch, every 256 samples of an iteration and at its end):
+        ``pid``, ``samples``, ``packed_hits`` (hits read by one ``pread`` from a pack), ``hits``
+        (all hits), ``fetched`` (misses), ``hit_ns`` (time in the hit path), ``hit_bytes``,
+        ``fetched_bytes``, and the cache's write-behind of that process (``fills_queued``,
+        ``fill_bytes_queued``, ``fills_done``, ``fill_bytes_done``, ``fills`` accounted,
+        ``fills_dropped``)."""
+        return self._board.gather()
+
+    def _slot(self) -> Slot:
+        slot = self._board.slot()
+        if slot.cache_stats is None:
+            slot.cache_stats = self._cache_ref.get().process_stats
+        return slot
+
+    def _cached(self, cache: Cache, item: Item, index: int) -> bytes | None:
+        """The object from the cache at its listed version, or None; counted and timed."""
+        t0 = time.perf_counter_ns()
+        data = self._cached_export(cache, item)
+        values = self._slot().values
+        values[0] += 1                              # samples
+        if data is not None:
+            values[2] += 1                          # hits
+            values[5] += len(data)                  # hit_bytes
+        values[4] += time.perf_counter_ns() - t0    # hit_ns
+        return data
+
+    def _fetched(self, data: bytes) -> None:
+        values = self._slot().values
+        values[3] += 1
+        values[6] += len(data)
+
+    def _read_counted(self, cache: Cache, item: Item) -> bytes:
+        data = self._read(cache, item)
+        self._fetched(data)
+        return data
 
 
 class Dataset(_Base):
@@ -224,20 +278,24 @@ class Dataset(_Base):
             raise TypeError(f"dataset indices must be integers, not {type(index).__name__}")
         item = items[index]             # IndexError past the end, as a list
         cache = self._cache_ref.get()
-        data = self._cached(cache, item)
+        data = self._cached(cache, item, index % len(items))
         if data is None:
-            data = self._read(cache, item)
+            data = self._read_counted(cache, item)
+        slot = self._slot()
+        if slot.values[0] & 63 == 0:
+            slot.publish()
         return self._sample(item, data)
 
     def __getitems__(self, indexes: list[int]) -> list[Any]:
         """A batch (what ``DataLoader`` asks for): every miss of it fetched at once."""
         n = len(self._listing.items)
         indexes = [i + n if i < 0 else i for i in indexes]
-        return [self._sample(item, data) for item, data in self._stream(indexes, len(indexes))]
+        out = [self._sample(item, data) for item, data in self._stream(indexes, len(indexes))]
+        self._slot().publish()
+        return out
 
     def __iter__(self) -> Iterator[Any]:
-        for item, data in self._stream(range(len(self)), self.prefetch):
-            yield self._sample(item, data)
+        yield from self._samples(range(len(self)))
 
 
 class IterableDataset(_Base):
@@ -321,5 +379,4 @@ class IterableDataset(_Base):
     def __iter__(self) -> Iterator[Any]:
         order = self.order()
         self.epoch += 1          # the next pass is the next epoch (set_epoch sets it explicitly)
-        for item, data in self._stream(order, self.prefetch):
-            yield self._sample(item, data)
+        yield from self._samples(order)
