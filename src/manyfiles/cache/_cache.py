@@ -346,7 +346,7 @@ class Cache:
         victims = self._store.space.evict(sources, to_size=to_size, older_than=older_than, dry_run=dry_run)
         if sources is not None:
             self._versions.forget()
-        return EvictReport(entries=len(victims), bytes=sum(v.disk_bytes for v in victims),
+        return EvictReport(entries=sum(v.entries for v in victims), bytes=sum(v.frees for v in victims),
                            seconds=time.monotonic() - t0, dry_run=dry_run)
 
     def clear(self, *, dry_run: bool = False) -> EvictReport:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from manyfiles.cache import _format as fmt
 from manyfiles.cache._index import Victim
+from manyfiles.cache._packs import MIN_PACK_BYTES, PACK_BYTES
 from manyfiles.errors import UsageError, from_oserror
 
 if TYPE_CHECKING:
@@ -63,6 +64,18 @@ class Space:
 
     def after_fork(self) -> None:
         self._evicting = threading.Lock()
+
+    def pack_bytes(self) -> int:
+        """How large this process lets a pack grow: 1/32 of the space the cache may take (``max_size``,
+        or the filesystem less ``min_free``), between 64 KiB and ``PACK_BYTES``.  Packs are the unit
+        of eviction: a small cache gets small packs, so that evicting one frees a small part."""
+        budget = self.max_size
+        with contextlib.suppress(OSError):
+            room = _fs_bytes(self.store.root) - self.min_free
+            budget = room if budget is None else min(budget, room)
+        if budget is None:
+            return PACK_BYTES
+        return max(MIN_PACK_BYTES, min(PACK_BYTES, budget // 32))
 
     def used_bytes(self) -> int:
         return self.store.index.counters().get("bytes", 0)
@@ -138,11 +151,18 @@ class Space:
             return self.to_watermarks()
 
     def clear(self) -> None:
-        """Forget every entry and remove every block file; the directory stays a cache (the old
-        blocks/ is renamed into tmp/ first, so a kill part way leaves a trash folder that the next
-        open of the cache removes, never a half-emptied blocks/)."""
+        """Forget every entry and remove every block file and pack; the directory stays a cache (the
+        old blocks/ is renamed into tmp/ first, so a kill part way leaves a trash folder that the
+        next open of the cache removes, never a half-emptied blocks/; packs left by a kill are
+        orphans that ``verify`` removes).  Other processes' packs are theirs no more: the index
+        counts clears, and their records taken before this one are never accounted."""
         store = self.store
+        store.packs.close()
         store.index.clear()
+        packs = store.packs.files()
+        for pack in packs:
+            store.packs.unlink(pack)
+        store.packs.removed(len(packs) or 1)
         blocks = os.path.join(store.root, fmt.BLOCKS)
         trash = os.path.join(store.root, fmt.TMP, f"{os.getpid()}-trash-{os.urandom(4).hex()}")
         try:

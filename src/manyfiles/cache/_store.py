@@ -1,11 +1,19 @@
-"""One cache directory: its files (whole files, block files, temp files) and what looks after them.
+"""One cache directory: its files (whole files, packs, block files, temp files) and what looks after them.
 
-Readers call :meth:`BlockStore.open_whole` (a hit on an object held whole: one ``open``) or
-:meth:`BlockStore.open_block` (one ``open`` and one ``pread`` of the header) and hand what they
-fetched from the origin to the write-behind (:attr:`BlockStore.fills`, _fills.py), which never
-blocks them.  The store holds the directory's other parts too: its index (:attr:`BlockStore.index`,
-_index.py), this process's batched counters (:attr:`BlockStore.counters`, _counters.py) and its
-space, the watermarks and LRU eviction (:attr:`BlockStore.space`, _space.py).
+Readers call :meth:`BlockStore.open_whole` (a hit on an object held whole in its own file: one
+``open``), :meth:`BlockStore.read_packed` (a small object held whole as a record of a pack: one
+``pread``, _packs.py) or :meth:`BlockStore.open_block` (one ``open`` and one ``pread`` of the
+header) and hand what they fetched from the origin to the write-behind (:attr:`BlockStore.fills`,
+_fills.py), which never blocks them.
+
+An object held whole and checked is in one of two stores that answer the same questions (is it
+held, read it, write it, remove it): its own *whole file* (larger objects) or a *record* in a pack
+(objects up to ``PACK_MAX_OBJECT``: :attr:`BlockStore.packs`).  Everything above this module asks
+:meth:`BlockStore.held_whole` and reads through the one that holds it.
+
+The store holds the directory's other parts too: its index (:attr:`BlockStore.index`, _index.py),
+this process's batched counters (:attr:`BlockStore.counters`, _counters.py) and its space, the
+watermarks and LRU eviction (:attr:`BlockStore.space`, _space.py).
 
 A file being read is never taken away from its reader: readers hold an open descriptor, and
 an unlinked file's data lives until its last descriptor is closed.
@@ -23,11 +31,13 @@ import sqlite3
 import threading
 import time
 import warnings
+from collections.abc import Callable
 
 from manyfiles.cache import _format as fmt
 from manyfiles.cache._counters import Counters
 from manyfiles.cache._format import trace
 from manyfiles.cache._index import Fill, Index, Version, Victim, bits_set, block_disk_bytes
+from manyfiles.cache._packs import PACK_MAX_OBJECT, Location, Packs
 from manyfiles.cache._space import Space, check_low_water
 from manyfiles.errors import IntegrityError, ManyfilesError, from_oserror
 
@@ -49,13 +59,17 @@ class BlockStore:
         self.verify = verify
         check_low_water(low_water)          # before the directory is made
         try:
-            self.block_size = int(fmt.open_dir(self.root, block_size)["block_size"])
+            desc = fmt.open_dir(self.root, block_size)
+            self.block_size = int(desc["block_size"])
             self.index = Index(os.path.join(self.root, fmt.INDEX), self.block_size)
+            fmt.upgrade_descriptor(self.root, desc)       # (after the index: it is migrated first)
+            self.packs = Packs(self.root, self.index)
         except OSError as exc:
             raise from_oserror(exc, self.root) from exc
         except sqlite3.DatabaseError as exc:
             raise ManyfilesError(f"{self.root}: cannot use the cache index: {exc}") from exc
         self.space = Space(self, max_size=max_size, min_free=min_free, low_water=low_water)
+        self.packs.pack_bytes = self.space.pack_bytes()
         self.tmp = os.path.join(self.root, fmt.TMP)
         self._temp_names = itertools.count()
         self._degraded_until = 0.0
@@ -67,6 +81,7 @@ class BlockStore:
 
     def after_fork(self) -> None:
         """A forked child (a DataLoader worker) has none of the parent's threads: fresh locks and batches."""
+        self.packs.after_fork()
         self.counters.after_fork()
         self.space.after_fork()
         self.fills.after_fork()
@@ -83,7 +98,19 @@ class BlockStore:
         return os.path.exists(self.block_path(objid, index))
 
     def has_whole(self, objid: bytes) -> bool:
+        """Is ``objid`` held in its own whole file?"""
         return os.path.exists(self.whole_path(objid))
+
+    def held_whole(self, objid: bytes, size: int) -> bool:
+        """Is ``objid`` held whole and checked: its whole file, or a record in a pack?"""
+        if self.has_whole(objid):
+            return True
+        if size > PACK_MAX_OBJECT:
+            return False
+        try:
+            return self.packs.locate(objid) is not None
+        except sqlite3.Error:
+            return False
 
     def nblocks(self, size: int) -> int:
         return max(1, -(-size // self.block_size))
@@ -116,15 +143,65 @@ class BlockStore:
             return None
         return fd
 
+    def read_packed(self, objid: bytes, size: int) -> bytes | None:
+        """The object if it is held as a record of a pack (one ``pread``), else None.  With
+        ``verify``, the record's header and CRC-32 are checked once per record and process first
+        (a record that fails is dropped: a miss)."""
+        if size > PACK_MAX_OBJECT:
+            return None
+        try:
+            loc = self.packs.locate(objid)
+        except sqlite3.Error:
+            return None
+        if loc is None or loc.length != size:
+            return None
+        try:
+            key = (objid, -2 - loc.offset, loc.pack)
+            if self.verify and key not in self._checked:
+                data = self.packs.read_record(loc, objid)
+                if data is None:
+                    self.discard_packed(objid, loc)
+                    return None
+                self._remember_checked(key)
+                return data
+            return self.packs.read(loc)
+        except OSError:
+            return None
+
+    def discard_packed(self, objid: bytes, loc: Location) -> None:
+        """Forget a packed object whose record failed its check (its bytes stay dead in the pack)."""
+        self.packs.pending.pop(objid, None)
+        with contextlib.suppress(sqlite3.Error):
+            self.index.remove_objects([objid])
+        self.counters.count(corrupt=1)
+        warnings.warn(f"{self.root}: corrupt cache record {objid.hex()} in pack {loc.pack:016x} dropped; "
+                      "reading it from the origin", RuntimeWarning, stacklevel=3)
+
     def whole_sound(self, objid: bytes, fd: int, size: int) -> bool:
         """Does the whole file on ``fd`` still pass the check recorded for it?"""
-        from manyfiles.s3.integrity import Claim, rehash_file
+        from manyfiles.s3.integrity import rehash_file
+
+        return self._passes_check(objid, lambda claim: rehash_file(fd, size, claim))
+
+    def packed_sound(self, objid: bytes, data: bytes) -> bool:
+        """Do a packed object's bytes (its record's payload) still pass the check recorded for it?"""
+        from manyfiles.s3.integrity import digest_for
+
+        def rehash(claim: object) -> None:
+            d = digest_for(claim, len(data), lambda off, n: data[off:off + n])
+            d.stream(data)
+            d.check()
+
+        return self._passes_check(objid, rehash)
+
+    def _passes_check(self, objid: bytes, rehash: Callable[[object], object]) -> bool:
+        from manyfiles.s3.integrity import Claim
 
         check = self.index.verification(objid)
         if check is None or not check[1]:
             return False
         try:
-            rehash_file(fd, size, Claim.from_record(json.loads(check[1])))
+            rehash(Claim.from_record(json.loads(check[1])))
         except (IntegrityError, ValueError, KeyError, OSError):
             return False
         return True
@@ -256,7 +333,9 @@ class BlockStore:
                     self.nblocks(version.size))
 
     def remove_object(self, objid: bytes, size: int) -> None:
-        """Remove a version from the index and the disk (its whole file and every block)."""
+        """Remove a version from the index and the disk (its whole file and every block; a record
+        stays dead in its pack)."""
+        self.packs.pending.pop(objid, None)
         try:
             self.index.remove_objects([objid])
         except sqlite3.Error as exc:
@@ -299,19 +378,28 @@ class BlockStore:
 
     def close(self) -> None:
         self.fills.close()
+        self.packs.close()
         self.counters.flush()
         self.index.close()
 
     def unlink_victims(self, victims: list[Victim]) -> None:
-        """Remove the files of entries the index no longer lists (evicted, superseded)."""
+        """Remove the files of entries the index no longer lists (evicted, superseded): whole
+        files, blocks, whole packs (an object removed alone leaves its record dead in its pack)."""
+        packs = 0
         for v in victims:
             t0 = time.monotonic_ns()
-            if v.whole:
+            if v.is_pack:
+                self.packs.unlink(v.pack)
+                packs += 1
+            elif v.pack is not None:
+                self.packs.pending.pop(v.objid, None)
+            elif v.whole:
                 self._unlink(self.whole_path(v.objid))
             else:
                 for i in bits_set(v.present):
                     self.unlink_block(v.objid, i)
-            trace("cache.evict", v.objid.hex(), 0, v.disk_bytes, t0)
+            trace("cache.evict", v.objid.hex() if v.objid else f"pack:{v.pack:016x}", 0, v.disk_bytes, t0)
+        self.packs.removed(packs)
 
 
 def clean_stale_temps(tmp: str) -> int:
