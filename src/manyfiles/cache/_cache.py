@@ -26,9 +26,9 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from manyfiles._core.progress import ProgressArg, check_progress, progress_for
 from manyfiles._core.retry import RetryPolicy
@@ -42,6 +42,9 @@ from manyfiles.cache._store import BlockStore
 from manyfiles.cache._versions import Source, Versions, listed
 from manyfiles.cache._write import WriteThrough
 from manyfiles.errors import ManyfilesError, UsageError, from_oserror
+
+if TYPE_CHECKING:
+    from manyfiles.cache._hits import HitTable
 
 DEFAULT_BUFFER = io.DEFAULT_BUFFER_SIZE     # as open(): small random reads stay cheap
 VERIFY_WHOLE_MAX = 64 << 20
@@ -220,6 +223,37 @@ class Cache:
             return data
         finally:
             raw.close()
+
+    # -- the hit path of datasets (_hits.py) ----------------------------------------------------------
+
+    def object_ids(self, sources: Sequence[Source], *, etags: Sequence[str] | None = None,
+                   sizes: Sequence[int] | None = None, stats: Sequence[os.stat_result] | None = None,
+                   settings: Any = None) -> bytes:
+        """The ids of these object versions (16 bytes each, concatenated, in order): ``s3://`` URLs
+        at the ``etags`` and ``sizes`` a listing gave (``settings``: their endpoint), or local/NFS
+        paths as their ``stats`` (``os.stat``) give them.  For :meth:`hit_table`."""
+        from manyfiles.cache._origin import file_validator
+
+        if stats is not None:
+            return b"".join(fmt.object_id(FileOrigin(p).source, file_validator(st))
+                            for p, st in zip(sources, stats, strict=True))
+        if etags is None or sizes is None:
+            raise UsageError("object_ids: give etags= and sizes= (S3 URLs) or stats= (files)")
+        if not sources:
+            return b""
+        first = self.origin(sources[0], settings)
+        prefix = first.source[:len(first.source) - len(f"{first.bucket}/{first.key}".encode())]
+        return b"".join(fmt.object_id(prefix + os.fspath(u)[5:].encode(), S3Origin.validator(e, n))
+                        for u, e, n in zip(sources, etags, sizes, strict=True))
+
+    def hit_table(self, ids: bytes) -> HitTable:
+        """For one thread: where the packs hold each of the versions ``ids`` (:meth:`object_ids`), read
+        with one ``pread`` each (``table.get(i)``: bytes, or None when not packed: read it with
+        :meth:`get_bytes`), no SQLite per read.  Call ``table.refresh()`` before a batch of reads and
+        ``table.settle()`` after (its hits then count in :meth:`stats`)."""
+        from manyfiles.cache._hits import HitTable
+
+        return HitTable(self._store, ids)
 
     # -- exchange with other tools (s3pull --cache: _exchange.py) ------------------------------------
 

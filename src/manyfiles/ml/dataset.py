@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 from manyfiles.cache import Cache
 from manyfiles.errors import ObjectChanged, UsageError
+from manyfiles.ml._hitpath import HitPath
 from manyfiles.ml._source import PREFETCH_MAX_BYTES, CacheRef, Item, Listing, ObjectFetcher, list_source
 from manyfiles.ml._workers import Board, Slot
 
@@ -72,6 +73,7 @@ class _Base:
         self._listing: Listing = list_source(self.source, settings=settings, include=include, exclude=exclude)
         self._fetcher: ObjectFetcher | None = None
         self._board = Board()
+        self._hits = self._hit_path()
 
     # -- pickling: the listing and a few strings; the cache and the fetcher are per process ----------
 
@@ -107,6 +109,7 @@ class _Base:
         """List the source again: new and removed objects, and changed ETags (fetched again)."""
         include, exclude = self._filters
         self._listing = list_source(self.source, settings=self._settings, include=include, exclude=exclude)
+        self._hits = self._hit_path()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.source!r}, {len(self):,} objects, cache={self._cache_ref.dir!r})"
@@ -164,6 +167,7 @@ class _Base:
         """(item, bytes) in the order of ``indexes``; misses fetched ``ahead`` objects in advance."""
         items = self._listing.items
         cache = self._cache_ref.get()
+        self._hits.table(cache).refresh()
         window: deque[tuple[Item, bytes | None]] = deque()
         fetcher: ObjectFetcher | None = None
         it = iter(indexes)
@@ -192,6 +196,7 @@ class _Base:
                         data = self._read_counted(cache, item)
                 yield item, data
         finally:            # a reader that stopped early: its fetches ahead are not waited for
+            self._hits.table(cache).settle()
             if fetcher is not None:
                 for item, data in window:
                     if data is None and self._fetchable(item):
@@ -200,8 +205,11 @@ class _Base:
     def _samples(self, indexes: Iterable[int]) -> Iterator[Any]:
         """Iteration: the samples of ``indexes``, ``prefetch`` ahead; counters published as it goes."""
         slot = self._slot()
+        table = self._hits.table(self._cache_ref.get())
         for n, (item, data) in enumerate(self._stream(indexes, self.prefetch), 1):
             if n & 255 == 0:
+                table.refresh()
+                table.settle()
                 slot.publish()
             yield self._sample(item, data)
         slot.publish()
@@ -225,11 +233,30 @@ class _Base:
             slot.cache_stats = self._cache_ref.get().process_stats
         return slot
 
+    def _hit_path(self) -> HitPath:
+        """The object ids of the listing's versions (for the hit path: ml/_hitpath.py)."""
+        listing = self._listing
+        cache = self._cache_ref.get()
+        items = listing.items
+        if listing.bucket is not None:
+            ids = cache.object_ids([it.url for it in items], etags=[it.etag for it in items],
+                                   sizes=[it.size for it in items], settings=listing.settings)
+            return HitPath(ids, files=False)
+        stats = listing.take_stats()
+        none = b"\0" * 16              # (a file gone since it was listed: never found)
+        ids = b"".join(cache.object_ids([it.url], stats=[st]) if st is not None else none
+                       for it, st in zip(items, stats, strict=True))
+        return HitPath(ids, files=True)
+
     def _cached(self, cache: Cache, item: Item, index: int) -> bytes | None:
         """The object from the cache at its listed version, or None; counted and timed."""
         t0 = time.perf_counter_ns()
-        data = self._cached_export(cache, item)
         values = self._slot().values
+        data = self._hits.read(self._hits.table(cache), index, item.url)
+        if data is not None:
+            values[1] += 1                          # packed_hits
+        else:
+            data = self._cached_export(cache, item)
         values[0] += 1                              # samples
         if data is not None:
             values[2] += 1                          # hits
