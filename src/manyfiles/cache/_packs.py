@@ -42,6 +42,7 @@ import time
 import zlib
 from typing import TYPE_CHECKING, NamedTuple
 
+from manyfiles._core.checkpoints import reached
 from manyfiles.cache import _format as fmt
 from manyfiles.cache._index import Packed, Version
 
@@ -158,8 +159,10 @@ class Packs:
             a.end += fmt.RECORD_HEADER_SIZE + n
             a.inflight += 1
         try:
-            header = fmt.record_header(version.objid, offset, data, crc)
-            _write_all(a.fd, [memoryview(header), memoryview(data)], offset)
+            record = [memoryview(fmt.record_header(version.objid, offset, data, crc)), memoryview(data)]
+            reached("pack-append", (a.fd, tuple(record), offset))
+            _write_all(a.fd, record, offset)
+            reached("pack-written")
         finally:
             with self._append_lock:
                 a.inflight -= 1
