@@ -568,15 +568,14 @@ class Fills:
                 return
             if packed:
                 store.packs.accounted(packed, done.packs_seen, done.lost_packs)
-                lost = sum(f.pack in done.lost_packs for f in packed)
-                if lost:
-                    self.count_dropped(lost)
+            lost = done.lost + sum(f.pack in done.lost_packs for f in packed)
+            if lost:
+                self.count_dropped(lost)
             store.counters.count(fills=done.new, fill_bytes=done.new_bytes)
             for objid, index in (*done.stale_blocks, *done.replaced):
                 store.unlink_block(objid, index)
             for objid in done.stale_wholes:
                 store.unlink_files(objid, 0)
-            store.unlink_victims(done.superseded)
             # a whole-object check that failed while these were being written: take them back out
             for objid, size in {(f.version.objid, f.version.size) for f, seq in items
                                 if self.rejected(f.version.objid, seq)}:

@@ -30,7 +30,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -149,6 +149,7 @@ class Recorded:
     superseded: list[Victim] = field(default_factory=list)        # older versions removed from the index
     replaced: list[tuple[bytes, int]] = field(default_factory=list)   # blocks a whole file replaced
     lost_packs: set[int] = field(default_factory=set)             # packs removed under their appender
+    lost: int = 0                                                 # files removed before they were accounted
     packs_seen: set[int] = field(default_factory=set)             # packs that have their row now
     packed: int = 0                                               # records now named by the index
     new: int = 0                                                  # blocks not accounted before
@@ -229,6 +230,12 @@ class Index:
         self.path = path
         self.block_size = block_size
         self._local = threading.local()
+        #: told of what a write removed, inside its transaction, before the commit (the store unlinks
+        #: the files there: a fill of the same version accounted later, by another process, then
+        #: finds its file gone and is not accounted, instead of naming a file an eviction removed)
+        self.on_removed: Callable[[list[Victim]], None] | None = None
+        #: asked, inside the transaction, whether a file to account is still on disk
+        self.on_disk: Callable[[Fill | Whole], bool] | None = None
         # Processes that create a cache at once (the DataLoader workers of a new cache) collide on
         # the journal-mode switch, which fails at once ("database is locked") instead of waiting
         # like a transaction does: those collisions are waited out too.
@@ -428,7 +435,10 @@ class Index:
                         continue
                     out.packs_seen.add(f.pack)
                     added_bytes += grown
-                row = c.execute("SELECT present, disk_bytes, whole FROM entries WHERE objid=?",
+                elif self.on_disk is not None and not self.on_disk(f):
+                    out.lost += 1
+                    continue
+                row = c.execute("SELECT present, disk_bytes, whole, pack FROM entries WHERE objid=?",
                                 (v.objid,)).fetchone()
                 if row is None:
                     others = c.execute("SELECT objid, present, disk_bytes, validated_at, whole, pack "
@@ -448,17 +458,17 @@ class Index:
                         out.superseded.extend((victim, emptied) if emptied else (victim,))
                         added_bytes -= victim.frees + (emptied.frees if emptied else 0)
                         added_entries -= 1
-                    present, disk_bytes, whole = bytearray((f.nblocks + 7) // 8), 0, False
+                    present, disk_bytes, whole, held_in = bytearray((f.nblocks + 7) // 8), 0, False, None
                     c.execute("INSERT INTO entries VALUES(?, ?, ?, ?, ?, 0, ?, ?, 0, NULL)",
                               (v.objid, v.source, v.validator, v.size, bytes(present), v.validated_at, now))
                     added_entries += 1
                 else:
-                    present, disk_bytes, whole = bytearray(row[0]), row[1], bool(row[2])
+                    present, disk_bytes, whole, held_in = bytearray(row[0]), row[1], bool(row[2]), row[3]
                 if is_whole:
-                    if whole:
-                        if not packed:
-                            out.stale_wholes.append(v.objid)   # (never: a writer checks first; kept safe)
-                        continue
+                    if whole:       # held whole already (two processes filled it at once): one copy stays
+                        if not packed and held_in is not None:
+                            out.stale_wholes.append(v.objid)   # a file of an object packed already
+                        continue    # (a second record stays dead; a second file replaced the first)
                     out.replaced.extend((v.objid, i) for i in bits_set(present))
                     full = _all_bits(f.nblocks)
                     out.new += f.nblocks - sum(1 for _ in bits_set(present))
@@ -489,7 +499,12 @@ class Index:
                     c.execute("UPDATE entries SET present=?, disk_bytes=?, last_access=MAX(last_access, ?) "
                               "WHERE objid=?", (bytes(present), disk_bytes, now, v.objid))
             self._add(c, {"bytes": added_bytes, "entries": added_entries})
+            self._removed(out.superseded)
         return out
+
+    def _removed(self, victims: list[Victim]) -> None:
+        if victims and self.on_removed is not None and not getattr(self._local, "rehearsing", False):
+            self.on_removed(victims)
 
     def touch(self, accesses: dict[bytes, tuple[float, float]], counters: dict[str, int],
               pack_accesses: dict[int, float] | None = None) -> None:
@@ -545,6 +560,7 @@ class Index:
                     if need_bytes is not None and freed >= need_bytes:
                         break
             self._count_removed(c, victims, evicted=True)
+            self._removed(victims)
         return victims
 
     def remove_sources(self, sources: Iterable[bytes]) -> list[Victim]:
@@ -560,6 +576,7 @@ class Index:
                     if emptied:
                         victims.append(emptied)
             self._count_removed(c, victims, evicted=False)
+            self._removed(victims)
         return victims
 
     def remove_objects(self, objids: Iterable[bytes]) -> list[Victim]:
@@ -576,6 +593,7 @@ class Index:
                     if emptied:
                         victims.append(emptied)
             self._count_removed(c, victims, evicted=False)
+            self._removed(victims)
         return victims
 
     def remove_packs(self, packs: Iterable[int]) -> list[Victim]:
@@ -588,6 +606,7 @@ class Index:
                 if row is not None:
                     victims.append(_delete_pack(c, pack, row[0]))
             self._count_removed(c, victims, evicted=False)
+            self._removed(victims)
         return victims
 
     def _count_removed(self, c: sqlite3.Connection, victims: list[Victim], *, evicted: bool) -> None:

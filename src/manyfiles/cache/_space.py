@@ -2,9 +2,11 @@
 
 The accounting thread (_fills.py) calls :meth:`Space.to_watermarks` after each batch of fills it
 recorded; ``Cache.evict`` and ``Cache.clear`` call :meth:`Space.evict` and :meth:`Space.clear`.
-The index chooses the victims and forgets them in the same transaction (``pop_lru``); their files
-are unlinked afterwards, and a reader holding one open reads on (an unlinked file's data lives
-until its last descriptor is closed).
+The index chooses the victims and forgets them in the same transaction (``pop_lru``), which also
+unlinks their files before it commits (``Index.on_removed``): a fill of the same version that
+another process accounts after it finds its file gone, instead of naming a file the eviction then
+removes.  A reader holding a file open reads on (an unlinked file's data lives until its last
+descriptor is closed).
 """
 
 from __future__ import annotations
@@ -113,16 +115,13 @@ class Space:
         except (OSError, sqlite3.Error) as exc:
             store.degrade(exc)
             return []
-        store.unlink_victims(victims)
         if self.min_free and not victims and free_bytes(store.root) < self.min_free:
             store.degrade(OSError(errno.ENOSPC, f"less than {self.min_free} bytes free and nothing to evict"))
         return victims
 
     def remove_sources(self, sources: Iterable[bytes]) -> list[Victim]:
         """Every entry of ``sources``, out of the index and off the disk."""
-        victims = self.store.index.remove_sources(sources)
-        self.store.unlink_victims(victims)
-        return victims
+        return self.store.index.remove_sources(sources)      # (its files unlinked in its transaction)
 
     def evict(self, sources: list[bytes] | None = None, *, to_size: int | None = None,
               older_than: float | None = None, dry_run: bool = False) -> list[Victim]:
@@ -142,9 +141,7 @@ class Space:
                 if dry_run:
                     return index.pop_lru(need, older_than=cutoff)
                 store.counters.flush()      # our own recent accesses count for the LRU order
-                victims = index.pop_lru(need, older_than=cutoff)
-                store.unlink_victims(victims)
-                return victims
+                return index.pop_lru(need, older_than=cutoff)      # (files unlinked in its transaction)
             if dry_run:
                 need = self.need()
                 return index.pop_lru(need) if need > 0 else []

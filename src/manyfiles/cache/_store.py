@@ -36,7 +36,7 @@ from collections.abc import Callable
 from manyfiles.cache import _format as fmt
 from manyfiles.cache._counters import Counters
 from manyfiles.cache._format import trace
-from manyfiles.cache._index import Fill, Index, Version, Victim, bits_set, block_disk_bytes
+from manyfiles.cache._index import Fill, Index, Version, Victim, Whole, bits_set, block_disk_bytes
 from manyfiles.cache._packs import PACK_MAX_OBJECT, Location, Packs
 from manyfiles.cache._space import Space, check_low_water
 from manyfiles.errors import IntegrityError, ManyfilesError, from_oserror
@@ -64,6 +64,8 @@ class BlockStore:
             self.index = Index(os.path.join(self.root, fmt.INDEX), self.block_size)
             fmt.upgrade_descriptor(self.root, desc)       # (after the index: it is migrated first)
             self.packs = Packs(self.root, self.index)
+            self.index.on_removed = self.unlink_victims
+            self.index.on_disk = self._on_disk
         except OSError as exc:
             raise from_oserror(exc, self.root) from exc
         except sqlite3.DatabaseError as exc:
@@ -326,6 +328,11 @@ class BlockStore:
             raise
         trace("cache.fill", version.source, index * self.block_size, len(data), t0)
         return self.fill_record(version, index)
+
+    def _on_disk(self, fill: Fill | Whole) -> bool:
+        objid = fill.version.objid
+        path = self.whole_path(objid) if isinstance(fill, Whole) else self.block_path(objid, fill.index)
+        return os.path.exists(path)
 
     def fill_record(self, version: Version, index: int) -> Fill:
         """The accounting record of block ``index`` of ``version`` (once it is in place)."""

@@ -17,6 +17,9 @@ Per object:
   (the blocks that differ from the checked bytes are wrong data), or dropped when it cannot be
   checked.
 
+Objects removed or replaced while ``verify`` runs (by other processes: eviction, fills) are left
+to them: what fails a check is counted only if the index still names it as it did.
+
 Then files of no entry are removed (when older than ``ORPHAN_AGE``, so fills in flight are
 left alone), packs the index does not account (unless a live process holds one to append to:
 its first records are not accounted yet), temporary files of dead processes too; the packs whose
@@ -104,14 +107,17 @@ def _verify_whole(store: BlockStore, e: Entry, check: tuple[str, str | None] | N
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        report.missing += 1
-        store.index.remove_objects([e.objid])
+        if store.index.entry(e.objid) is not None:      # (else: removed meanwhile, by another process)
+            report.missing += 1
+            store.index.remove_objects([e.objid])
         return
     try:
         sound = os.fstat(fd).st_size == e.size and store.whole_sound(e.objid, fd, e.size)
     finally:
         os.close(fd)
     if not sound:
+        if store.index.entry(e.objid) is None:
+            return
         report.corrupt += 1
         report.wrong += 1
         report.add_failure(_shown(e), "its cached copy failed its check: dropped", "wrong")
@@ -128,15 +134,20 @@ def _verify_whole(store: BlockStore, e: Entry, check: tuple[str, str | None] | N
 def _verify_packed(store: BlockStore, e: Entry, check: tuple[str, str | None] | None, report: Any) -> None:
     from manyfiles.cache._packs import Location
 
-    row = store.index.packed(e.objid)
-    data = None
-    if row is not None:
-        loc = Location(*row)
-        try:
-            data = store.packs.read_record(loc, e.objid)
-        except OSError:
-            data = None
+    index = store.index
+    row = index.packed(e.objid)
+    if row is None:
+        if index.entry(e.objid) is not None:       # (else: removed meanwhile, by another process)
+            report.missing += 1
+            index.remove_objects([e.objid])
+        return
+    try:
+        data = store.packs.read_record(Location(*row), e.objid)
+    except OSError:
+        data = None
     if data is None or len(data) != e.size or not store.packed_sound(e.objid, data):
+        if index.packed(e.objid) != row or index.entry(e.objid) is None:
+            return          # removed (or packed again elsewhere) meanwhile, by another process
         report.corrupt += 1
         report.wrong += 1
         report.add_failure(_shown(e), "its cached record failed its check: dropped", "wrong")
