@@ -421,21 +421,23 @@ class Index:
         out = Recorded()
         added_bytes = added_entries = 0
         with self.write() as c:
-            cleared = None
+            fills = list(fills)
+            records = [f for f in fills if isinstance(f, Packed)]
+            if records:
+                # Records in bulk (a few statements a batch: the accounting must keep up with the
+                # appends of small objects); those whose object or source the index has already
+                # go one by one below, as files do.
+                added_bytes += _grow_packs(c, records, now, out)
+                records = [f for f in records if f.pack not in out.lost_packs]
+                simple, rest = _new_objects(c, records)
+                added_bytes += _insert_records(c, simple, now, out)
+                added_entries += len(simple)
+                fills = [*(f for f in fills if not isinstance(f, Packed)), *rest]
             for f in fills:
                 v = f.version
                 packed = isinstance(f, Packed)
                 is_whole = packed or isinstance(f, Whole)
-                if packed:
-                    if cleared is None:
-                        cleared = _cleared(c)
-                    grown = _grow_pack(c, f, cleared, now)
-                    if grown is None:
-                        out.lost_packs.add(f.pack)
-                        continue
-                    out.packs_seen.add(f.pack)
-                    added_bytes += grown
-                elif self.on_disk is not None and not self.on_disk(f):
+                if not packed and self.on_disk is not None and not self.on_disk(f):
                     out.lost += 1
                     continue
                 row = c.execute("SELECT present, disk_bytes, whole, pack FROM entries WHERE objid=?",
@@ -678,21 +680,81 @@ def _cleared(c: sqlite3.Connection) -> int:
     return int(row[0]) if row is not None else 0
 
 
-def _grow_pack(c: sqlite3.Connection, f: Packed, cleared: int, now: float) -> int | None:
-    """Make room for record ``f`` in its pack's row (created with its first record); returns the
-    bytes the pack grew by, or None if the pack is gone (evicted or cleared under its appender)."""
-    row = c.execute("SELECT size FROM packs WHERE id=?", (f.pack,)).fetchone()
-    if row is None:
-        if f.known or f.cleared != cleared:
-            return None
-        c.execute("INSERT INTO packs VALUES(?, ?, 0, 0, ?, ?)", (f.pack, PACK_HEADER_SIZE, now, now))
-        size = 0        # (its header is counted with its first record)
-    else:
-        size = row[0]
-    if f.end <= size:
+def _grow_packs(c: sqlite3.Connection, records: list[Packed], now: float, out: Recorded) -> int:
+    """Make room for ``records`` in their packs' rows (a pack's row is created with its first
+    records); returns the bytes the packs grew by.  A pack whose row is gone (evicted or cleared
+    under its appender: it had seen its row, or a clear came since it took the pack) is lost, with
+    every record of it (``out.lost_packs``)."""
+    cleared = _cleared(c)
+    by_pack: dict[int, list[Packed]] = {}
+    for f in records:
+        by_pack.setdefault(f.pack, []).append(f)
+    grown = 0
+    for pack, fs in by_pack.items():
+        row = c.execute("SELECT size FROM packs WHERE id=?", (pack,)).fetchone()
+        if row is None:
+            if any(f.known or f.cleared != cleared for f in fs):
+                out.lost_packs.add(pack)
+                continue
+            c.execute("INSERT INTO packs VALUES(?, ?, 0, 0, ?, ?)", (pack, PACK_HEADER_SIZE, now, now))
+            size = 0        # (its header is counted with its first records)
+        else:
+            size = row[0]
+        out.packs_seen.add(pack)
+        end = max(f.end for f in fs)
+        if end > size:
+            c.execute("UPDATE packs SET size=?, last_access=MAX(last_access, ?) WHERE id=?", (end, now, pack))
+            grown += end - size
+    return grown
+
+
+def _new_objects(c: sqlite3.Connection, records: list[Packed]) -> tuple[list[Packed], list[Packed]]:
+    """(records of objects the index has no version of, the others): the first go in bulk."""
+    known: set[bytes] = set()
+    for i in range(0, len(records), 400):
+        chunk = records[i:i + 400]
+        marks = ",".join("?" * len(chunk))
+        known.update(r[0] for r in c.execute(f"SELECT objid FROM entries WHERE objid IN ({marks})",
+                                             [f.version.objid for f in chunk]))
+        known.update(r[0] for r in c.execute(f"SELECT source FROM entries WHERE source IN ({marks})",
+                                             [f.version.source for f in chunk]))
+    simple, rest = [], []
+    for f in records:
+        v = f.version
+        if v.objid in known or v.source in known:
+            rest.append(f)
+        else:
+            simple.append(f)
+            known.update((v.objid, v.source))    # (a second record of it in this batch: one by one)
+    return simple, rest
+
+
+def _insert_records(c: sqlite3.Connection, records: list[Packed], now: float, out: Recorded) -> int:
+    """Account the records of objects new to the index; returns the change of the bytes counter
+    (none: their packs' growth counted it)."""
+    if not records:
         return 0
-    c.execute("UPDATE packs SET size=?, last_access=MAX(last_access, ?) WHERE id=?", (f.end, now, f.pack))
-    return f.end - size
+    rows = []
+    for f in records:
+        v = f.version
+        rows.append((v.objid, v.source, v.validator, v.size, _all_bits(f.nblocks),
+                     RECORD_HEADER_SIZE + f.length, v.validated_at, now, f.pack))
+    c.executemany("INSERT INTO entries VALUES(?, ?, ?, ?, ?, ?, ?, ?, 1, ?)", rows)
+    c.executemany("INSERT INTO packed(objid, pack, offset, length, crc) VALUES(?, ?, ?, ?, ?)",
+                  [(f.version.objid, f.pack, f.offset, f.length, f.crc) for f in records])
+    c.executemany("INSERT OR REPLACE INTO verified VALUES(?, ?, ?, ?)",
+                  [(f.version.objid, f.method, now, f.claim) for f in records])
+    live: dict[int, list[int]] = {}
+    for f in records:
+        n = live.setdefault(f.pack, [0, 0])
+        n[0] += RECORD_HEADER_SIZE + f.length
+        n[1] += 1
+        out.new += f.nblocks
+        out.new_bytes += RECORD_HEADER_SIZE + f.length
+    c.executemany("UPDATE packs SET live = live + ?, records = records + ? WHERE id=?",
+                  [(b, n, p) for p, (b, n) in live.items()])
+    out.packed += len(records)
+    return 0
 
 
 def _delete(c: sqlite3.Connection, objid: bytes) -> Victim | None:
