@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 # Tables inherited from a parent process (fork): never used again, and never closed here either --
@@ -46,8 +47,11 @@ class HitPath:
             self._local.table = got = (os.getpid(), cache, table)
         return got[2]
 
-    def read(self, table: Any, index: int, url: str) -> bytes | None:
-        """Object ``index`` from the packs, or None (read it through the cache's general path)."""
+    def reader(self, table: Any) -> Callable[[int, str], bytes | None]:
+        """``read(index, url)``: object ``index`` from the packs through ``table``, or None (read it
+        through the cache's general path)."""
         if self.files:
-            return table.get_file(index, os.fsencode(url))
-        return table.get(index)
+            get_file = table.get_file
+            return lambda index, url: get_file(index, os.fsencode(url))
+        get = table.get
+        return lambda index, url: get(index)

@@ -167,7 +167,9 @@ class _Base:
         """(item, bytes) in the order of ``indexes``; misses fetched ``ahead`` objects in advance."""
         items = self._listing.items
         cache = self._cache_ref.get()
-        self._hits.table(cache).refresh()
+        table = self._hits.table(cache)
+        table.refresh()
+        read, counts = self._hits.reader(table), self._slot().values
         window: deque[tuple[Item, bytes | None]] = deque()
         fetcher: ObjectFetcher | None = None
         it = iter(indexes)
@@ -180,7 +182,7 @@ class _Base:
                         more = False
                         break
                     item = items[i]
-                    data = self._cached(cache, item, i)
+                    data = self._cached(cache, item, i, read, counts)
                     if data is None and self._fetchable(item):
                         fetcher = fetcher or self._fetcher_for()
                         if fetcher is not None:
@@ -196,7 +198,7 @@ class _Base:
                         data = self._read_counted(cache, item)
                 yield item, data
         finally:            # a reader that stopped early: its fetches ahead are not waited for
-            self._hits.table(cache).settle()
+            table.settle()
             if fetcher is not None:
                 for item, data in window:
                     if data is None and self._fetchable(item):
@@ -248,11 +250,12 @@ class _Base:
                        for it, st in zip(items, stats, strict=True))
         return HitPath(ids, files=True)
 
-    def _cached(self, cache: Cache, item: Item, index: int) -> bytes | None:
-        """The object from the cache at its listed version, or None; counted and timed."""
+    def _cached(self, cache: Cache, item: Item, index: int, read: Callable,
+                values: list[int]) -> bytes | None:
+        """The object from the cache at its listed version, or None; counted and timed (``read``:
+        this thread's hit path, ``values``: this process's counters)."""
         t0 = time.perf_counter_ns()
-        values = self._slot().values
-        data = self._hits.read(self._hits.table(cache), index, item.url)
+        data = read(index, item.url)
         if data is not None:
             values[1] += 1                          # packed_hits
         else:
@@ -305,10 +308,14 @@ class Dataset(_Base):
             raise TypeError(f"dataset indices must be integers, not {type(index).__name__}")
         item = items[index]             # IndexError past the end, as a list
         cache = self._cache_ref.get()
-        data = self._cached(cache, item, index % len(items))
+        table = self._hits.table(cache)
+        slot = self._slot()
+        if slot.values[0] & 63 == 0:
+            table.refresh()
+            table.settle()
+        data = self._cached(cache, item, index % len(items), self._hits.reader(table), slot.values)
         if data is None:
             data = self._read_counted(cache, item)
-        slot = self._slot()
         if slot.values[0] & 63 == 0:
             slot.publish()
         return self._sample(item, data)
