@@ -253,7 +253,7 @@ class Cache:
         ``table.settle()`` after (its hits then count in :meth:`stats`)."""
         from manyfiles.cache._hits import HitTable
 
-        return HitTable(self._store, ids)
+        return HitTable(self._store, ids, packed_max=self.verify_whole_max)
 
     # -- exchange with other tools (s3pull --cache: _exchange.py) ------------------------------------
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from manyfiles.cache import _format as fmt
 from manyfiles.cache._index import BUSY_TIMEOUT_S
 from manyfiles.cache._origin import file_validator
+from manyfiles.cache._packs import PACK_MAX_OBJECT
 
 if TYPE_CHECKING:
     from manyfiles.cache._store import BlockStore
@@ -38,7 +39,7 @@ class HitTable:
     thread: :meth:`get` reads one by its position, :meth:`refresh` learns what changed (call it
     before a batch), :meth:`settle` hands the hits to the cache's counters (after a batch)."""
 
-    def __init__(self, store: BlockStore, ids: bytes) -> None:
+    def __init__(self, store: BlockStore, ids: bytes, *, packed_max: int = PACK_MAX_OBJECT) -> None:
         if len(ids) % ID:
             raise ValueError("object ids are 16 bytes each")
         self._store = store
@@ -55,6 +56,8 @@ class HitTable:
         self._seq = 0                            # the index's records up to here are loaded
         self._wanted: sqlite3.Connection | None = None
         self._bs = store.block_size
+        #: objects up to this size are held whole in packs, or not held at all (never in blocks)
+        self.packed_max = min(PACK_MAX_OBJECT, packed_max)
         #: hits since the last settle (objects, blocks, bytes)
         self.hits = self.blocks = self.hit_bytes = 0
         self.enabled = not store.verify          # (verify=True: the general path checks each record once)
@@ -79,6 +82,34 @@ class HitTable:
         self.hit_bytes += n
         self._used[s] = 1
         return data
+
+    def get_elsewhere(self, i: int, size: int) -> bytes | None:
+        """Object ``i`` (``size`` bytes, up to :attr:`packed_max`) if this process holds it whole but
+        not where the table looked: queued for the cache disk, appended to its pack and not
+        accounted yet, or in a whole file of its own (a cache written before packs).  None: fetch
+        it.  (A record another process accounted since the last refresh is seen at the next.)"""
+        store = self._store
+        objid = self._ids[i * ID:(i + 1) * ID]
+        data = store.fills.queued_whole(objid)
+        if data is None:
+            loc = store.packs.pending.get(objid)
+            if loc is not None and loc.length == size:
+                data = store.packs.read(loc)
+        if data is None:
+            fd = store.open_whole(objid, size)
+            if fd is not None:
+                try:
+                    data = os.pread(fd, size, 0)
+                finally:
+                    os.close(fd)
+                if len(data) != size:
+                    data = None
+        if data is not None:
+            self.hits += 1
+            self.blocks += -(-size // self._bs)
+            self.hit_bytes += size
+            store.counters.note_access(objid, 0.0)
+        return bytes(data) if data is not None else None
 
     def get_file(self, i: int, path: bytes) -> bytes | None:
         """As :meth:`get`, for a local/NFS file whose version is its ``stat``: read only if the
@@ -151,6 +182,9 @@ class HitTable:
     # -- loading ---------------------------------------------------------------------------------------
 
     def _load(self) -> None:
+        top = self._store.index.top_record()
+        if top <= self._seq:
+            return                  # nothing new (a fresh cache: no table of ids built for nothing)
         c = self._wanted_conn()
         c.execute("BEGIN")          # (one snapshot: no record lands between the two queries)
         try:
@@ -174,11 +208,10 @@ class HitTable:
         if self._wanted is None:
             c = sqlite3.connect(self._store.index.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
             c.execute("CREATE TEMP TABLE wanted(objid BLOB PRIMARY KEY, i INTEGER NOT NULL) WITHOUT ROWID")
-            ids = self._ids
-            c.execute("BEGIN")
-            c.executemany("INSERT OR IGNORE INTO temp.wanted VALUES(?, ?)",
-                          ((ids[k * ID:(k + 1) * ID], k) for k in range(len(ids) // ID)))
-            c.execute("COMMIT")
+            # (one statement cutting the ids out of the blob: twice as fast as a row per execute)
+            c.execute("INSERT OR IGNORE INTO temp.wanted WITH RECURSIVE k(j) AS (SELECT 0 UNION ALL "
+                      "SELECT j + 1 FROM k WHERE j + 1 < ?2) SELECT substr(?1, j * 16 + 1, 16), j FROM k",
+                      (self._ids, len(self._ids) // ID))
             self._wanted = c
         return self._wanted
 

@@ -400,6 +400,10 @@ class Index:
         return self._conn().execute("SELECT objid, offset, length, crc FROM packed WHERE pack=? "
                                     "ORDER BY offset", (pack,)).fetchall()
 
+    def top_record(self) -> int:
+        """The sequence number of the newest record the index names (0: none)."""
+        return self._conn().execute("SELECT COALESCE(MAX(seq), 0) FROM packed").fetchone()[0]
+
     def cleared(self) -> int:
         """How many times the cache was cleared (a pack taken before a clear is not the cache's any more)."""
         row = self._conn().execute("SELECT value FROM meta WHERE key='cleared'").fetchone()

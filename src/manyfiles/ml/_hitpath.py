@@ -47,6 +47,12 @@ class HitPath:
             self._local.table = got = (os.getpid(), cache, table)
         return got[2]
 
+    def elsewhere(self, table: Any) -> Any:
+        """``table`` if an object up to ``table.packed_max`` that it does not hold can be held
+        only where this process finds it without the index (``table.get_elsewhere``); None when the
+        general path must look (a file dataset: its versions are ``stat``'s; ``verify=True``)."""
+        return table if table.enabled and not self.files else None
+
     def reader(self, table: Any) -> Callable[[int, str], bytes | None]:
         """``read(index, url)``: object ``index`` from the packs through ``table``, or None (read it
         through the cache's general path)."""

@@ -169,7 +169,7 @@ class _Base:
         cache = self._cache_ref.get()
         table = self._hits.table(cache)
         table.refresh()
-        read, counts = self._hits.reader(table), self._slot().values
+        read, elsewhere, counts = self._hits.reader(table), self._hits.elsewhere(table), self._slot().values
         window: deque[tuple[Item, bytes | None]] = deque()
         fetcher: ObjectFetcher | None = None
         it = iter(indexes)
@@ -182,7 +182,7 @@ class _Base:
                         more = False
                         break
                     item = items[i]
-                    data = self._cached(cache, item, i, read, counts)
+                    data = self._cached(cache, item, i, read, elsewhere, counts)
                     if data is None and self._fetchable(item):
                         fetcher = fetcher or self._fetcher_for()
                         if fetcher is not None:
@@ -250,16 +250,19 @@ class _Base:
                        for it, st in zip(items, stats, strict=True))
         return HitPath(ids, files=True)
 
-    def _cached(self, cache: Cache, item: Item, index: int, read: Callable,
+    def _cached(self, cache: Cache, item: Item, index: int, read: Callable, elsewhere: Any,
                 values: list[int]) -> bytes | None:
         """The object from the cache at its listed version, or None; counted and timed (``read``:
-        this thread's hit path, ``values``: this process's counters)."""
+        this thread's hit path; ``elsewhere``: its table when what it does not hold may be held
+        elsewhere in this process only, else None; ``values``: this process's counters)."""
         t0 = time.perf_counter_ns()
         data = read(index, item.url)
         if data is not None:
             values[1] += 1                          # packed_hits
+        elif elsewhere is not None and item.size is not None and item.size <= elsewhere.packed_max:
+            data = elsewhere.get_elsewhere(index, item.size)
         else:
-            data = self._cached_export(cache, item)
+            data = self._cached_export(cache, item)     # (held in blocks, perhaps: the general path)
         values[0] += 1                              # samples
         if data is not None:
             values[2] += 1                          # hits
@@ -313,7 +316,8 @@ class Dataset(_Base):
         if slot.values[0] & 63 == 0:
             table.refresh()
             table.settle()
-        data = self._cached(cache, item, index % len(items), self._hits.reader(table), slot.values)
+        data = self._cached(cache, item, index % len(items), self._hits.reader(table),
+                            self._hits.elsewhere(table), slot.values)
         if data is None:
             data = self._read_counted(cache, item)
         if slot.values[0] & 63 == 0:
