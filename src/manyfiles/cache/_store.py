@@ -33,6 +33,7 @@ import time
 import warnings
 from collections.abc import Callable
 
+from manyfiles._core.procs import pid_alive
 from manyfiles.cache import _format as fmt
 from manyfiles.cache._counters import Counters
 from manyfiles.cache._format import trace
@@ -429,7 +430,7 @@ def clean_stale_temps(tmp: str) -> int:
         for e in it:
             pid = e.name.partition("-")[0]
             try:
-                dead = not pid.isdigit() or not _alive(int(pid))
+                dead = not pid.isdigit() or not pid_alive(int(pid))
                 old = now - e.stat(follow_symlinks=False).st_mtime > STALE_TEMP_AGE
                 if pid == me or not (dead or old):
                     continue
@@ -442,12 +443,3 @@ def clean_stale_temps(tmp: str) -> int:
                 pass
     return removed
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

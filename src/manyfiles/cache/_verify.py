@@ -115,12 +115,18 @@ def _verify_whole(store: BlockStore, e: Entry, check: tuple[str, str | None] | N
         sound = os.fstat(fd).st_size == e.size and store.whole_sound(e.objid, fd, e.size)
     finally:
         os.close(fd)
+    if sound or store.index.entry(e.objid) is not None:   # (else: removed meanwhile, by another process)
+        _count_whole(store, e, check, report, sound, "copy")
+
+
+def _count_whole(store: BlockStore, e: Entry, check: tuple[str, str | None] | None, report: Any, sound: bool,
+                 what: str) -> None:
+    """Count an object held whole by the check it passed (``sound``: its bytes at rest still pass
+    it), or drop it (wrong data)."""
     if not sound:
-        if store.index.entry(e.objid) is None:
-            return
         report.corrupt += 1
         report.wrong += 1
-        report.add_failure(_shown(e), "its cached copy failed its check: dropped", "wrong")
+        report.add_failure(_shown(e), f"its cached {what} failed its check: dropped", "wrong")
         store.remove_object(e.objid, e.size)
         return
     report.blocks += 1
@@ -145,20 +151,9 @@ def _verify_packed(store: BlockStore, e: Entry, check: tuple[str, str | None] | 
         data = store.packs.read_record(Location(*row), e.objid)
     except OSError:
         data = None
-    if data is None or len(data) != e.size or not store.packed_sound(e.objid, data):
-        if index.packed(e.objid) != row or index.entry(e.objid) is None:
-            return          # removed (or packed again elsewhere) meanwhile, by another process
-        report.corrupt += 1
-        report.wrong += 1
-        report.add_failure(_shown(e), "its cached record failed its check: dropped", "wrong")
-        store.remove_object(e.objid, e.size)
-        return
-    report.blocks += 1
-    report.bytes += e.size
-    if check is not None and check[0] == fmt.SIZE_ONLY:
-        report.unverifiable += 1
-    else:
-        report.verified += 1
+    sound = data is not None and len(data) == e.size and store.packed_sound(e.objid, data)
+    if sound or (index.packed(e.objid) == row and index.entry(e.objid) is not None):
+        _count_whole(store, e, check, report, sound, "record")    # (else: removed meanwhile, elsewhere)
 
 
 def _verify_pack_files(store: BlockStore, report: Any) -> None:

@@ -19,6 +19,8 @@ import tempfile
 import weakref
 from typing import Any
 
+from manyfiles._core.procs import pid_alive
+
 #: what a dataset counts itself, then the cache's per-process counters (Cache.process_stats)
 DATASET_FIELDS = ("samples", "packed_hits", "hits", "fetched", "hit_ns", "hit_bytes", "fetched_bytes")
 CACHE_FIELDS = ("fills_queued", "fill_bytes_queued", "fills_done", "fill_bytes_done", "fills",
@@ -31,16 +33,6 @@ PREFIX = "manyfiles-dataset-"
 def _base() -> str:
     shm = "/dev/shm"
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Board:
@@ -149,5 +141,5 @@ def _clean_stale(base: str) -> None:
             if not e.name.startswith(PREFIX):
                 continue
             pid = e.name[len(PREFIX):].partition("-")[0]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 shutil.rmtree(e.path, ignore_errors=True)
