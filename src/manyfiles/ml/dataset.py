@@ -183,6 +183,9 @@ class _Base:
                         break
                     item = items[i]
                     data = self._cached(cache, item, i, read, elsewhere, counts)
+                    if data is not None and not window:
+                        yield item, data        # a hit with nothing before it: straight out
+                        continue
                     if data is None and self._fetchable(item):
                         fetcher = fetcher or self._fetcher_for()
                         if fetcher is not None:
