@@ -248,10 +248,12 @@ class _Base:
                                    sizes=[it.size for it in items], settings=listing.settings)
             return HitPath(ids, files=False)
         stats = listing.take_stats()
-        none = b"\0" * 16              # (a file gone since it was listed: never found)
-        ids = b"".join(cache.object_ids([it.url], stats=[st]) if st is not None else none
-                       for it, st in zip(items, stats, strict=True))
-        return HitPath(ids, files=True)
+        there = [k for k, st in enumerate(stats) if st is not None]
+        found = cache.object_ids([items[k].url for k in there], stats=[stats[k] for k in there])
+        ids = bytearray(16 * len(items))        # (a file gone since it was listed: all zeros, never found)
+        for n, k in enumerate(there):
+            ids[16 * k:16 * k + 16] = found[16 * n:16 * n + 16]
+        return HitPath(bytes(ids), files=True)
 
     def _cached(self, cache: Cache, item: Item, index: int, read: Callable, elsewhere: Any,
                 values: list[int]) -> bytes | None:
@@ -318,11 +320,11 @@ class Dataset(_Base):
         slot = self._slot()
         if slot.values[0] & 63 == 0:
             table.refresh()
-            table.settle()
         data = self._cached(cache, item, index % len(items), self._hits.reader(table),
                             self._hits.elsewhere(table), slot.values)
         if data is None:
             data = self._read_counted(cache, item)
+        table.settle()
         if slot.values[0] & 63 == 0:
             slot.publish()
         return self._sample(item, data)
