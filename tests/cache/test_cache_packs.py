@@ -18,7 +18,9 @@ from cachekit import blob, cli
 
 from manyfiles.cache import Cache
 from manyfiles.cache import _format as fmt
+from manyfiles.cache._index import Index, Version
 from manyfiles.cache._origin import FileOrigin
+from manyfiles.cache._packs import Packs
 from manyfiles.errors import UsageError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -258,3 +260,39 @@ def test_a_cache_of_a_newer_format_is_refused_not_misread(tmp_path: Path):
         Cache(cache_dir)
     r = cli("cache", "stats", "--dir", str(cache_dir))
     assert r.returncode == 2 and b"Traceback" not in r.stderr
+
+
+def _one_pack_store(root: Path) -> tuple[Index, Packs]:
+    root.mkdir()
+    index = Index(str(root / fmt.INDEX), 1 << 20)
+    return index, Packs(str(root), index)
+
+
+def _version(name: str, data: bytes) -> Version:
+    return Version(name.encode().ljust(16, b"."), name.encode(), b"v1", len(data), time.time())
+
+
+def test_records_accounted_after_their_pack_was_removed_do_not_bring_it_back(tmp_path: Path):
+    # The appender's second record was appended before it heard that its first one gave the pack
+    # its row; the pack is then evicted (its file unlinked) before the second is accounted.
+    index, packs = _one_pack_store(tmp_path / "c")
+    first = packs.append(_version("a", b"x" * 100), b"x" * 100, "sha256", "{}", 1)
+    second = packs.append(_version("b", b"y" * 100), b"y" * 100, "sha256", "{}", 1)
+    assert index.record_fills([first], time.time()).packs_seen == {first.pack}
+    index.remove_packs([first.pack])
+    packs.unlink(first.pack)
+    out = index.record_fills([second], time.time())
+    assert out.lost_packs == {first.pack}
+    assert index.packs() == [] and index.packed(second.version.objid) is None, "a row for a file gone"
+
+
+def test_a_pack_not_accounted_yet_stays_readable_when_another_pack_is_removed(tmp_path: Path):
+    index, packs = _one_pack_store(tmp_path / "c")
+    data = b"z" * 300
+    packed = packs.append(_version("a", data), data, "sha256", "{}", 1)
+    loc = packs.locate(packed.version.objid)
+    assert packs.read(loc) == data
+    packs.removed(1)                              # another process removed a pack of its own
+    assert packs.read(loc) == data, "its own pending record taken for gone"
+    index.record_fills([packed], time.time())
+    assert packs.read(packs.locate(packed.version.objid)) == data

@@ -76,6 +76,7 @@ CREATE TABLE IF NOT EXISTS packs(
     last_access REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS packs_lru ON packs(last_access);
+CREATE TABLE IF NOT EXISTS removed_packs(id INTEGER PRIMARY KEY, at REAL NOT NULL);
 """
 _MIGRATE_1_TO_2 = ("ALTER TABLE entries ADD COLUMN whole INTEGER NOT NULL DEFAULT 0",
                    "ALTER TABLE verified ADD COLUMN claim TEXT")
@@ -118,9 +119,8 @@ class Whole(NamedTuple):
 class Packed(NamedTuple):
     """A small object version just appended to a pack as one record, to be accounted: where
     (``pack``, ``offset`` of the record, payload ``length`` and ``crc``), the check its bytes passed
-    and its claim (as :class:`Whole`).  ``known``: the appender had seen its pack accounted already
-    (a pack that is not any more was removed: the record is lost with it); ``cleared``: the cache's
-    clear count when the appender took the pack (a clear since makes its records lost)."""
+    and its claim (as :class:`Whole`).  ``cleared``: the cache's clear count when the appender took
+    the pack (a clear since makes its records lost; a pack removed otherwise leaves a tombstone)."""
 
     version: Version
     pack: int
@@ -130,7 +130,6 @@ class Packed(NamedTuple):
     method: str
     claim: str
     nblocks: int
-    known: bool
     cleared: int
 
     @property
@@ -671,6 +670,7 @@ class Index:
             c.execute("DELETE FROM verified")
             c.execute("DELETE FROM packed")
             c.execute("DELETE FROM packs")
+            c.execute("DELETE FROM removed_packs")      # (the clear count covers every pack taken before)
             c.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key='cleared'")
             c.execute("UPDATE counters SET value=0")
 
@@ -686,9 +686,9 @@ def _cleared(c: sqlite3.Connection) -> int:
 
 def _grow_packs(c: sqlite3.Connection, records: list[Packed], now: float, out: Recorded) -> int:
     """Make room for ``records`` in their packs' rows (a pack's row is created with its first
-    records); returns the bytes the packs grew by.  A pack whose row is gone (evicted or cleared
-    under its appender: it had seen its row, or a clear came since it took the pack) is lost, with
-    every record of it (``out.lost_packs``)."""
+    records); returns the bytes the packs grew by.  A pack removed under its appender (evicted,
+    dropped by verify: its tombstone says so; or cleared since the appender took it) is lost, with
+    every record of it (``out.lost_packs``): its file is gone."""
     cleared = _cleared(c)
     by_pack: dict[int, list[Packed]] = {}
     for f in records:
@@ -697,7 +697,8 @@ def _grow_packs(c: sqlite3.Connection, records: list[Packed], now: float, out: R
     for pack, fs in by_pack.items():
         row = c.execute("SELECT size FROM packs WHERE id=?", (pack,)).fetchone()
         if row is None:
-            if any(f.known or f.cleared != cleared for f in fs):
+            if (any(f.cleared != cleared for f in fs)
+                    or c.execute("SELECT 1 FROM removed_packs WHERE id=?", (pack,)).fetchone()):
                 out.lost_packs.add(pack)
                 continue
             c.execute("INSERT INTO packs VALUES(?, ?, 0, 0, ?, ?)", (pack, PACK_HEADER_SIZE, now, now))
@@ -784,6 +785,8 @@ def _delete_pack(c: sqlite3.Connection, pack: int, size: int) -> Victim:
     n = c.execute("DELETE FROM entries WHERE pack=?", (pack,)).rowcount
     c.execute("DELETE FROM packed WHERE pack=?", (pack,))
     c.execute("DELETE FROM packs WHERE id=?", (pack,))
+    # (its appender may still account records it appended before: they must not bring it back)
+    c.execute("INSERT OR REPLACE INTO removed_packs VALUES(?, ?)", (pack, time.time()))
     return Victim(b"", b"", size, True, pack, n)
 
 

@@ -102,8 +102,8 @@ class _Active:
     """The pack this process appends to: its descriptor (holding the ``flock``), where the next
     record goes, and the writes in flight (its descriptor is closed after the last one)."""
 
-    def __init__(self, pack: int, fd: int, end: int, known: bool, cleared: int) -> None:
-        self.pack, self.fd, self.end, self.known, self.cleared = pack, fd, end, known, cleared
+    def __init__(self, pack: int, fd: int, end: int, cleared: int) -> None:
+        self.pack, self.fd, self.end, self.cleared = pack, fd, end, cleared
         self.inflight = 0
         self.retired = False
 
@@ -170,7 +170,7 @@ class Packs:
                     os.close(a.fd)
         loc = Location(a.pack, offset, n, crc)
         self.pending[version.objid] = loc
-        return Packed(version, a.pack, offset, n, crc, method, claim, nblocks, a.known, a.cleared)
+        return Packed(version, a.pack, offset, n, crc, method, claim, nblocks, a.cleared)
 
     def accounted(self, fills: list[Packed], seen: set[int], lost: set[int]) -> None:
         """The index now names ``fills`` (or lost them with their pack): not pending any more.
@@ -180,8 +180,6 @@ class Packs:
                 self.pending.pop(f.version.objid, None)
         with self._append_lock:
             a = self._active
-            if a is not None and a.pack in seen:
-                a.known = True
             if a is not None and a.pack in lost:
                 self._retire(a)
                 self._active = None
@@ -222,7 +220,7 @@ class Packs:
             with contextlib.suppress(OSError):
                 os.unlink(path)
             raise
-        return _Active(pack, fd, fmt.PACK_HEADER_SIZE, False, cleared)
+        return _Active(pack, fd, fmt.PACK_HEADER_SIZE, cleared)
 
     def _adopt(self) -> _Active | None:
         """A pack the index accounts, not full, that no live process holds, whose file ends past
@@ -251,7 +249,7 @@ class Packs:
             except OSError:
                 ok = False
             if ok:
-                return _Active(r.id, fd, end, True, cleared)
+                return _Active(r.id, fd, end, cleared)
             os.close(fd)
         return None
 
@@ -306,13 +304,24 @@ class Packs:
         data = os.pread(fd, loc.length, loc.offset + fmt.RECORD_HEADER_SIZE)
         return data if len(data) == loc.length else None
 
-    def read_record(self, loc: Location, objid: bytes) -> bytes | None:
+    def read_record(self, loc: Location, objid: bytes, *, fresh: bool = False) -> bytes | None:
         """The payload at ``loc`` after checking its record: header (this object, this place) and
-        CRC-32 (``verify=True``, ``cache verify``); None if it fails or is gone."""
-        fd = self.fd(loc.pack)
-        if fd is None:
-            return None
-        raw = os.pread(fd, fmt.RECORD_HEADER_SIZE + loc.length, loc.offset)
+        CRC-32 (``verify=True``, ``cache verify``); None if it fails or is gone.  ``fresh``: on a
+        descriptor opened for it (not one kept open, which a removal may have emptied)."""
+        if fresh:
+            try:
+                fd = os.open(self.path(loc.pack), _O_READ)
+            except FileNotFoundError:
+                return None
+            try:
+                raw = os.pread(fd, fmt.RECORD_HEADER_SIZE + loc.length, loc.offset)
+            finally:
+                os.close(fd)
+        else:
+            fd = self.fd(loc.pack)
+            if fd is None:
+                return None
+            raw = os.pread(fd, fmt.RECORD_HEADER_SIZE + loc.length, loc.offset)
         if not fmt.record_sound(raw, objid, loc.offset, loc.length):
             return None
         return raw[fmt.RECORD_HEADER_SIZE:]
@@ -332,9 +341,11 @@ class Packs:
                 except Exception:
                     live = None
                 if live is not None:
+                    # (a pack not in the index may be one whose first records are not accounted yet,
+                    # read here from ``pending``: its descriptor goes, but it is not taken for gone --
+                    # the next read opens it again, or finds it removed)
                     for pack in [p for p in self._fds if p not in live]:
                         self._retired.append((_emptied(self._fds.pop(pack)), now))
-                        self._gone.add(pack)
             keep = []
             for fd, at in self._retired:
                 if now - at >= RETIRE_AFTER:

@@ -174,13 +174,32 @@ class BlockStore:
             if self.verify and key not in self._checked:
                 data = self.packs.read_record(loc, objid)
                 if data is None:
-                    self.discard_packed(objid, loc)
-                    return None
+                    named, data = self.reread_record(objid, loc)
+                    if data is None:
+                        if named:
+                            self.discard_packed(objid, loc)
+                        return None
                 self._remember_checked(key)
                 return data
             return self.packs.read(loc)
         except OSError:
             return None
+
+    def reread_record(self, objid: bytes, loc: Location) -> tuple[bool, bytes | None]:
+        """A record that failed its check, read again on a descriptor of its own while this holds the
+        index's write lock: a removal of its pack (another thread's or process's eviction) unlinks
+        the file and empties descriptors before its transaction commits, and none is in flight then.
+        Returns (the index still names it there, its payload if its record is sound now)."""
+        try:
+            with self.index.write():
+                if self.index.packed(objid) != tuple(loc):
+                    return False, None
+                try:
+                    return True, self.packs.read_record(loc, objid, fresh=True)
+                except OSError:
+                    return True, None
+        except sqlite3.Error:
+            return False, None
 
     def discard_packed(self, objid: bytes, loc: Location) -> None:
         """Forget a packed object whose record failed its check (its bytes stay dead in the pack)."""

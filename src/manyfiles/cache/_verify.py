@@ -147,13 +147,18 @@ def _verify_packed(store: BlockStore, e: Entry, check: tuple[str, str | None] | 
             report.missing += 1
             index.remove_objects([e.objid])
         return
+    loc = Location(*row)
     try:
-        data = store.packs.read_record(Location(*row), e.objid)
+        data = store.packs.read_record(loc, e.objid)
     except OSError:
         data = None
     sound = data is not None and len(data) == e.size and store.packed_sound(e.objid, data)
-    if sound or (index.packed(e.objid) == row and index.entry(e.objid) is not None):
-        _count_whole(store, e, check, report, sound, "record")    # (else: removed meanwhile, elsewhere)
+    if not sound:
+        named, data = store.reread_record(e.objid, loc)
+        if not named:
+            return                                                   # removed meanwhile, elsewhere
+        sound = data is not None and len(data) == e.size and store.packed_sound(e.objid, data)
+    _count_whole(store, e, check, report, sound, "record")
 
 
 def _verify_pack_files(store: BlockStore, report: Any) -> None:
