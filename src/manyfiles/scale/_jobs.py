@@ -246,7 +246,7 @@ def execute_shard(job: Job, shard: Any, publish: Publish, attempt: Attempt = NO_
         with running(attempt):
             result = job.run(shard, guarded(publish, attempt))
     except Exception as exc:
-        result = ShardResult(error=(type(exc).__name__, str(exc) or repr(exc)))
+        result = ShardResult(error=(type(exc).__name__, str(exc) or "no message"))
     failures = getattr(result.report, "failures", None)
     if failures is not None and len(failures) > MAX_FAILURES_PER_SHARD:
         result.failures_not_listed = len(failures) - MAX_FAILURES_PER_SHARD
@@ -270,7 +270,7 @@ def raise_shard_error(result: ShardResult) -> None:
             raise cls(text)
         except TypeError:      # a class whose constructor wants more than a message
             pass
-    raise ManyfilesError(f"{name}: {text}")
+    raise ManyfilesError(f"unexpected error: {text}")      # a Python class name tells a user nothing
 
 
 class Throttle:
