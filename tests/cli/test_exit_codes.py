@@ -18,6 +18,11 @@ nothing-matched      1    an S3 SOURCE (prefix) with no object
 interrupted          130  SIGINT while the command is held, parsed, before its work
 ==================== ==== ==========================================================================
 
+Below the table, the edges a new user met (issue 26), each as real processes: a malformed AWS config
+or credentials file, an endpoint that is no URL, options that exclude each other, unsafe keys, a closed
+output (141 for every verb), names with newlines and bytes that are not UTF-8, the empty path, cache
+verbs on a folder that holds no cache, trace on a FIFO, ``shard --csv -``, shard on /proc.
+
 The extras are hidden for real: a ``sitecustomize`` on PYTHONPATH takes the packages out of the import
 system of the child process (``HIDE=boto3,botocore``), so ``import boto3`` fails there as it does
 where the extra is not installed.
@@ -491,10 +496,15 @@ def test_a_cache_verb_that_does_not_make_caches_makes_none(verb: str, tmp_path: 
     line = _one_line(_run(["manyfiles", "cache", verb, "--dir", "nope"], tmp_path), "manyfiles", 1)
     assert line == "manyfiles: nope: no cache there (No such file or directory)"
     assert not (tmp_path / "nope").exists()
-    (tmp_path / "plain").mkdir()
-    line = _one_line(_run(["manyfiles", "cache", verb, "--dir", "plain"], tmp_path), "manyfiles", 1)
-    assert line == "manyfiles: plain: not a manyfiles cache (no manyfiles-cache.json)"
-    assert os.listdir(tmp_path / "plain") == []
+    (tmp_path / "empty").mkdir()
+    line = _one_line(_run(["manyfiles", "cache", verb, "--dir", "empty"], tmp_path), "manyfiles", 1)
+    assert line == "manyfiles: empty: no cache there (an empty folder)"
+    assert os.listdir(tmp_path / "empty") == []
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "file").write_text("x")         # not a cache: the cache refuses it (2)
+    line = _one_line(_run(["manyfiles", "cache", verb, "--dir", "other"], tmp_path), "manyfiles", 2)
+    assert "not a manyfiles cache and not empty (file)" in line
+    assert os.listdir(tmp_path / "other") == ["file"]
 
 
 @pytest.mark.parametrize("make", ["fifo", "device"])

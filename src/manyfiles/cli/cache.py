@@ -46,7 +46,7 @@ from manyfiles.cli._common import (
     resolve_progress,
     retry_base,
 )
-from manyfiles.errors import ManyfilesError, NotFound, from_oserror, shown
+from manyfiles.errors import NotFound, from_oserror, shown
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -83,14 +83,16 @@ CACHE_DESCRIPTOR = "manyfiles-cache.json"
 
 
 def existing_cache(directory: str) -> None:
-    """Raise unless ``directory`` holds a cache: only ``warm`` makes one, the verbs that read or
-    trim a cache never do (a typo in ``--dir`` is a missing path, exit 1, as everywhere)."""
+    """Raise unless ``directory`` may hold a cache: only ``warm`` makes one, the verbs that read or
+    trim a cache never do.  A missing or empty folder holds none (exit 1, as a missing path); a
+    folder of other things is the cache's own refusal (exit 2, naming what is there)."""
     try:
         os.stat(os.path.join(directory, CACHE_DESCRIPTOR))
     except FileNotFoundError:
         if not os.path.isdir(directory):
             raise NotFound(f"{shown(directory)}: no cache there ({os.strerror(errno.ENOENT)})") from None
-        raise ManyfilesError(f"{shown(directory)}: not a manyfiles cache (no {CACHE_DESCRIPTOR})") from None
+        if not os.listdir(directory):
+            raise NotFound(f"{shown(directory)}: no cache there (an empty folder)") from None
     except OSError as exc:
         raise from_oserror(exc, directory) from exc
 
