@@ -115,9 +115,9 @@ _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\"}
 def shown(name: str | bytes) -> str:
     """A path or key as error lines print it: one printable line, the same rule for every tool.
 
-    Control characters become ``\\n``, ``\\t``, ``\\r``, ``\\xNN`` (``\\uNNNN`` for other characters
-    that do not print, such as U+2028), bytes that are not UTF-8
-    ``\\xNN`` and a backslash ``\\\\`` (so nothing is ambiguous); the empty name is ``''``.
+    Control characters become ``\\n``, ``\\t``, ``\\r`` or ``\\xNN``, other characters that do not
+    print (U+2028) ``\\uNNNN``, bytes that are not UTF-8 ``\\xNN`` and a backslash ``\\\\`` (so
+    nothing is ambiguous); the empty name is ``''``.
 
     Example:
         >>> shown("a\\nb"), shown(b"x\\xffy"), shown("")

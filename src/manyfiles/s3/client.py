@@ -33,10 +33,10 @@ def _check_endpoint_url(url: str | None, source: str | None) -> None:
         return
     parts = urlsplit(url)
     try:
-        port_ok = parts.port is None or parts.port >= 0    # .port raises for one out of 0..65535
+        port_is_fine = parts.port is None or parts.port >= 0    # raises for one outside 0..65535
     except ValueError:
-        port_ok = False
-    if parts.scheme.lower() in ("http", "https") and parts.hostname and port_ok:
+        port_is_fine = False
+    if port_is_fine and parts.scheme.lower() in ("http", "https") and parts.hostname:
         return
     if source is None:
         source = next((v for v in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL") if os.environ.get(v) == url),

@@ -269,7 +269,7 @@ def raise_shard_error(result: ShardResult) -> None:
         try:
             raise cls(text)
         except TypeError:      # a class whose constructor wants more than a message
-            pass
+            raise ManyfilesError(text) from None
     raise ManyfilesError(f"unexpected error: {text}")      # a Python class name tells a user nothing
 
 

@@ -55,11 +55,12 @@ class Migration:
         try:
             self.lock.acquire()
         except OSError as exc:
-            os.close(self.rootfd)
             why = f"{describe_oserror(exc)} (nothing was moved)"
-            if exc.errno == errno.ENOENT:   # in a folder we hold open: /proc, /sys make no new files
+            if exc.errno == errno.ENOENT and os.fstat(self.rootfd).st_nlink:
+                # in a folder that is there (held open, not removed): /proc, /sys make no new files
                 why = (f"cannot create {LOCK.decode()} here: this file system makes no new files "
                        f"({describe_oserror(exc)}); nothing was moved")
+            os.close(self.rootfd)
             raise ManyfilesError(f"{shown(os.fsdecode(self.rootb))}: {why}") from exc
         except BaseException:
             os.close(self.rootfd)
