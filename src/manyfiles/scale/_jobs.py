@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from manyfiles import errors as _errors
 from manyfiles._core.progress import Progress, ProgressArg, check_progress, progress_for
 from manyfiles._core.report import Report
 from manyfiles.errors import ManyfilesError, UsageError
@@ -258,14 +257,25 @@ def execute_shard(job: Job, shard: Any, publish: Publish, attempt: Attempt = NO_
     return result
 
 
+def _our_error(name: str) -> type[ManyfilesError] | None:
+    """The manyfiles error class called ``name`` (errors.py's and the tools' own, LeaseLapsed...)."""
+    todo: list[type[ManyfilesError]] = [ManyfilesError]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ == name:
+            return cls
+        todo += cls.__subclasses__()
+    return None
+
+
 def raise_shard_error(result: ShardResult) -> None:
     """Re-raise a shard's error on the client as the manyfiles error it was (exit codes kept)."""
     if result.error is None:
         return
     name, message = result.error
-    cls = getattr(_errors, name, None)
+    cls = _our_error(name)
     text = f"{message} (on worker {result.worker})"
-    if isinstance(cls, type) and issubclass(cls, ManyfilesError):
+    if cls is not None:
         try:
             raise cls(text)
         except TypeError:      # a class whose constructor wants more than a message
