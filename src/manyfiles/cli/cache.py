@@ -44,6 +44,7 @@ from manyfiles.cli._common import (
     quiet_option,
     resolve_progress,
     retry_base,
+    timeout_options,
 )
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -91,19 +92,22 @@ def cache_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("--no-sign-request", is_flag=True, help="Anonymous S3 requests (public buckets).")
     @click.option("--strict", is_flag=True,
                   help="Never use cached bytes that no check covered (fetch and check the object whole).")
+    @timeout_options
     @functools.wraps(fn)
     def wrapper(*args: Any, cache_dir: str | None, max_size: int | None, min_free: int | None,
                 aws_profile: str | None, region: str | None, endpoint_url: str | None, no_sign_request: bool,
-                strict: bool, **kwargs: Any) -> Any:
+                strict: bool, connect_timeout: float, read_timeout: float, stall_timeout: float,
+                **kwargs: Any) -> Any:
         from manyfiles.cache import Cache
         from manyfiles.s3 import ClientSettings, RetryPolicy
 
         settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,
-                                  no_sign=no_sign_request)
+                                  no_sign=no_sign_request, connect_timeout=connect_timeout,
+                                  read_timeout=read_timeout)
         extra: dict[str, Any] = {} if min_free is None else {"min_free": min_free}
         base = retry_base()
-        if base is not None:
-            extra["retry"] = RetryPolicy(base=base)
+        extra["retry"] = RetryPolicy(base=RetryPolicy.base if base is None else base,
+                                     stall_timeout=stall_timeout)
         with Cache(cache_dir or default_dir(), max_size=max_size, settings=settings, strict=strict,
                    **extra) as cache:
             checkpoint("command")  # every command passes here once parsed, before any work
