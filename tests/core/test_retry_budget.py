@@ -16,7 +16,7 @@ import threading
 import pytest
 
 import manyfiles._core.retry as retry_module
-from manyfiles._core.progress import LOG_INTERVAL, Stall, StallWatch
+from manyfiles._core.progress import Stall, StallWatch
 from manyfiles._core.retry import CONNECT_TIMEOUT, READ_TIMEOUT, RetryPolicy, aretrying, retrying
 
 
@@ -84,8 +84,10 @@ def test_errors_the_other_end_answered_with_are_counted(clock: Clock) -> None:
 def test_silence_is_given_up_on_after_the_stall_timeout_or_half_of_it_for_a_first_contact(
         clock: Clock, first_contact: bool) -> None:
     """Every try waits 10 s for nothing: the policy gives up once its budget is spent, counted from
-    the first try: 120 s for an endpoint that answered before, 60 s for one that never did."""
+    the first try: the stall timeout and a few seconds (125 s) for an endpoint that answered before,
+    half the stall timeout (60 s) for one that never did."""
     policy = RetryPolicy(attempts=2, base=0.0, stall_timeout=120)
+    assert (policy.outage, policy.first_contact) == (125, 60)
     start = clock.now
     tries = []
 
@@ -96,9 +98,8 @@ def test_silence_is_given_up_on_after_the_stall_timeout_or_half_of_it_for_a_firs
 
     with pytest.raises(Failed):
         retrying(silent, policy, classify=same)
-    budget = 60 if first_contact else 120
-    assert clock.now - start == budget       # the try that crossed it was the last
-    assert len(tries) == budget // 10
+    spent = 60 if first_contact else 130     # the try that reached the budget was the last
+    assert clock.now - start == spent and len(tries) == spent // 10
 
 
 def test_an_answer_in_between_starts_the_silence_budget_again(clock: Clock) -> None:
@@ -211,7 +212,7 @@ def test_the_defaults_ride_out_a_minute_and_give_up_on_a_silent_endpoint_within_
         retrying(never_answers, policy, classify=same)
     assert clock.now - start <= 90
     watch = StallWatch.for_policy(policy)
-    assert watch.first_limit == policy.first_contact + LOG_INTERVAL <= 90
+    assert watch.first_limit == policy.first_contact + policy.GRACE <= 90
 
     # A minute's outage in the middle of a job, the worst case: a request sent just before it
     # waits READ_TIMEOUT for its answer, then every try fails at once (no route, refused) until the
@@ -231,7 +232,7 @@ def test_the_defaults_ride_out_a_minute_and_give_up_on_a_silent_endpoint_within_
         return "answered"
 
     assert retrying(through_the_outage, policy, classify=same) == "answered"
-    assert clock.now - start <= outage + policy.cap + CONNECT_TIMEOUT < policy.stall_timeout
+    assert clock.now - start <= outage + policy.cap + CONNECT_TIMEOUT < policy.stall_timeout < policy.outage
     watch = StallWatch.for_policy(policy)
     watch.answered = True
     assert not watch.expired(watch.since + outage + policy.cap + CONNECT_TIMEOUT)

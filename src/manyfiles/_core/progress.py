@@ -254,15 +254,20 @@ class StallWatch:
     @classmethod
     def for_policy(cls, policy: Any) -> StallWatch:
         """The watch of a run under ``policy`` (a :class:`~manyfiles._core.retry.RetryPolicy`): its
-        ``stall_timeout``, and until something moved its ``first_contact`` and a few seconds more,
-        so that a first request that gets nothing ends with its own error (which says what it
-        waited for) rather than this watch's; the watch stops runs that keep starting new ones."""
-        return cls(policy.stall_timeout, first_limit=policy.first_contact + LOG_INTERVAL,
+        ``stall_timeout``, and until something moved its ``first_contact`` and ``GRACE`` more, so
+        that a first request that gets nothing ends the run with its own error (which says what it
+        waited for) rather than this watch's."""
+        return cls(policy.stall_timeout, first_limit=policy.first_contact + policy.GRACE,
                    show_after=min(LOG_INTERVAL, policy.stall_timeout / 8))
 
     def failed(self, error: str) -> None:
         """An error that moved nothing (any thread)."""
         self.error = error
+
+    @property
+    def ever_moved(self) -> bool:
+        """Whether anything moved in this run yet (the endpoint answered)."""
+        return self.answered or self.moving
 
     def tick(self, progress: Progress | None, where: str | None, now: float | None = None) -> Stall | None:
         """:meth:`check`, shown on ``progress``; raises :class:`~manyfiles.errors.Stalled` (naming

@@ -10,11 +10,14 @@ Two budgets, by what the error says of the other end (its ``unanswered`` attribu
 * an error the other end answered with (a 5xx, a body cut short, a reset in the middle of one) is
   counted: ``attempts`` tries in all;
 * an error that heard nothing from it (refused, unreachable, timed out before any answer, a DNS
-  failure: ``unanswered`` true) is retried for a time, not a count: until ``stall_timeout`` seconds
-  have passed since the first try (or since the last answered one), so that an outage shorter than
-  that is ridden out however fast each try fails; an error that also says ``first_contact`` (the
-  other end never answered in this process) gets half of it (:attr:`RetryPolicy.first_contact`):
-  an endpoint that was never there is given up on sooner than one that went away.
+  failure: ``unanswered`` true) is retried for a time, not a count: for :attr:`RetryPolicy.outage`
+  seconds (the stall timeout and a few seconds more) since the first try, or since the last
+  answered one, so that an outage shorter than the stall timeout is ridden out however fast each
+  try fails, and a run whose requests all wait ends on its stall watch (one line) before they give
+  up one by one; an error that also says ``first_contact`` (the other end never answered in this
+  process) gets :attr:`RetryPolicy.first_contact`, half the stall timeout: an endpoint that was
+  never there is given up on sooner than one that went away, and the request's own error, which
+  says what it waited for, ends the run before its watch does.
 
 ``cancel`` (a ``threading.Event``) ends the wait between two tries: the last error is raised.
 
@@ -37,7 +40,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 T = TypeVar("T")
 
@@ -68,10 +71,17 @@ class RetryPolicy:
         """Full jitter (AWS architecture blog): uniform(0, min(cap, base * 2**attempt))."""
         return random.uniform(0.0, min(self.cap, self.base * (2 ** min(attempt, 60))))
 
+    GRACE: ClassVar[float] = 5.0   # seconds: see outage and StallWatch.for_policy
+
     @property
     def first_contact(self) -> float:
         """Seconds an endpoint that never answered is tried for: half the stall timeout."""
         return self.stall_timeout / 2
+
+    @property
+    def outage(self) -> float:
+        """Seconds an endpoint that answered before is tried for: the stall timeout and ``GRACE``."""
+        return self.stall_timeout + self.GRACE
 
 
 class Retryable(Exception):
@@ -148,7 +158,7 @@ def _next_attempt(exc: Exception, tries: _Tries, policy: RetryPolicy,
     delay = policy.delay(tries.failures)
     tries.failures += 1
     if getattr(err, "unanswered", False):
-        budget = policy.first_contact if getattr(err, "first_contact", False) else policy.stall_timeout
+        budget = policy.first_contact if getattr(err, "first_contact", False) else policy.outage
         if now - tries.since >= budget:
             _give_up(err, exc)
     else:

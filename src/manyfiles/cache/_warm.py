@@ -44,9 +44,9 @@ def warm(cache: Any, srcs: Iterable[Any], *, jobs: int, progress: ProgressArg) -
         def failed(shown: str, exc: ManyfilesError) -> None:
             code = _code(exc)
             if code in network_codes:
-                if getattr(exc, "first_contact", False):
-                    # the endpoint never answered, for the whole first-contact budget: every other
-                    # source would wait as long (an endpoint that went away: the stall watch decides)
+                if not run.watch.ever_moved:
+                    # the endpoint never answered this run, for a request's whole first-contact
+                    # budget: every other source would wait as long (one that went away: the watch)
                     run.stop.set()
                     raise exc
                 run.watch.failed(str(exc))

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from manyfiles._core.progress import LOG_INTERVAL, Progress, StallWatch
+from manyfiles.errors import Stalled
 from manyfiles.s3.engines.base import Ctx, Done, Failed
 from manyfiles.s3.keys import S3Url
 from manyfiles.s3.report import PullReport
@@ -46,7 +47,9 @@ class Consumer:
     (and the cache), and frees the producer's slot of each finished job.
 
     It also keeps the run's :class:`~manyfiles._core.progress.StallWatch`: every byte, object and
-    listed page moves it, every retry and network failure is its last error.  While nothing moves
+    listed page (the listing tells it) moves it, every retry and network failure is its last error;
+    an object that fails on the network before anything moved ends the run (the endpoint never
+    answered: every other object would wait as long).  While nothing moves
     it shows the stall on ``progress`` and sends a "stall" event every 5 s (:attr:`stall`: the
     :class:`~manyfiles._core.progress.Stall` now, None while moving); past the stall timeout it
     raises :class:`~manyfiles.errors.Stalled`, naming ``where`` (the endpoint)."""
@@ -88,7 +91,8 @@ class Consumer:
             elif kind == "data":
                 yield (job, value)
             elif kind == "plan":
-                watch.moving = True
+                if self.dry_run:        # (a run's plans are decisions, not progress)
+                    watch.moving = True
                 yield self._planned(job, value)
             elif kind == "failed":
                 yield self._failed(job, value)
@@ -100,7 +104,6 @@ class Consumer:
                 watch.moving = True
                 yield self._skipped(job, value)
             elif kind == "listed":
-                watch.moving = True
                 yield self._listed(value)
             elif kind == "fatal":
                 raise value
@@ -154,7 +157,14 @@ class Consumer:
         if not self.dry_run and job.engine:
             self.slots.release()
         self.report.add_failure(job.key, failed.reason, failed.code)
-        if failed.code in NETWORK_CODES or failed.code == "cancelled":
+        if failed.code in NETWORK_CODES:
+            if not self.watch.ever_moved:
+                # the endpoint never answered this run, for a request's whole first-contact budget:
+                # every other object would wait as long (one that went away: the watch decides)
+                raise Stalled(failed.reason if failed.reason.startswith(self.where + ": ")
+                              else f"{self.where}: {failed.reason}")
+            self.watch.failed(failed.reason)
+        elif failed.code == "cancelled":
             self.watch.failed(failed.reason)
         else:           # an answer (a 404, a failed check...): the endpoint is there, the run moves
             self.watch.moving = True
