@@ -78,7 +78,8 @@ def test_usage_errors_and_refused_dirs(tmp_path: Path):
         "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
         "AWS_DEFAULT_REGION": "us-east-1", "MANYFILES_RETRY_BASE": "0.001"})
     assert r.returncode == 1 and len(r.stderr.decode().splitlines()) == 1, r.stderr
-    assert r.stderr.decode() == "manyfiles: s3://no-such-bucket-xyz/k: http://127.0.0.1:9: connection refused\n"
+    assert r.stderr.decode() == \
+        "manyfiles: s3://no-such-bucket-xyz/k: http://127.0.0.1:9: connection refused\n"
 
 
 def test_warm_an_s3_prefix_from_the_command_line(tmp_path: Path, s3):

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from s3util import CREDS, Bucket, SilentServer, blob, files_under
+from s3util import CREDS, Bucket, SilentServer, blob, files_under, nth_get
 
 from terminal import stderr_on_a_terminal
 
@@ -99,17 +99,6 @@ def test_the_live_bar_says_stalled_too(silent, tmp_path):
 
 def seed(store: Bucket) -> dict[str, bytes]:
     return {f"{i:03d}": store.put(f"p/{i:03d}", blob(2000 + 11 * i, f"c{i}")) for i in range(24)}
-
-
-def nth_get(n: int):
-    seen = []
-
-    def pred(method, path, headers) -> bool:
-        if method != "GET" or "list-type" in path:
-            return False
-        seen.append(path)
-        return len(seen) == n
-    return pred
 
 
 @pytest.mark.parametrize("verb", ["s3pull", "cache warm"])

@@ -746,11 +746,13 @@ def _pump(a: socket.socket, b: socket.socket) -> None:
 
 class SilentServer:
     """A TCP server on 127.0.0.1 that accepts every connection and never answers (a black hole
-    behind a proxy that still accepts, a server wedged after accept).  ``accepted`` counts them."""
+    behind a proxy that still accepts, a server wedged after accept).  ``reset``: it reads the
+    request, then resets the connection (RST), still without an answer."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, reset: bool = False) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.reset = reset
         self.accepted: list[socket.socket] = []
         self.thread = threading.Thread(target=self._accept, name="silent-server", daemon=True)
         self.thread.start()
@@ -761,7 +763,12 @@ class SilentServer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            self.accepted.append(conn)
+            if self.reset:
+                conn.recv(65536)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()
+            else:
+                self.accepted.append(conn)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -770,6 +777,18 @@ class SilentServer:
         self.thread.join()
         for conn in self.accepted:
             conn.close()
+
+
+def nth_get(n: int):
+    """A fault predicate (``proxy.faults``) true for the ``n``-th object GET only (listings aside)."""
+    seen = []
+
+    def pred(method, path, headers) -> bool:
+        if method != "GET" or "list-type" in path:
+            return False
+        seen.append(path)
+        return len(seen) == n
+    return pred
 
 
 def refused_url() -> str:

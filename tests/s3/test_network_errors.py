@@ -13,11 +13,9 @@ from __future__ import annotations
 import errno
 import re
 import socket
-import struct
-import threading
 
 import pytest
-from s3util import CREDS, Bucket, SilentServer, blob, files_under, refused_url
+from s3util import CREDS, Bucket, SilentServer, blob, files_under, nth_get, refused_url
 
 from manyfiles.errors import Stalled, TransferError
 from manyfiles.s3 import ClientSettings, RetryPolicy, pull
@@ -46,31 +44,8 @@ def silent():
     server.close()
 
 
-class ResettingServer:
-    """Accepts, reads the request, resets the connection (RST, no answer)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            conn.recv(65536)
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
-
-
 def test_each_cause_is_one_wording_with_the_endpoint(silent):
-    resetting = ResettingServer()
+    resetting = SilentServer(reset=True)
     refused = refused_url()
     try:
         for url, want, code in [(refused, "connection refused", "refused"),
@@ -139,17 +114,6 @@ def store(moto_direct):
 
 def seed(store: Bucket, n: int = 30) -> dict[str, bytes]:
     return {f"{i:03d}": store.put(f"p/{i:03d}", blob(3000 + 7 * i, f"n{i}")) for i in range(n)}
-
-
-def nth_get(n: int):
-    seen = []
-
-    def pred(method, path, headers) -> bool:
-        if method != "GET" or "list-type" in path:
-            return False
-        seen.append(path)
-        return len(seen) == n
-    return pred
 
 
 @pytest.mark.parametrize(("strategy", "kind"), [("lean", "refuse"), ("http", "hang"), ("threads", "refuse"),

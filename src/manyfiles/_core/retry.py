@@ -67,11 +67,11 @@ class RetryPolicy:
     cap: float = 10.0
     stall_timeout: float = 120.0   # seconds (docs/s3pull.md, "Network errors and stalls")
 
+    GRACE: ClassVar[float] = 5.0   # seconds: see outage, and StallWatch.for_policy
+
     def delay(self, attempt: int) -> float:
         """Full jitter (AWS architecture blog): uniform(0, min(cap, base * 2**attempt))."""
         return random.uniform(0.0, min(self.cap, self.base * (2 ** min(attempt, 60))))
-
-    GRACE: ClassVar[float] = 5.0   # seconds: see outage and StallWatch.for_policy
 
     @property
     def first_contact(self) -> float:

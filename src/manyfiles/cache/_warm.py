@@ -100,15 +100,14 @@ class _Run:
 
     def origin(self, url: str) -> S3Origin:
         """The origin of an S3 URL, on this warm's object client."""
+        origin = self.cache.origin(url)         # its settings resolved by the cache
         if self._client is None:
             from manyfiles.s3.objects import ObjectClient
             from manyfiles.s3.retry import endpoint_name
 
-            settings = self.cache.origin(url).settings      # resolved by the cache
-            self._client = ObjectClient(settings, retry=self.cache.retry, cancel=self.stop)
-            self.where = endpoint_name(settings.endpoint_url) or "s3://"
-        bucket, _, key = url[5:].partition("/")
-        return S3Origin(bucket, key, self._client.settings, self.cache.retry, self._client)
+            self._client = ObjectClient(origin.settings, retry=self.cache.retry, cancel=self.stop)
+            self.where = endpoint_name(origin.settings.endpoint_url) or f"s3://{origin.bucket}"
+        return S3Origin(origin.bucket, origin.key, origin.settings, self.cache.retry, self._client)
 
     def tick(self, progress: Any) -> None:
         """Show the stall; past the timeout stop every request in flight and raise Stalled."""

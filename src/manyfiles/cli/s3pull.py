@@ -244,6 +244,8 @@ class _View:
                     rec["path"] = ev.value
                 elif kind == "listed":
                     rec = {"event": kind, "objects": ev.value}
+                elif kind == "stall":
+                    rec = {"event": kind, "seconds": round(ev.value.seconds, 1), "error": ev.value.error}
                 self._json(rec)
         elif self.dry_run:
             if kind == "plan":

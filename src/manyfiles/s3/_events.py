@@ -47,12 +47,12 @@ class Consumer:
     (and the cache), and frees the producer's slot of each finished job.
 
     It also keeps the run's :class:`~manyfiles._core.progress.StallWatch`: every byte, object and
-    listed page (the listing tells it) moves it, every retry and network failure is its last error;
-    an object that fails on the network before anything moved ends the run (the endpoint never
-    answered: every other object would wait as long).  While nothing moves
-    it shows the stall on ``progress`` and sends a "stall" event every 5 s (:attr:`stall`: the
-    :class:`~manyfiles._core.progress.Stall` now, None while moving); past the stall timeout it
-    raises :class:`~manyfiles.errors.Stalled`, naming ``where`` (the endpoint)."""
+    listed page (the listing tells it) moves it, every retry and network failure is its last error.
+    While nothing moves it shows the stall on ``progress`` and sends a "stall" event every 5 s
+    (:attr:`stall`: the :class:`~manyfiles._core.progress.Stall` now, None while moving); past the
+    stall timeout it raises :class:`~manyfiles.errors.Stalled`, naming ``where`` (the endpoint).
+    An object that fails on the network before anything moved ends the run the same way: the
+    endpoint never answered, every other object would wait as long."""
 
     def __init__(self, ctx: Ctx, report: PullReport, progress: Progress | None, dest: Destination,
                  cfg: PullConfig, url: S3Url, slots: threading.BoundedSemaphore, dry_run: bool,
@@ -164,9 +164,7 @@ class Consumer:
                 raise Stalled(failed.reason if failed.reason.startswith(self.where + ": ")
                               else f"{self.where}: {failed.reason}")
             self.watch.failed(failed.reason)
-        elif failed.code == "cancelled":
-            self.watch.failed(failed.reason)
-        else:           # an answer (a 404, a failed check...): the endpoint is there, the run moves
+        elif failed.code != "cancelled":    # an answer (a 404, a failed check...): the run moves
             self.watch.moving = True
         if self.progress:
             self.progress.add(1, failures=1)
