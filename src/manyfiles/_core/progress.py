@@ -252,13 +252,14 @@ class StallWatch:
         self.since = time.monotonic()   # when it last moved (or began)
 
     @classmethod
-    def for_policy(cls, policy: Any) -> StallWatch:
+    def for_policy(cls, policy: Any, *, answered: bool = False) -> StallWatch:
         """The watch of a run under ``policy`` (a :class:`~manyfiles._core.retry.RetryPolicy`): its
         ``stall_timeout``, and until something moved its ``first_contact`` and ``GRACE`` more, so
         that a first request that gets nothing ends the run with its own error (which says what it
-        waited for) rather than this watch's."""
+        waited for) rather than this watch's.  ``answered``: the endpoint answered before this run
+        (in this process): it is one that may have gone away, not one never seen."""
         return cls(policy.stall_timeout, first_limit=policy.first_contact + policy.GRACE,
-                   show_after=min(LOG_INTERVAL, policy.stall_timeout / 8))
+                   show_after=min(LOG_INTERVAL, policy.stall_timeout / 8), answered=answered)
 
     def failed(self, error: str) -> None:
         """An error that moved nothing (any thread)."""

@@ -103,10 +103,11 @@ class _Run:
         origin = self.cache.origin(url)         # its settings resolved by the cache
         if self._client is None:
             from manyfiles.s3.objects import ObjectClient
-            from manyfiles.s3.retry import endpoint_name
+            from manyfiles.s3.retry import endpoint_name, has_answered
 
             self._client = ObjectClient(origin.settings, retry=self.cache.retry, cancel=self.stop)
             self.where = endpoint_name(origin.settings.endpoint_url) or f"s3://{origin.bucket}"
+            self.watch.answered = self.watch.answered or has_answered(self.where)
         return S3Origin(origin.bucket, origin.key, origin.settings, self.cache.retry, self._client)
 
     def tick(self, progress: Any) -> None:

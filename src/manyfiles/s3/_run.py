@@ -32,7 +32,7 @@ from manyfiles.s3.engines.engine_set import EngineSet
 from manyfiles.s3.keys import S3Url
 from manyfiles.s3.object_listing import ObjectInfo, list_objects_lean, read_manifest
 from manyfiles.s3.report import PullReport
-from manyfiles.s3.retry import RetryPolicy, endpoint_name
+from manyfiles.s3.retry import RetryPolicy, endpoint_name, has_answered
 from manyfiles.s3.state import State
 
 MAX_OUTSTANDING = 20_000   # jobs listed but not finished: bounds memory on huge buckets
@@ -127,6 +127,12 @@ def endpoint_of(settings: ClientSettings, url: S3Url) -> str:
     return endpoint_name(settings.endpoint_url) or f"s3://{url.bucket}"
 
 
+def stall_watch(cfg: PullConfig, settings: ClientSettings, url: S3Url) -> StallWatch:
+    """The stall watch of a run (its listing's too): under ``cfg.retry``, knowing whether the
+    endpoint answered before in this process (a cluster worker's earlier slices, say)."""
+    return StallWatch.for_policy(cfg.retry, answered=has_answered(endpoint_of(settings, url)))
+
+
 def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings: ClientSettings,
         cfg: PullConfig, keep: Callable[[str], bool] | None = None, dry_run: bool = False,
         report: PullReport | None = None,
@@ -147,7 +153,7 @@ def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings
     report.dry_run = dry_run
     budget = routing.budget(cfg.strategy, cfg.concurrency, cfg.processes or os.cpu_count() or 2)
     report.budget = budget.describe()
-    watch = watch if watch is not None else StallWatch.for_policy(cfg.retry)
+    watch = watch if watch is not None else stall_watch(cfg, settings, url)
     where = endpoint_of(settings, url)
     objects, listed = _first_listed(objects, progress, watch, where)
     writes = listed and not dry_run    # nothing listed: DEST is only read, as for a dry run

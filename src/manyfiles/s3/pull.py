@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from manyfiles._core.progress import ProgressArg, StallWatch, check_progress, progress_for
+from manyfiles._core.progress import ProgressArg, check_progress, progress_for
 from manyfiles.errors import PartialFailure, UsageError
 from manyfiles.s3._cluster import SLICE_KEYS, PullJob, Slice, pull_on_cluster
 from manyfiles.s3._events import Event
-from manyfiles.s3._run import PullConfig, _config, _source, empty_tmp, run
+from manyfiles.s3._run import PullConfig, _config, _source, empty_tmp, run, stall_watch
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.keys import STATE_DIR, S3Url, make_filter, parse_url
 from manyfiles.s3.object_listing import ObjectInfo
@@ -111,7 +111,7 @@ def pull(source: str | None = None, dest: str | os.PathLike | None = None, *, st
         if dest is not None and os.path.abspath(dest) != plan.dest:
             raise UsageError(f"the plan is for {plan.dest}, not {os.fspath(dest)}")
         url, settings, cfg, dest = parse_url(plan.source), plan.settings, plan.config, plan.dest
-        watch = StallWatch.for_policy(cfg.retry)
+        watch = stall_watch(cfg, settings, url)
         objects: Iterable[ObjectInfo] = [ObjectInfo(j.key, j.size, j.etag) for j in plan.objects]
         keep = None
         report = PullReport(failures=list(plan.failures))
@@ -121,9 +121,9 @@ def pull(source: str | None = None, dest: str | os.PathLike | None = None, *, st
         url = parse_url(source)
         cfg = _config(strategy=strategy, concurrency=concurrency, processes=processes, layout=layout,
                       **config)
-        watch = StallWatch.for_policy(cfg.retry)
         keep = make_filter(tuple(include), tuple(exclude))
         settings = (settings or ClientSettings()).resolved()
+        watch = stall_watch(cfg, settings, url)
         objects = _source(url, settings, manifest, cfg.retry, page_size, watch)
         report = PullPlan(source=source, dest=os.path.abspath(dest), settings=settings, config=cfg) \
             if dry_run else PullReport()
@@ -177,7 +177,7 @@ def iter_objects(source: str, *, strategy: str = "auto", concurrency: int = 64,
 def _iter_objects(url: S3Url, settings: ClientSettings, manifest: str | None, cfg: PullConfig, keep,
                   errors: str, progress: ProgressArg) -> Iterator[tuple[str, bytes]]:
     report = PullReport()
-    watch = StallWatch.for_policy(cfg.retry)
+    watch = stall_watch(cfg, settings, url)
     objects = _source(url, settings, manifest, cfg.retry, watch=watch)
     with progress_for(progress, "s3 get_objects", unit="objects") as p:
         for ev in run(url, objects, None, settings=settings, cfg=cfg, keep=keep, report=report, progress=p,

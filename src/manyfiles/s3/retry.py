@@ -117,6 +117,11 @@ def answered(endpoint: str | None) -> None:
         _answered.add(endpoint)
 
 
+def has_answered(endpoint: str | None) -> bool:
+    """Did ``endpoint`` answer a request in this process?"""
+    return endpoint in _answered
+
+
 class NetworkError(TransferError):
     """The endpoint could not be reached, or did not answer: ``code`` is the cause (refused,
     unreachable, timeout, reset, dns), the message ``ENDPOINT: wording``.
@@ -359,5 +364,5 @@ def classify(exc: BaseException, *, answered: bool = False) -> TransferError:
 
 __all__ = ["CREDENTIAL_CODES", "FATAL_CODES", "NETWORK_CODES", "RETRYABLE_CODES", "Inconsistent",
            "LocalError", "NetworkError", "ObjectChanged", "RetryPolicy", "TransferError", "answered",
-           "classify", "coded", "endpoint_name", "failure_code", "listing_error", "network_error",
-           "stopping_error", "tls_refusal"]
+           "classify", "coded", "endpoint_name", "failure_code", "has_answered", "listing_error",
+           "network_error", "stopping_error", "tls_refusal"]
