@@ -53,18 +53,13 @@ class _Conn:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    @property
-    def name(self) -> str:
-        """The endpoint as errors name it."""
-        return f"{self.ep.scheme}://{self.ep.host}"
-
     async def connect(self) -> None:
         """:meth:`open`, within the connect timeout (a NetworkError otherwise)."""
         try:
             await asyncio.wait_for(self.open(), self.connect_timeout)
         except (OSError, asyncio.TimeoutError) as exc:
             self.close()
-            err = network_error(exc, self.name, waited=f"connecting, {self.connect_timeout:g} s")
+            err = network_error(exc, self.ep.name, waited=f"connecting, {self.connect_timeout:g} s")
             if err is None:
                 raise
             raise err from exc
@@ -130,7 +125,7 @@ async def _send(conn: _Conn, method: str, path: str, extra: list, query: str, ti
     status, headers = parse_head(head)
     if not conn.answered:
         conn.answered = True
-        answered(conn.name)
+        answered(conn.ep.name)
     return status, headers
 
 
@@ -153,7 +148,7 @@ def _classified(exc: BaseException, conn: _Conn, timeout: float, answered: bool 
     if isinstance(exc, TransferError):
         return exc
     waited = f"no data for {timeout:g} s" if answered else f"no answer in {timeout:g} s"
-    err = network_error(exc, conn.name, answered=answered, waited=waited)
+    err = network_error(exc, conn.ep.name, answered=answered, waited=waited)
     if err is not None and tls_refusal(exc) is None:
         return err
     return classify(exc)   # a TLS certificate refusal included (retry.tls_refusal)

@@ -77,7 +77,7 @@ class SocketClient:
             try:
                 sock = socket.create_connection(target, timeout=self.connect_timeout)
             except OSError as exc:
-                err = network_error(exc, _name(ep), waited=f"connecting, {self.connect_timeout:g} s")
+                err = network_error(exc, ep.name, waited=f"connecting, {self.connect_timeout:g} s")
                 if err is None:
                     raise
                 raise err from exc
@@ -172,7 +172,7 @@ class SocketClient:
         status, headers = parse_head(head)
         if not self._answered:
             self._answered = True
-            answered(_name(ep))
+            answered(ep.name)
         return sock, status, headers, rest
 
     def _error(self, sock, status: int, headers: dict, rest: bytes, method: str) -> TransferError:
@@ -355,7 +355,7 @@ class SocketClient:
         refused = tls_refusal(exc)
         if refused is not None:
             return refused
-        where = _name(self.route.ep)
+        where = self.route.ep.name
         waited = f"no data for {self.timeout:g} s" if answered else f"no answer in {self.timeout:g} s"
         if isinstance(exc, BlockingIOError):    # SO_RCVTIMEO / SO_SNDTIMEO ran out
             exc = TimeoutError(exc.errno, "timed out")
@@ -439,11 +439,6 @@ class Response:
             _shut(sock)
             with contextlib.suppress(OSError):
                 sock.close()
-
-
-def _name(ep: Endpoint) -> str:
-    """The endpoint as errors name it (:func:`manyfiles.s3.retry.endpoint_name`)."""
-    return f"{ep.scheme}://{ep.host}"
 
 
 def _shut(sock: socket.socket) -> None:
