@@ -16,6 +16,7 @@ The cache directory is --dir, else $MANYFILES_CACHE_DIR, else ~/.cache/manyfiles
 
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
 import os
@@ -44,7 +45,9 @@ from manyfiles.cli._common import (
     quiet_option,
     resolve_progress,
     retry_base,
+    timeout_options,
 )
+from manyfiles.errors import NotFound, from_oserror, shown
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -76,8 +79,30 @@ class Duration(click.ParamType):
         return n * _DURATION_UNITS[unit]
 
 
-def cache_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``--dir`` and the S3 connection options, turned into a ``cache`` argument."""
+#: the file every cache directory holds (written when the cache is made; docs/cache.md)
+CACHE_DESCRIPTOR = "manyfiles-cache.json"
+
+
+def existing_cache(directory: str) -> None:
+    """Raise unless ``directory`` may hold a cache: only ``warm`` makes one, the verbs that read or
+    trim a cache never do.  A missing or empty folder holds none (exit 1, as a missing path); a
+    folder of other things is the cache's own refusal (exit 2, naming what is there)."""
+    try:
+        os.stat(os.path.join(directory, CACHE_DESCRIPTOR))
+    except FileNotFoundError:
+        if not os.path.isdir(directory):
+            raise NotFound(f"{shown(directory)}: no cache there ({os.strerror(errno.ENOENT)})") from None
+        if not os.listdir(directory):
+            raise NotFound(f"{shown(directory)}: no cache there (an empty folder)") from None
+    except OSError as exc:
+        raise from_oserror(exc, directory) from exc
+
+
+def cache_options(fn: Callable[..., Any] | None = None, *, creates: bool = False) -> Any:
+    """``--dir`` and the S3 connection options, turned into a ``cache`` argument; ``creates``: the
+    verb makes the cache when the directory holds none (else :func:`existing_cache` refuses)."""
+    if fn is None:
+        return functools.partial(cache_options, creates=creates)
 
     @click.option("--dir", "cache_dir", type=Directory(), default=None,
                   help="Cache directory (default: $MANYFILES_CACHE_DIR or ~/.cache/manyfiles).")
@@ -91,22 +116,27 @@ def cache_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("--no-sign-request", is_flag=True, help="Anonymous S3 requests (public buckets).")
     @click.option("--strict", is_flag=True,
                   help="Never use cached bytes that no check covered (fetch and check the object whole).")
+    @timeout_options
     @functools.wraps(fn)
     def wrapper(*args: Any, cache_dir: str | None, max_size: int | None, min_free: int | None,
                 aws_profile: str | None, region: str | None, endpoint_url: str | None, no_sign_request: bool,
-                strict: bool, **kwargs: Any) -> Any:
+                strict: bool, connect_timeout: float, read_timeout: float, stall_timeout: float,
+                **kwargs: Any) -> Any:
         from manyfiles.cache import Cache
         from manyfiles.s3 import ClientSettings, RetryPolicy
 
         settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,
-                                  no_sign=no_sign_request)
+                                  no_sign=no_sign_request, connect_timeout=connect_timeout,
+                                  read_timeout=read_timeout)
         extra: dict[str, Any] = {} if min_free is None else {"min_free": min_free}
         base = retry_base()
-        if base is not None:
-            extra["retry"] = RetryPolicy(base=base)
-        with Cache(cache_dir or default_dir(), max_size=max_size, settings=settings, strict=strict,
-                   **extra) as cache:
-            checkpoint("command")  # every command passes here once parsed, before any work
+        extra["retry"] = RetryPolicy(base=RetryPolicy.base if base is None else base,
+                                     stall_timeout=stall_timeout)
+        directory = cache_dir or default_dir()
+        checkpoint("command")  # every command passes here once parsed, before any work
+        if not creates:
+            existing_cache(directory)
+        with Cache(directory, max_size=max_size, settings=settings, strict=strict, **extra) as cache:
             return fn(*args, cache=cache, **kwargs)
 
     return wrapper
@@ -126,7 +156,7 @@ def command() -> None:
 @json_option("Print the report as one JSON line.")
 @cluster_option
 @instrumented
-@cache_options
+@cache_options(creates=True)
 def warm(sources: tuple[str, ...], files_from: str | None, jobs: int, progress: bool | None, quiet: bool,
          as_json: bool, cluster: str | None, cache: Any) -> int:
     """Fetch SOURCES (files, folders, s3://bucket/key, s3://bucket/prefix/) into the cache.
