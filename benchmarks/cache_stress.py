@@ -4,8 +4,8 @@ byte, every counter consistent.
 N processes (default 8) share one cache directory for ``--seconds``, each a random mix of: whole
 reads of small files (packed), of larger ones (whole files), range reads of big ones (blocks: the
 cache is opened with a small ``verify_whole_max``), batches of a ``mf.Dataset`` over the small files
-(the hit path), rewrites of files (a new version, by rename or in place), evictions (``max_size``
-is well under the data, so fills and evictions never stop) and, rarely, a ``verify``.  Every file
+(the hit path), rewrites of files (a new version, renamed over the old one), evictions (``max_size``
+is well under the data, so fills and evictions never stop) and, now and then, a ``verify``.  Every file
 says what it is: its first 16 bytes are its number and version, the rest follows from them, so a
 reader checks any version it gets, and a mix of two versions is caught.
 

@@ -327,7 +327,7 @@ def run(args, size: int, seeding: str, endpoint: str) -> None:
         e1, e2 = median(r["e1"]), median(r["e2"])
         per_rep = median([a / b for a, b in zip(r["e2"], local_e2, strict=True)])
         print(f"| {name} | {r['n']:,} | {median(r['list']):.2f} | {e1:,.0f} | {e2:,.0f} | {e2 / e1:.1f}x "
-              f"| {e1 / fc:.2f}x | {e2 / local:.2f}x | {per_rep:.2f}x |")
+              f"| {'-' if fc != fc else f'{e1 / fc:.2f}x'} | {e2 / local:.2f}x | {per_rep:.2f}x |")
     if "mf.Dataset" in results and "mf.IterableDataset" in results:
         it, ds = results["mf.IterableDataset"]["e2"], results["mf.Dataset"]["e2"]
         ratio = median([a / b for a, b in zip(it, ds, strict=True)])

@@ -100,14 +100,8 @@ def test_worker_stats_gathers_the_counters_of_every_worker_process(s3, cache_dir
     assert all(s["samples"] == 40 and s["packed_hits"] == 20 and s["hit_ns"] > 0 for s in epoch2.values())
 
 
-def test_a_dataset_of_small_local_files_reads_them_from_packs_and_sees_a_change(tmp_path: Path, cache_dir):
-    root = tmp_path / "data"
-    files = {}
-    for i in range(200):
-        p = root / f"d{i % 4}" / f"f{i:03d}.bin"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(os.urandom(100 + i))
-        files[str(p)] = p.read_bytes()
+def test_a_dataset_of_small_local_files_reads_them_from_packs_and_sees_a_change(local_files, cache_dir):
+    root, files = local_files(200, 4)
     ds = mf.Dataset(root, cache=cache_dir)
     assert [s.data for s in ds] == [files[k] for k in ds.keys]
     ds.cache.flush()
