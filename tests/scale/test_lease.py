@@ -75,7 +75,8 @@ def test_the_shards_of_a_frozen_client_stop_when_its_lease_lapses(tmp_path: Path
         client.kill()
         client.wait()
     assert client.returncode == 1, err
-    assert err.strip().startswith("error: LeaseLapsed: the job's lease lapsed"), err
+    assert err.strip().startswith("error: the job's lease lapsed: this client could not renew it"), err
+    assert "$MANYFILES_CLUSTER_LEASE" in err and "rerun to resume" in err, err
     assert len(err.strip().splitlines()) == 1, err
 
 

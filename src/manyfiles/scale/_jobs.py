@@ -22,7 +22,7 @@ from manyfiles import errors as _errors
 from manyfiles._core.progress import Progress, ProgressArg, check_progress, progress_for
 from manyfiles._core.report import Report
 from manyfiles.errors import ManyfilesError, UsageError
-from manyfiles.scale.lease import NO_LEASE, Attempt, guarded, running
+from manyfiles.scale.lease import NO_LEASE, Attempt, LeaseLapsed, guarded, running
 
 Publish = Callable[[int, int, int], None]
 """``publish(done, bytes, failures)``: a shard's running totals (absolute, not deltas)."""
@@ -87,6 +87,13 @@ class ShardResult:
     failures_not_listed: int = 0
     error: tuple[str, str] | None = None      # (exception class name, message): the job stops
     attempts: int = 1                         # runs of this shard known to this attempt (> 1: a worker died)
+    notes: dict | None = None                 # a stopped attempt's Attempt.chain(), for its re-run
+
+    @property
+    def lapsed(self) -> bool:
+        """Stopped because its worker lost the job's lease (cut off from the scheduler, or it
+        could not confirm the lease): the shard is run again, the job goes on."""
+        return self.error is not None and self.error[0] == LeaseLapsed.__name__
 
 
 @dataclass
@@ -246,7 +253,7 @@ def execute_shard(job: Job, shard: Any, publish: Publish, attempt: Attempt = NO_
         with running(attempt):
             result = job.run(shard, guarded(publish, attempt))
     except Exception as exc:
-        result = ShardResult(error=(type(exc).__name__, str(exc) or repr(exc)))
+        result = ShardResult(error=(type(exc).__name__, str(exc) or repr(exc)), notes=attempt.chain())
     failures = getattr(result.report, "failures", None)
     if failures is not None and len(failures) > MAX_FAILURES_PER_SHARD:
         result.failures_not_listed = len(failures) - MAX_FAILURES_PER_SHARD
@@ -256,6 +263,11 @@ def execute_shard(job: Job, shard: Any, publish: Publish, attempt: Attempt = NO_
     if attempt.registered:          # else the client counts re-runs from their "started" events
         result.attempts = len(attempt.earlier) + 1
     return result
+
+
+class ClusterLost(ManyfilesError):
+    """The client lost its Dask scheduler (it died, or the network between them failed) before
+    the job ended: the shards done so far are kept, a rerun of the same command resumes."""
 
 
 def raise_shard_error(result: ShardResult) -> None:
@@ -304,6 +316,7 @@ class ShardQueue:
         self.source = iter(job.shards() if shards is None else shards)
         self.found: list[tuple[int, int, Any]] = []
         self.ids = itertools.count()
+        self.exhausted = False       # the job's own list is used up (only found shards may follow)
 
     def add(self, shards: Iterable[Any]) -> None:
         for s in shards:
@@ -315,6 +328,7 @@ class ShardQueue:
             return sid, shard
         shard = next(self.source, _END)
         if shard is _END:
+            self.exhausted = True
             return None
         return next(self.ids), shard
 
@@ -445,6 +459,7 @@ def parse_cluster(text: str) -> tuple[str, Any]:
 
 
 __all__ = [
+    "ClusterLost",
     "ClusterReport",
     "Executor",
     "InProcessExecutor",

@@ -109,6 +109,10 @@ class Attempt:
     def note(self, value: Any) -> None:
         """Record ``value`` (small, msgpack-able) for later attempts of this shard, before doing work."""
 
+    def chain(self) -> dict[str, Any]:
+        """The notes to hand to a re-run of this shard (in process there is none)."""
+        return {}
+
     def first_note(self, mine: Any) -> Any:
         """The note of the oldest attempt that left one, else ``mine`` (this attempt's)."""
         for value in self.earlier.values():
@@ -238,12 +242,16 @@ class LeasedAttempt(Attempt):
     rerun_possible = True
 
     def __init__(self, watch: LeaseWatch, attempts: Callable[[], dict[str, Any]],
-                 write: Callable[[Any], None]) -> None:
+                 write: Callable[[Any], None], *, name: str = "",
+                 carried: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.watch = watch
+        self.name = name                       # this attempt's id among the shard's registrations
         self._attempts = attempts
         self._write = write
         self._registered = False
+        self._carried = dict(carried or {})    # notes of attempts of earlier tasks of this shard
+        self._mine: Any = None
 
     @property  # type: ignore[override]
     def earlier(self) -> dict[str, Any]:
@@ -270,9 +278,18 @@ class LeasedAttempt(Attempt):
 
     def note(self, value: Any) -> None:
         if not self._registered:
-            self._earlier = dict(self._attempts() or {})
+            self._earlier = {**self._carried, **(self._attempts() or {})}
         self._write(value)
+        self._mine = value
         self._registered = True
+
+    def chain(self) -> dict[str, Any]:
+        """The notes of this attempt and of every earlier one, oldest first: what the next task
+        of this shard is given when this one stopped (its lease lapsed) and the client runs the
+        shard again under a new key, whose registrations start empty."""
+        if not self._registered:
+            return dict(self._carried)
+        return {**self._earlier, self.name: self._mine}
 
 
 __all__ = ["DEFAULT_SECONDS", "LEASE_ENV", "NO_LEASE", "Attempt", "LeaseLapsed", "LeaseTerms",
