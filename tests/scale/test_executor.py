@@ -169,6 +169,48 @@ def test_a_worker_killed_mid_shard_is_rerun_elsewhere_and_counted_once(tmp_path:
     assert starts.count(str(killed[0])) == 2                           # the killed shard ran again
 
 
+@dataclass(frozen=True)
+class DieOnceJob(Job):
+    """The first attempt of shard 0 SIGKILLs its worker process; every shard then takes ``sleep`` s
+    and counts one item."""
+
+    folder: str
+    n: int = 8
+    sleep: float = 1.0
+    name = "die-once"
+
+    def shards(self):
+        return range(self.n)
+
+    def new_report(self) -> CountReport:
+        return CountReport()
+
+    def run(self, shard: int, publish) -> ShardResult:
+        marker = Path(self.folder, f"{shard}.died")
+        if shard == 0 and not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        deadline = time.monotonic() + self.sleep
+        while time.monotonic() < deadline:
+            publish(0, 0, 0)
+            time.sleep(0.05)
+        return ShardResult(report=CountReport(done=1), items=1)
+
+
+def test_a_local_cluster_is_back_at_its_size_after_dask_closes_a_lost_workers_nanny(tmp_path: Path) -> None:
+    """Dask's LocalCluster closes a lost worker's nanny for good when no worker of that name is up
+    ``lost-worker-timeout`` (15 s) after the loss: a worker killed twice within 15 s left
+    ``--cluster local:N`` one worker short for the rest of the job.  A timeout shorter than a
+    restart makes that instant certain; the executor starts the missing worker again."""
+    import dask
+
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "0.1s"}), connect("local:2") as ex:
+        report = ex.run(DieOnceJob(folder=str(tmp_path)))
+        ex.client.wait_for_workers(2, timeout=60)
+    assert (report.items, report.done, report.shards) == (8, 8, 8)
+    assert report.reruns >= 1
+
+
 def test_cluster_argument_forms() -> None:
     assert parse_cluster("local:3") == ("local", 3)
     assert parse_cluster("tcp://10.0.0.5:8786") == ("address", "tcp://10.0.0.5:8786")
