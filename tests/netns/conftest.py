@@ -12,6 +12,7 @@ missing (they are never skipped: CI and developer machines run them as root).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -85,10 +86,20 @@ class Scenarios:
 
     def close(self) -> None:
         if self.lab is not None:
+            cpu = {h.name: round(sum(_cpu_seconds(p.pid) for p in h.procs), 2) for h in self.lab.hosts}
             self.lab.close()          # kills every process it started, then its namespaces
-            (self.folder / "wall.json").write_text(json.dumps(self.wall, indent=1))
+            (self.folder / "wall.json").write_text(json.dumps({"wall": self.wall, "cpu": cpu}, indent=1))
         for thread in self.threads.values():
             thread.join(30)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process (0 if it is gone: its time is not counted)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ import re
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,13 +96,18 @@ class Stage:
     def site(self, env: dict[str, str], tag: str = "") -> DaskSite:
         return DaskSite(self.lab, f"{self.name}{tag}", self.logs, env).start()
 
+    def sites(self, env: dict[str, str], *tags: str) -> list[DaskSite]:
+        """Sites started at the same time (each start mostly waits for its processes)."""
+        with ThreadPoolExecutor(len(tags)) as pool:
+            return list(pool.map(lambda tag: self.site(env, tag), tags))
+
     def env(self, **extra: str) -> dict[str, str]:
         return base_env(AWS_ENDPOINT_URL=self.s3.url, MANYFILES_RETRY_BASE="0.05", **extra)
 
     def pull(self, client: Host, site: DaskSite, env: dict[str, str], *, bucket: str | None = None,
-             jobs: int = 8, log: str = "client") -> Command:
-        return Command(client, "s3pull", [f"s3://{bucket or self.bucket}/data/", str(self.dest), "--cluster",
-                                          site.address, "--progress", "-j", str(jobs)],
+             dest: Path | None = None, jobs: int = 8, log: str = "client") -> Command:
+        return Command(client, "s3pull", [f"s3://{bucket or self.bucket}/data/", str(dest or self.dest),
+                                          "--cluster", site.address, "--progress", "-j", str(jobs)],
                        env, self.logs / f"{self.name}-{log}.log")
 
     def finish(self, cmd: Command, timeout: float = JOB_TIMEOUT, into: Outcome | None = None) -> Run:
@@ -116,14 +122,17 @@ class Stage:
         (into or self.outcome).runs.append(run)
         return run
 
-    def settle(self, bucket: str | None = None) -> None:
-        """Record the bucket, DEST and what else the data folder holds."""
-        o = self.outcome
+    def settle(self, into: Outcome | None = None, bucket: str | None = None,
+               dest: Path | None = None) -> None:
+        """Record the bucket, DEST and what else DEST's parent folder holds (default: the
+        scenario's own)."""
+        o = into or self.outcome
+        dest = dest or self.dest
         o.bucket = {k[len("data/"):]: md5 for k, md5 in self.s3.inventory(bucket or self.bucket).items()
                     if k.startswith("data/")}
-        o.dest = files_md5(self.dest)
-        o.outside = sorted(n for n in os.listdir(self.root) if n != "dest")
-        tmp = self.dest / STATE_DIR / "tmp"
+        o.dest = files_md5(dest)
+        o.outside = sorted(n for n in os.listdir(dest.parent) if n != dest.name)
+        tmp = dest / STATE_DIR / "tmp"
         o.leftovers = sorted(os.listdir(tmp)) if tmp.is_dir() else []
 
 
@@ -160,13 +169,13 @@ def worker_blip(stage: Stage, how: str) -> None:
     """One worker cut for CUT s mid-job ("link": its cable unplugged; "drop": every packet it sends
     vanishes), then back; the job must end exit 0, DEST exact, in one run, and the other worker keep
     working meanwhile."""
-    stage.seed(800)
+    stage.seed(400)
     env = stage.env(MANYFILES_CLUSTER_LEASE=str(LEASE))
     site = stage.site(env)
     client = stage.lab.host(f"{stage.name}c")
     cut, other = site.worker_hosts
     stage.outcome.hosts.update(cut=cut.ip, other=other.ip, client=client.ip)
-    stage.s3.delay(stage.bucket, 0.05)                  # 8 slices of 100, ~1.5 s each at -j 8
+    stage.s3.delay(stage.bucket, 0.05)                  # 4 slices of 100, ~1.5 s each at -j 8
     start = stage.s3.served()
     cmd = stage.pull(client, site, env)
     wait_until(_busy(stage, cut, start), 120, f"{stage.name}: the worker to cut downloading")
@@ -184,7 +193,7 @@ def worker_blip(stage: Stage, how: str) -> None:
 def permanent_cut(stage: Stage) -> None:
     """One worker's cable unplugged for good mid-job: the scheduler drops it (FAST_DASK) and Dask
     runs its shards on the other; exit 0, DEST exact."""
-    stage.seed(800)
+    stage.seed(400)
     env = stage.env(MANYFILES_CLUSTER_LEASE=str(LEASE), **FAST_DASK)
     site = stage.site(env)
     client = stage.lab.host(f"{stage.name}c")
@@ -206,7 +215,7 @@ def scheduler_cut(stage: Stage) -> None:
     lease, while it downloads (slowly: its GETs are answered 0.3 s late): its shards stop when
     the lease lapses there, and run again once their results tell the client; the job goes on,
     exit 0, DEST exact, every object counted once."""
-    stage.seed(800)
+    stage.seed(400)
     env = stage.env(MANYFILES_CLUSTER_LEASE=str(CLIENT_LEASE))
     site = stage.site(env)
     client = stage.lab.host(f"{stage.name}c")
@@ -231,11 +240,11 @@ def client_cut(stage: Stage) -> None:
     """The client's cable unplugged mid-job, for good: every shard stops writing into DEST within
     the lease (+5 s), the client ends with one line, exit 1; then, the client back, a rerun
     completes DEST exactly."""
-    stage.seed(1200)
+    stage.seed(800)
     env = stage.env(MANYFILES_CLUSTER_LEASE=str(CLIENT_LEASE))
     site = stage.site(env)
     client = stage.lab.host(f"{stage.name}c")
-    stage.s3.delay(stage.bucket, 0.1)                   # ~15 s of work: still going after the lease
+    stage.s3.delay(stage.bucket, 0.1)                   # ~10 s of work: still going after the lease
     start = stage.s3.served()
     cmd = stage.pull(client, site, env)
     wait_until(_busy(stage, site.worker_hosts[0], start, 40), 120, f"{stage.name}: downloads going")
@@ -256,32 +265,35 @@ def client_cut(stage: Stage) -> None:
 
 def scheduler_kill(stage: Stage) -> None:
     """The scheduler SIGKILLed mid-job: the client ends with one line, exit 1; a rerun on a new
-    scheduler and new workers completes DEST exactly.  Then (the "spread" outcome) that cluster
-    pulls 5,004 keys: both workers run a fair part of the shards."""
+    scheduler and new workers completes DEST exactly.  Meanwhile (the "spread" outcome) that new
+    cluster pulls 5,004 keys: both its workers run a fair part of the shards."""
     stage.seed(600)
+    wide = stage.seed(5004, f"{stage.bucket}-wide")
+    wide_dest = stage.root.parent / f"{stage.name}-wide" / "dest"
+    wide_dest.parent.mkdir()
     env = stage.env(MANYFILES_CLUSTER_LEASE=str(LEASE))
-    site = stage.site(env)
+    site, new = stage.sites(env, "", "n")
     client = stage.lab.host(f"{stage.name}c")
     stage.s3.delay(stage.bucket, 0.05)
     start = stage.s3.served()
     cmd = stage.pull(client, site, env)
+    wide_cmd = stage.pull(client, new, env, bucket=wide, dest=wide_dest, log="wide")
     wait_until(_busy(stage, site.worker_hosts[0], start, 40), 120, f"{stage.name}: downloads going")
     stage.mark("kill")
     os.kill(site.scheduler.pid, signal.SIGKILL)
     stage.outcome.facts["scheduler"] = site.address
     stage.finish(cmd, timeout=120)
     stage.mark("client ended")
-    site.stop()                                         # the old workers too: a new cluster
-    stage.s3.delay(stage.bucket, 0)
-    site.start(generation=1)
-    stage.finish(stage.pull(client, site, env, log="rerun"))
-    stage.settle()
     spread = stage.outcome.facts["spread"] = Outcome()
-    wide = stage.seed(5004, f"{stage.bucket}-wide")
-    stage.dest = stage.root / "wide"
-    run = stage.finish(stage.pull(client, site, env, bucket=wide, log="wide"), into=spread)
+    run = stage.finish(wide_cmd, into=spread)
     spread.facts["shards"] = shards_per_worker(run.stderr)
-    spread.facts["workers"] = {proc.pid for proc in site.workers}
+    spread.facts["workers"] = {proc.pid for proc in new.workers}
+    stage.settle(spread, wide, wide_dest)
+    site.stop()                           # the old workers are gone too
+    stage.s3.delay(stage.bucket, 0)
+    stage.finish(stage.pull(client, new, env, log="rerun"))
+    stage.mark("ended")
+    stage.settle()
 
 
 SCENARIOS: dict[str, Callable[[Stage], None]] = {

@@ -64,8 +64,9 @@ def test_a_worker_whose_packets_vanish_for_20_s_costs_the_job_nothing(netfaults)
 @pytest.mark.netfault("permanent-cut")
 def test_a_worker_unplugged_for_good_is_replaced(netfaults) -> None:
     o = netfaults.outcome("permanent-cut")
-    assert_clean_success(o, o.runs[0])
-    assert o.served_by("cut", "ended") == o.served_by("cut", "cut")     # it was gone for good
+    run = o.runs[0]
+    assert_clean_success(o, run)
+    assert "re-run after a worker was lost or cut off" in run.stderr, run.stderr    # its slice, elsewhere
 
 
 @pytest.mark.netfault("scheduler-cut")
@@ -75,7 +76,7 @@ def test_a_worker_cut_off_from_the_scheduler_longer_than_the_lease_is_rerun(netf
     o = netfaults.outcome("scheduler-cut")
     run = o.runs[0]
     assert_clean_success(o, run)
-    assert "re-run after a worker was lost" in run.stderr, run.stderr
+    assert "re-run after a worker was lost or cut off" in run.stderr, run.stderr
     assert o.served_by("cut", "healed") > o.served_by("cut", "cut")      # it did download meanwhile
 
 
@@ -110,7 +111,7 @@ def test_a_killed_scheduler_ends_the_job_with_one_line_and_a_rerun_completes_it(
 def test_5004_keys_on_two_workers_keep_both_busy(netfaults) -> None:
     o = netfaults.outcome("spread")
     run = o.runs[0]
-    assert run.code == 0, run.stderr
+    assert_clean_success(o, run)
     shards = o.facts["shards"]
     assert set(shards) == o.facts["workers"], run.stderr
     total = sum(shards.values())

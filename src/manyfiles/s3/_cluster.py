@@ -46,17 +46,22 @@ from manyfiles.scale.executor import ClusterArg, ClusterReport, Publish, ShardRe
 from manyfiles.scale.keyranges import KeyRange, take
 
 SLICE_KEYS = 10_000       # keys per listing shard (10 pages of 1000), and per download slice at most
-SLICES_PER_WORKER = 4     # what a lister found is cut into this many slices per worker at least...
+SLICES_PER_WORKER = 4     # a whole job that one lister read is cut into this many slices per worker...
 MIN_SLICE_KEYS = 100      # ...of this many keys at least (a task costs the scheduler ~3 ms)...
-MIN_SLICE_BYTES = 64 << 20  # ...or this many bytes (a slice ends at its share of the bytes)
+MIN_SLICE_BYTES = 64 << 20  # ...or this many bytes (a slice ends at its share of the bytes);
+MAX_SLICES_PER_BATCH = 16   # a lister's keys when more follow: at most this many (10^8 keys: ~10^5 tasks)
 
 
-def cut_slices(objects: list[tuple], workers: int, max_keys: int = SLICE_KEYS) -> list[Slice]:
+def cut_slices(objects: list[tuple], workers: int, max_keys: int = SLICE_KEYS, *,
+               whole: bool = False) -> list[Slice]:
     """``objects`` (``(key, size, etag...)`` in key order) cut into slices for ``workers`` shards at
-    once: about ``SLICES_PER_WORKER`` per worker, by key count and by bytes -- a slice ends at its
-    share of either (but holds at least ``MIN_SLICE_KEYS`` keys or ``MIN_SLICE_BYTES``), and at
-    ``max_keys`` keys.  The cuts follow the keys: the same listing on as many workers cuts the same."""
+    once: ``SLICES_PER_WORKER`` per worker (at most ``MAX_SLICES_PER_BATCH`` unless they are the
+    ``whole`` job), by key count and by bytes -- a slice ends at its share of either (but holds at
+    least ``MIN_SLICE_KEYS`` keys or ``MIN_SLICE_BYTES``), and at ``max_keys`` keys.  The cuts follow
+    the keys: the same listing on as many workers cuts the same."""
     want = SLICES_PER_WORKER * max(1, workers)
+    if not whole:
+        want = min(want, MAX_SLICES_PER_BATCH)
     keys = min(max_keys, max(MIN_SLICE_KEYS, -(-len(objects) // want)))
     budget = max(MIN_SLICE_BYTES, -(-sum(o[1] or 0 for o in objects) // want))
     out: list[Slice] = []
@@ -132,13 +137,14 @@ class PullJob(executor.Job):
             yield KeyRange(None, None)
             return
         batch: list[tuple] = []
+        first = True
         for info in read_manifest(self.manifest, parse_url(self.source)):
             batch.append(tuple(info))
             if len(batch) >= self.slice_keys:
                 yield from cut_slices(batch, self.workers, self.slice_keys)
-                batch = []
+                batch, first = [], False
         if batch:
-            yield from cut_slices(batch, self.workers, self.slice_keys)
+            yield from cut_slices(batch, self.workers, self.slice_keys, whole=first)
 
     def priority(self, shard: Any) -> int:
         return 0 if isinstance(shard, Slice) else 1      # downloads before more listing
@@ -162,7 +168,8 @@ class PullJob(executor.Job):
         listing = list_objects_lean(self.settings, everything, retry=self._cfg().retry, start_after=rng.after)
         keep = None if url.pattern is None else (lambda info: url.matches(info.key))
         found, rest = take(listing, rng, self.slice_keys, url.prefix, keep=keep)
-        more: list[Any] = cut_slices(found, self.workers, self.slice_keys)
+        whole = rng.after is None and rng.upto is None and not rest     # the job is these keys
+        more: list[Any] = cut_slices(found, self.workers, self.slice_keys, whole=whole)
         return ShardResult(report=self.new_report(), more=more + rest)
 
     def _download(self, url: Any, sl: Slice, publish: Publish) -> ShardResult:

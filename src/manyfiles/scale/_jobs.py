@@ -121,7 +121,7 @@ class ClusterReport(Report):
     cluster: str = ""
     result: Report | None = None
     shards: int = 0
-    reruns: int = 0                  # shard runs again after their worker was lost (attempts - 1)
+    reruns: int = 0                  # shard runs again after their worker was lost or cut off (attempts - 1)
     items: int = 0
     bytes: int = 0
     workers: dict[str, WorkerStats] = field(default_factory=dict)
@@ -142,7 +142,7 @@ class ClusterReport(Report):
                  else f"{self.items:,} items, {self.bytes:,} bytes in {self.seconds:.2f} s")
         text = f"{inner} [{self.shards:,} shards on {len(self.workers)} workers"
         if self.reruns:
-            text += f", {self.reruns} re-run after a worker was lost"
+            text += f", {self.reruns} re-run after a worker was lost or cut off"
         return text + "]"
 
     def worker_lines(self) -> list[str]:
