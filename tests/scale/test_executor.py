@@ -204,9 +204,14 @@ def test_a_local_cluster_is_back_at_its_size_after_dask_closes_a_lost_workers_na
     restart makes that instant certain; the executor starts the missing worker again."""
     import dask
 
-    with dask.config.set({"distributed.deploy.lost-worker-timeout": "0.1s"}), connect("local:2") as ex:
+    # set once distributed is imported (connect imports it): a dask.config.set of a "distributed."
+    # key made before removes all of distributed's settings when it ends
+    with connect("local:2") as ex, dask.config.set({"distributed.deploy.lost-worker-timeout": "0.1s"}):
         report = ex.run(DieOnceJob(folder=str(tmp_path)))
         ex.client.wait_for_workers(2, timeout=60)
+        # the worker started again has our spawn environment too (and left none in this process)
+        assert set(ex.client.run(_environ_get, "MALLOC_TRIM_THRESHOLD_").values()) == {None}
+    assert "MALLOC_TRIM_THRESHOLD_" not in os.environ
     assert (report.items, report.done, report.shards) == (8, 8, 8)
     assert report.reruns >= 1
 

@@ -88,6 +88,7 @@ class DaskExecutor(Executor):
         self.lease = lease_seconds(lease)
         self._workers = 0
         self._seen = float("-inf")
+        self._spawn_env: Any = None       # our LocalCluster's worker environment (dask.config.set)
 
     @classmethod
     def open(cls, cluster: Any) -> DaskExecutor:
@@ -112,15 +113,23 @@ class DaskExecutor(Executor):
     @classmethod
     def _local(cls, n: int, lease: float) -> DaskExecutor:
         # One thread per worker process: our shards bring their own threads (s3 engines, the
-        # tree walker), and one shard at a time per process keeps their budgets as tuned.
-        with dask.config.set({SPAWN_ENV: worker_environ()}):
+        # tree walker), and one shard at a time per process keeps their budgets as tuned.  The
+        # spawn environment stays set while the cluster lives: a nanny started later (a worker
+        # started again, _restore_local) reads it too, and puts what it reads into this
+        # process's os.environ for good (Dask's Nanny does), where every later spawn finds it.
+        spawn = dask.config.set({SPAWN_ENV: worker_environ()})
+        lc = None
+        try:
             lc = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                                           silence_logs=logging.ERROR, **LOCAL_QUIET)
-        try:
-            return cls(distributed.Client(lc), owns_client=True, local_cluster=lc, lease=lease)
+            executor = cls(distributed.Client(lc), owns_client=True, local_cluster=lc, lease=lease)
         except BaseException:
-            lc.close()
+            if lc is not None:
+                lc.close()
+            spawn.__exit__(None, None, None)
             raise
+        executor._spawn_env = spawn
+        return executor
 
     @property
     def workers(self) -> int:
@@ -149,8 +158,12 @@ class DaskExecutor(Executor):
             if self.owns_client:
                 self.client.close()
         finally:
-            if self.local_cluster is not None:
-                self.local_cluster.close()
+            try:
+                if self.local_cluster is not None:
+                    self.local_cluster.close()
+            finally:
+                if self._spawn_env is not None:
+                    self._spawn_env.__exit__(None, None, None)
 
     def _run(self, job: Job, shards: ShardQueue, report: ClusterReport, live: LiveCounts) -> None:
         client = self.client
