@@ -68,16 +68,6 @@ def _namespaces() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _kill_namespace(ns: str) -> None:
     """SIGKILL what still runs in ``ns`` (by pid), then delete it (and its veth ends with it)."""
     pids = _ip("netns", "pids", ns, check=False).stdout.split()
@@ -90,7 +80,8 @@ def _kill_namespace(ns: str) -> None:
 def sweep() -> list[str]:
     """Remove the lab namespaces left by test sessions that died (``mfnet-<pid>-...`` whose pid
     is gone): the namespaces removed."""
-    stale = [ns for ns in _namespaces() if (m := NAME.match(ns)) and not _alive(int(m.group(1)))]
+    stale = [ns for ns in _namespaces()
+             if (m := NAME.match(ns)) and not os.path.exists(f"/proc/{m.group(1)}")]   # (we are root)
     for ns in stale:
         _kill_namespace(ns)
     return stale

@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from netlab import Host, Lab, wait_until
+from s3util import files_under
 from sites import Command, DaskSite, S3Server, base_env, shards_per_worker
 
-STATE_DIR = ".s3pull"
+from manyfiles.s3.keys import STATE_DIR
+
 PROGRESS_LINE = re.compile(r"^s3pull: [\d,]+ objects[, ]")
 CUT = 20.0              # seconds of the short cuts (the issue's blips)
 LEASE = 10.0            # MANYFILES_CLUSTER_LEASE of the blip scenarios: shorter than the cut
@@ -138,14 +140,7 @@ class Stage:
 
 def files_md5(root: Path) -> dict[str, str]:
     """path under ``root`` -> md5 of every file but s3pull's state folder."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != STATE_DIR]
-        for f in filenames:
-            p = os.path.join(dirpath, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, root)] = hashlib.md5(fh.read()).hexdigest()
-    return out
+    return {path: hashlib.md5(data).hexdigest() for path, data in files_under(root).items()}
 
 
 def newest_write(root: Path) -> float:
