@@ -140,9 +140,10 @@ class DaskExecutor(Executor):
                 self._restore_local()
             try:     # bounded: a client cut off from the scheduler keeps its loop (and its lease check)
                 self._workers = sum(self.client.nthreads(callback_timeout=WORKERS_REFRESH).values())
-            except Exception as exc:
-                if not connection_lost(exc) or not self._workers:
+            except Exception:
+                if not self._workers:
                     raise
+                # the last count stands; the job's own checks decide whether the cluster is lost
         return self._workers
 
     def _restore_local(self) -> None:
@@ -211,6 +212,7 @@ class DaskExecutor(Executor):
                             # lease) and stopped; the job fails only if this client is the one cut off
                             lease.check_reach(self.address, where)
                             if p.lapses + 1 >= MAX_LAPSES:
+                                self._cancel(in_flight)
                                 raise LeaseLapsed(
                                     f"shard {p.sid} stopped {MAX_LAPSES} times, its worker each time cut off "
                                     f"from the Dask scheduler at {self.address} longer than the job's lease "
@@ -223,9 +225,9 @@ class DaskExecutor(Executor):
                         shards.add(result.more)
                     live.progress.tick()
         except (LeaseLapsed, ClusterLost):
-            raise            # this client is cut off: nothing to cancel (the scheduler forgets its tasks)
+            raise            # cut off: no scheduler to ask (it forgets the tasks of a client it lost)
         except Exception as exc:
-            if connection_lost(exc):
+            if connection_lost(exc, client):
                 raise ClusterLost(f"lost the Dask scheduler at {self.address}: {where()}") from None
             self._cancel(in_flight)
             raise
@@ -255,12 +257,15 @@ class Pending(NamedTuple):
     notes: dict | None = None
 
 
-def connection_lost(exc: BaseException) -> bool:
-    """Is ``exc`` Dask telling the client that its scheduler is gone (or unreachable)?"""
-    if isinstance(exc, ManyfilesError):
+def connection_lost(exc: BaseException, client: Any) -> bool:
+    """Is ``exc`` Dask telling ``client`` that its scheduler is gone (or unreachable)?  A timeout or
+    an OSError only when the client itself says it lost the scheduler (our own code raises those
+    too: a listing on the client, a progress line to a closed stderr)."""
+    if isinstance(exc, (distributed.client.FutureCancelledError, distributed.comm.CommClosedError)):
+        return True
+    if isinstance(exc, ManyfilesError) or not isinstance(exc, (OSError, TimeoutError, asyncio.TimeoutError)):
         return False
-    return isinstance(exc, (distributed.client.FutureCancelledError, distributed.comm.CommClosedError,
-                            OSError, TimeoutError, asyncio.TimeoutError))
+    return getattr(client, "status", "running") != "running"
 
 
 def _results(client: Any, futures: list[Any], pending: dict[Any, Pending]) -> list[ShardResult]:
@@ -415,7 +420,7 @@ def worker_traces(client: Any) -> Iterator[None]:
     try:
         yield
     except BaseException as exc:
-        if isinstance(exc, (LeaseLapsed, ClusterLost)) or connection_lost(exc):
+        if isinstance(exc, (LeaseLapsed, ClusterLost)) or connection_lost(exc, client):
             raise            # no scheduler to ask: the traces stay on the workers' hosts
         _end_traces(client, run_id, name, tracer.path)
         raise
