@@ -322,15 +322,20 @@ def attempt_on_worker(lease: LeaseTerms, key: str, attempt: str, notes: dict | N
     """
     try:
         client = distributed.get_client()
+
+        def read() -> Any:     # bounded: an answer lost in a cut must not hold the watch for Dask's 30 s
+            return client.sync(client.scheduler.get_metadata, keys=[lease.key], default=None,
+                               callback_timeout=max(1.0, lease.seconds / 2))
+
         with _WATCHES_LOCK:
             watch = _WATCHES.get(lease.key)
             if watch is None or not watch.alive:
                 for gone in [k for k, w in _WATCHES.items() if not w.alive]:
                     del _WATCHES[gone]
-                watch = _WATCHES[lease.key] = LeaseWatch(
-                    lease, read=lambda: client.get_metadata([lease.key], default=None))
+                watch = _WATCHES[lease.key] = LeaseWatch(lease, read=read)
     except Exception as exc:          # (a timeout of a loaded scheduler): do nothing unconfirmed
         raise LeaseLapsed(f"the scheduler could not confirm the job's lease ({exc}): shard not run") from exc
+    watch.refresh()
     watch.check()
     return LeasedAttempt(watch, attempts=lambda: client.get_metadata([key, "attempts"], default=None),
                          write=lambda value: client.set_metadata([key, "attempts", attempt], value),

@@ -191,11 +191,18 @@ class LeaseWatch:
             value = self._read()
         except Exception:             # unreachable, timed out: not a renewal
             return
-        if not isinstance(value, dict) or "beat" not in value:
-            self._gone = "its client released it or disconnected"
-        elif value["beat"] != self._beat:
-            self._beat = value["beat"]
-            self._confirmed = time.monotonic()
+        with self._lock:
+            if not isinstance(value, dict) or "beat" not in value:
+                self._gone = "its client released it or disconnected"
+            elif self._beat is None or value["beat"] > self._beat:     # (a late answer is no renewal)
+                self._beat = value["beat"]
+                self._confirmed = time.monotonic()
+
+    def refresh(self) -> None:
+        """Look now (from the thread of a new attempt): a worker back from a cut must not turn
+        away the shards it is given while its watcher waits for an answer lost in the cut."""
+        if self.lapsed and not self._gone:
+            self._look()
 
     def _watch(self) -> None:
         while not self._gone:
