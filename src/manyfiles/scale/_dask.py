@@ -149,9 +149,12 @@ class DaskExecutor(Executor):
     def _restore_local(self) -> None:
         """Our LocalCluster back at its size.  A worker killed twice within Dask's
         ``lost-worker-timeout`` (15 s) makes the cluster close that worker's nanny for good (it
-        looks for a worker of that name only at that instant); ``scale`` starts the missing one."""
+        looks for a worker of that name only at that instant); ``scale`` starts the missing one,
+        once no worker of that name is registered any more (a new one would be refused)."""
         lc = self.local_cluster
-        if len(lc.workers) < len(lc.worker_spec):
+        missing = set(lc.worker_spec) - set(lc.workers)
+        registered = {w.get("name") for w in lc.scheduler_info.get("workers", {}).values()}
+        if missing and not missing & registered:
             lc.scale(len(lc.worker_spec))
 
     def close(self) -> None:
