@@ -12,6 +12,7 @@
      |    +-- ObjectChanged     the object changed while we read it (ETag/precondition)
      |    +-- IntegrityError    the bytes written do not match the checksum they must have
      +-- PartialFailure         a bulk operation finished, some items failed (``failures``)
+     +-- Stalled                nothing moved for the stall timeout: the endpoint and the last error
 
 OSError and botocore errors are converted at the module boundary that calls
 them, keeping the original as ``__cause__`` (``raise NotFound(...) from exc``);
@@ -107,6 +108,11 @@ class PartialFailure(ManyfilesError):
         super().__init__(message)
         self.failures = failures or []
         self.report = report
+
+
+class Stalled(ManyfilesError):
+    """A run in which nothing moved for its stall timeout (an endpoint that went away, or never
+    answered); the message names the endpoint and the last error (docs/s3pull.md)."""
 
 
 _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\"}

@@ -5,6 +5,14 @@ threads.  An object counts as *cached* only when the cache holds it checked: its
 every block checked per part; anything else -- missing, partial, or holding unverified blocks --
 is fetched whole in one GET and checked before it is installed (_complete.py).  An S3 object
 named alone is opened by its GET (whose answer gives the version): no HEAD.
+
+A warm has a stall watch as a pull does (:class:`~manyfiles._core.progress.StallWatch`, under
+the cache's retry policy): every object warmed and every page listed moves it; while nothing
+moves the progress says ``stalled Ns: last error ...``; past the stall timeout the warm ends with
+:class:`~manyfiles.errors.Stalled`, its requests in flight interrupted (its S3 origins use an
+object client of its own for that).  A source that fails because the endpoint never answered
+(the retry policy's first-contact budget) ends the warm with that error: every other source
+would wait as long.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from typing import Any
 
 from manyfiles._core.checkpoints import reached as checkpoint
 from manyfiles._core.pool import Pool
-from manyfiles._core.progress import ProgressArg, progress_for
+from manyfiles._core.progress import ProgressArg, StallWatch, iter_ticking, progress_for
 from manyfiles.cache._complete import complete
 from manyfiles.cache._origin import FileOrigin, Head, S3Origin
 from manyfiles.cache._reports import WarmReport
@@ -32,20 +40,34 @@ def warm(cache: Any, srcs: Iterable[Any], *, jobs: int, progress: ProgressArg,
     report = WarmReport()
     lock = threading.Lock()
     t0 = time.monotonic()
+    run = _Run(cache)
+    from manyfiles.s3.retry import NETWORK_CODES as network_codes
+
     with progress_for(progress, "cache warm", unit="objects") as p:
 
         def failed(shown: str, exc: ManyfilesError) -> None:
+            code = _code(exc)
+            if code in network_codes:
+                if not run.watch.ever_moved:
+                    # the endpoint never answered this run, for a request's whole first-contact
+                    # budget: every other source would wait as long (one that went away: the watch)
+                    run.stop.set()
+                    raise exc
+                run.watch.failed(str(exc))
+            else:
+                run.watch.moving = True     # an answer (a missing key...), or a local file
             with lock:
                 report.objects += 1
-                report.add_failure(shown, _reason(exc, shown), type(exc).__name__)
+                report.add_failure(shown, _reason(exc, shown), code)
             p.add(1, failures=1)
 
         def work(item: tuple) -> None:
             try:
-                kind, n = warm_one(cache, item, fetched_since)
+                kind, n = warm_one(cache, item, run.stop, fetched_since)
             except ManyfilesError as exc:
                 failed(item[0].display, exc)
                 return
+            run.watch.moving = True
             with lock:
                 report.objects += 1
                 report.bytes += n
@@ -56,24 +78,68 @@ def warm(cache: Any, srcs: Iterable[Any], *, jobs: int, progress: ProgressArg,
             p.add(1, bytes=n)
             checkpoint("warm")
 
-        Pool(work, jobs, name="manyfiles-cache-warm").run(expand(cache, srcs, failed), tick=p.tick)
+        def tick() -> None:
+            run.tick(p)
+            p.tick()
+
+        items = iter_ticking(expand(cache, srcs, failed, run), tick)
+        try:
+            Pool(work, jobs, name="manyfiles-cache-warm").run(items, tick=tick)
+        finally:
+            items.close()
         cache.flush()
     report.seconds = time.monotonic() - t0
     return report
 
 
-def expand(cache: Any, srcs: Iterable[Any], failed: Callable[[str, ManyfilesError], None]) -> Iterator[tuple]:
+class _Run:
+    """What one warm shares between its threads: the stall watch, the event that stops it, and
+    the object client of its S3 origins (whose requests a stall interrupts)."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+        self.watch = StallWatch.for_policy(cache.retry)
+        self.stop = threading.Event()
+        self.where: str | None = None       # the endpoint, once an S3 source was seen
+        self._client: Any = None
+
+    def origin(self, url: str) -> S3Origin:
+        """The origin of an S3 URL, on this warm's object client."""
+        origin = self.cache.origin(url)         # its settings resolved by the cache
+        if self._client is None:
+            from manyfiles.s3.objects import ObjectClient
+            from manyfiles.s3.retry import endpoint_name, has_answered
+
+            self._client = ObjectClient(origin.settings, retry=self.cache.retry, cancel=self.stop)
+            self.where = endpoint_name(origin.settings.endpoint_url) or f"s3://{origin.bucket}"
+            self.watch.answered = self.watch.answered or has_answered(self.where)
+        return S3Origin(origin.bucket, origin.key, origin.settings, self.cache.retry, self._client)
+
+    def tick(self, progress: Any) -> None:
+        """Show the stall; past the timeout stop every request in flight and raise Stalled."""
+        try:
+            self.watch.tick(progress, self.where)
+        except ManyfilesError:
+            self.stop.set()
+            if self._client is not None:
+                self._client.interrupt()
+            raise
+
+
+def expand(cache: Any, srcs: Iterable[Any], failed: Callable[[str, ManyfilesError], None],
+           run: _Run | None = None) -> Iterator[tuple]:
     """(origin, known Head or None) for every object named or under a prefix."""
+    run = run or _Run(cache)
     for src in srcs:
         try:
-            yield from _expand_one(cache, src)
+            yield from _expand_one(cache, src, run)
         except ManyfilesError as exc:
             failed(src if isinstance(src, str) else os.fsdecode(src), exc)
 
 
-def _expand_one(cache: Any, src: Any) -> Iterator[tuple]:
+def _expand_one(cache: Any, src: Any, run: _Run) -> Iterator[tuple]:
     if isinstance(src, str) and src.startswith("s3://"):
-        yield from _expand_s3(cache, src)
+        yield from _expand_s3(cache, src, run)
         return
     origin = cache.origin(src)
     assert isinstance(origin, FileOrigin)
@@ -90,29 +156,30 @@ def _expand_one(cache: Any, src: Any) -> Iterator[tuple]:
                 yield FileOrigin(os.path.join(d.path, e.name)), None
 
 
-def _expand_s3(cache: Any, url: str) -> Iterator[tuple]:
+def _expand_s3(cache: Any, url: str, run: _Run) -> Iterator[tuple]:
     from manyfiles.s3.keys import parse_url
-    from manyfiles.s3.object_listing import list_objects
+    from manyfiles.s3.object_listing import list_objects_lean
 
     parsed = parse_url(url)
     if parsed.pattern is None and parsed.prefix and not parsed.prefix.endswith("/"):
-        origin = cache.origin(url)
+        origin = run.origin(url)
         try:
             head = origin.stat()
         except NotFound:
             parsed = parse_url(url + "/")    # not an object: maybe a "folder"
         else:
+            run.watch.moving = True
             yield origin, head
             return
-    some = cache.origin(f"s3://{parsed.bucket}/x")
+    some = run.origin(f"s3://{parsed.bucket}/x")
     found = False
     try:
-        for info in list_objects(some.settings, parsed):
+        for info in list_objects_lean(some.settings, parsed, retry=cache.retry, watch=run.watch):
             if info.key.endswith("/") and not info.size:
                 continue      # a "folder" marker
             found = True
             known = None if info.size is None else Head(S3Origin.validator(info.etag, info.size), info.size)
-            yield cache.origin(f"s3://{parsed.bucket}/{info.key}"), known
+            yield run.origin(f"s3://{parsed.bucket}/{info.key}"), known
     except ManyfilesError:
         raise
     except Exception as exc:
@@ -123,9 +190,10 @@ def _expand_s3(cache: Any, url: str) -> Iterator[tuple]:
         raise NotFound(f"{url}: no such object or prefix")
 
 
-def warm_one(cache: Any, item: tuple, fetched_since: float | None = None) -> tuple[str, int]:
+def warm_one(cache: Any, item: tuple, stop: threading.Event | None = None,
+             fetched_since: float | None = None) -> tuple[str, int]:
     """("cached", 0) when the cache holds the object checked (and did before ``fetched_since``),
-    else ("fetched", bytes) once it does."""
+    else ("fetched", bytes) once it does (``stop``: set when the warm stopped, which ends the fill)."""
     origin, known = item
     stream = None
     if known is None:
@@ -138,7 +206,7 @@ def warm_one(cache: Any, item: tuple, fetched_since: float | None = None) -> tup
             if fetched_since is not None and _written_since(cache._store, v, fetched_since):
                 return "fetched", v.size
             return "cached", 0
-        complete(cache._store, origin, v, cache.retry, stream=stream)
+        complete(cache._store, origin, v, cache.retry, stream=stream, cancel=stop)
         stream = None
     except OSError as exc:
         raise ManyfilesError(f"{cache.dir}: cannot write to the cache: {exc.strerror or exc}") from exc
@@ -161,6 +229,12 @@ def _written_since(store: Any, v: Any, since: float) -> bool:
         return max(os.stat(p).st_mtime for p in paths) >= since - MTIME_SLACK
     except FileNotFoundError:         # evicted meanwhile: it was there, not ours to count
         return False
+
+
+def _code(exc: BaseException) -> str:
+    """A failure's code: the S3 or network one it carries (``timeout``, ``SlowDown``...), else its kind."""
+    code = getattr(exc, "code", None)
+    return code if isinstance(code, str) and code else type(exc).__name__
 
 
 def _reason(exc: BaseException, shown: str) -> str:
