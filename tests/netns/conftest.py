@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from netlab import Lab, missing, sweep
-from scenarios import OUTCOMES, SCENARIOS, Outcome, Stage
+from scenarios import FIRST, OUTCOMES, SCENARIOS, Outcome, Stage
 from sites import S3Server
 
 SCENARIO_TIMEOUT = 300.0     # a scenario's own waits end well before (JOB_TIMEOUT and the like)
@@ -55,8 +55,15 @@ class Scenarios:
         logs = self.folder / "logs"
         logs.mkdir()
         self.s3 = S3Server(self.lab.host("s3"), logs / "s3.log")
-        for name in sorted(self.names):
-            stage = Stage(self.lab, self.s3, logs, self.folder / "data", name)
+        gate = threading.Event()
+        firsts = [n for n in FIRST if n in self.names]
+        if not firsts:
+            gate.set()
+        for name in sorted(self.names, key=lambda n: n not in firsts):
+            stage = Stage(self.lab, self.s3, logs, self.folder / "data", name,
+                          gate=None if name in firsts else gate)
+            if name in firsts:
+                stage.opens = gate
             thread = threading.Thread(target=self._run, args=(name, stage), name=f"netfault-{name}",
                                       daemon=True)
             self.threads[name] = thread
@@ -68,6 +75,8 @@ class Scenarios:
             self.results[name] = stage.outcome
         except BaseException as exc:          # re-raised in the test that asks
             self.results[name] = exc
+        finally:
+            stage.open_gate()                 # (a first scenario that failed early lets the others go)
         o = stage.outcome
         self.wall[name] = {"ended": time.monotonic() - self.started,
                            **{m: t - self.started for m, t in o.moments.items()},

@@ -15,6 +15,7 @@ import hashlib
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,11 +30,15 @@ from manyfiles.s3.keys import STATE_DIR
 
 PROGRESS_LINE = re.compile(r"^s3pull: [\d,]+ objects[, ]")
 CUT = 20.0              # seconds of the short cuts (the issue's blips)
+S3_CUT = 60.0           # seconds the workers are cut off from S3 (an outage of a minute, ridden out)
+STALL_TIMEOUT = 20.0    # --stall-timeout of the scenario where S3 is gone for good (default 120 s)
 LEASE = 10.0            # MANYFILES_CLUSTER_LEASE of the blip scenarios: shorter than the cut
 CLIENT_LEASE = 5.0      # ... of the client-cut scenario
 # the scheduler drops a worker it lost in ~11 s (Dask's tcp timeout: its default 30 s, at least 11)
 FAST_DASK = {"DASK_DISTRIBUTED__COMM__TIMEOUTS__TCP": "11s"}
 JOB_TIMEOUT = 240.0     # a command that has not ended by then is a failure of its own
+GATE_TIMEOUT = 60.0     # the other scenarios start by then whatever the first one does
+FIRST = ("s3-outage",)  # the longest scenario (a minute's cut): it starts alone
 
 
 @dataclass
@@ -71,10 +76,16 @@ class Outcome:
 
 
 class Stage:
-    """What a scenario works with: the lab, the S3 host, a folder for its logs and one for its data."""
+    """What a scenario works with: the lab, the S3 host, a folder for its logs and one for its data.
 
-    def __init__(self, lab: Lab, s3: S3Server, logs: Path, data: Path, name: str) -> None:
+    ``gate``: the scenario starts its Dask sites once it is set (the longest scenario goes first,
+    alone on the CPUs until its fault is under way, then opens it: :meth:`open_gate`)."""
+
+    def __init__(self, lab: Lab, s3: S3Server, logs: Path, data: Path, name: str,
+                 gate: threading.Event | None = None) -> None:
         self.lab, self.s3, self.logs, self.name = lab, s3, logs, name
+        self.gate = gate
+        self.opens: threading.Event | None = None      # the gate this scenario opens, if it goes first
         self.root = data / name                   # holds DEST and nothing else
         self.root.mkdir(parents=True)
         self.dest = self.root / "dest"
@@ -96,7 +107,14 @@ class Stage:
         return bucket
 
     def site(self, env: dict[str, str], tag: str = "") -> DaskSite:
+        if self.gate is not None:
+            self.gate.wait(GATE_TIMEOUT)
         return DaskSite(self.lab, f"{self.name}{tag}", self.logs, env).start()
+
+    def open_gate(self) -> None:
+        """Let the other scenarios start (this one's fault is under way)."""
+        if self.opens is not None:
+            self.opens.set()
 
     def sites(self, env: dict[str, str], *tags: str) -> list[DaskSite]:
         """Sites started at the same time (each start mostly waits for its processes)."""
@@ -107,9 +125,10 @@ class Stage:
         return base_env(AWS_ENDPOINT_URL=self.s3.url, MANYFILES_RETRY_BASE="0.05", **extra)
 
     def pull(self, client: Host, site: DaskSite, env: dict[str, str], *, bucket: str | None = None,
-             dest: Path | None = None, jobs: int = 8, log: str = "client") -> Command:
+             dest: Path | None = None, jobs: int = 8, log: str = "client",
+             extra: tuple[str, ...] = ()) -> Command:
         return Command(client, "s3pull", [f"s3://{bucket or self.bucket}/data/", str(dest or self.dest),
-                                          "--cluster", site.address, "--progress", "-j", str(jobs)],
+                                          "--cluster", site.address, "--progress", "-j", str(jobs), *extra],
                        env, self.logs / f"{self.name}-{log}.log")
 
     def finish(self, cmd: Command, timeout: float = JOB_TIMEOUT, into: Outcome | None = None) -> Run:
@@ -291,6 +310,71 @@ def scheduler_kill(stage: Stage) -> None:
     stage.settle()
 
 
+def _first_line(cmd: Command, text: str, since: float, until: float) -> float | None:
+    """When ``cmd`` first printed a stderr line holding ``text`` after ``since`` (monotonic), watching
+    until ``until``; None if it did not."""
+    while time.monotonic() < until:
+        for seen, line in cmd.lines():
+            if seen >= since and text in line:
+                return seen
+        if cmd.proc.poll() is not None:
+            return None
+        time.sleep(0.05)
+    return None
+
+
+def s3_outage(stage: Stage) -> None:
+    """Both workers cut off from S3 (every packet they send it vanishes) for a minute mid-job, then
+    back: the client's progress says the job stalled, with the last error, within 15 s of the cut;
+    the job rides the outage out (the stall timeout is 120 s): exit 0, DEST exact, one run."""
+    stage.seed(400)
+    env = stage.env(MANYFILES_CLUSTER_LEASE=str(LEASE))
+    site = stage.site(env)
+    client = stage.lab.host(f"{stage.name}c")
+    stage.s3.delay(stage.bucket, 0.1)
+    start = stage.s3.served()
+    cmd = stage.pull(client, site, env)
+    wait_until(_busy(stage, site.worker_hosts[0], start), 120, f"{stage.name}: downloads going")
+    for worker in site.worker_hosts:
+        worker.drop([stage.s3.host])
+    cut = stage.mark("cut")
+    stage.open_gate()
+    seen = _first_line(cmd, "stalled", cut, cut + S3_CUT)
+    stage.outcome.facts["stalled_shown_after"] = None if seen is None else seen - cut
+    time.sleep(max(0.0, cut + S3_CUT - time.monotonic()))
+    for worker in site.worker_hosts:
+        worker.undrop([stage.s3.host])
+    stage.mark("healed")
+    stage.finish(cmd)
+    stage.mark("ended")
+    stage.settle()
+
+
+def s3_lost(stage: Stage) -> None:
+    """Both workers cut off from S3 for good mid-job (``--stall-timeout 20``): the job ends with one
+    line naming the endpoint and the cause, exit 1, within the stall timeout and the retry budget;
+    nothing half-written; S3 back, a rerun completes DEST exactly."""
+    stage.seed(400)
+    env = stage.env(MANYFILES_CLUSTER_LEASE=str(LEASE))
+    site = stage.site(env)
+    client = stage.lab.host(f"{stage.name}c")
+    stage.s3.delay(stage.bucket, 0.1)
+    start = stage.s3.served()
+    cmd = stage.pull(client, site, env, extra=("--stall-timeout", f"{STALL_TIMEOUT:g}"))
+    wait_until(_busy(stage, site.worker_hosts[0], start), 120, f"{stage.name}: downloads going")
+    for worker in site.worker_hosts:
+        worker.drop([stage.s3.host])
+    stage.mark("cut")
+    stage.finish(cmd, timeout=120)
+    stage.mark("client ended")
+    stage.outcome.facts["files_at_stop"] = files_md5(stage.dest)
+    for worker in site.worker_hosts:
+        worker.undrop([stage.s3.host])
+    stage.s3.delay(stage.bucket, 0)
+    stage.finish(stage.pull(client, site, env, log="rerun"))
+    stage.settle()
+
+
 SCENARIOS: dict[str, Callable[[Stage], None]] = {
     "link-down": lambda st: worker_blip(st, "link"),
     "silent-drop": lambda st: worker_blip(st, "drop"),
@@ -298,5 +382,7 @@ SCENARIOS: dict[str, Callable[[Stage], None]] = {
     "scheduler-cut": scheduler_cut,
     "client-cut": client_cut,
     "scheduler-kill": scheduler_kill,
+    "s3-outage": s3_outage,
+    "s3-lost": s3_lost,
 }
 OUTCOMES = {"spread": "scheduler-kill"}     # outcomes that another scenario produces

@@ -9,7 +9,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from scenarios import CLIENT_LEASE, Outcome, Run
+from scenarios import CLIENT_LEASE, STALL_TIMEOUT, Outcome, Run
+
+CONNECT_TIMEOUT = 10.0      # s3pull's default --connect-timeout
 
 SUMMARY = re.compile(r"^s3pull: (\d+) downloaded .*; (\d+) skipped, (\d+) failed")
 
@@ -116,3 +118,29 @@ def test_5004_keys_on_two_workers_keep_both_busy(netfaults) -> None:
     assert set(shards) == o.facts["workers"], run.stderr
     total = sum(shards.values())
     assert all(n >= 0.3 * total for n in shards.values()), shards
+
+
+@pytest.mark.netfault("s3-outage")
+def test_workers_cut_off_from_s3_for_a_minute_stall_visibly_and_ride_it_out(netfaults) -> None:
+    o = netfaults.outcome("s3-outage")
+    run = o.runs[0]
+    assert_clean_success(o, run)
+    shown = o.facts["stalled_shown_after"]
+    assert shown is not None and shown <= 15, (shown, run.stderr)
+    stalled = [line for _, line in run.lines if "stalled" in line]
+    assert re.search(r", stalled \d+s: last error: ", stalled[0]), stalled[0]
+
+
+@pytest.mark.netfault("s3-lost")
+def test_workers_cut_off_from_s3_for_good_end_the_job_with_one_line(netfaults) -> None:
+    o = netfaults.outcome("s3-lost")
+    first, rerun = o.runs
+    assert_one_line(first, rf"s3pull: http://[\d.]+:\d+: stalled, nothing moved for {STALL_TIMEOUT:g} s "
+                           r"\(last error: .*\).*")
+    # within the stall timeout and a request's budget (a connect in flight when the stall ends is
+    # given its timeout, 10 s), and a few seconds for the exit
+    assert o.moments["client ended"] - o.moments["cut"] <= STALL_TIMEOUT + CONNECT_TIMEOUT + 5
+    stopped = o.facts["files_at_stop"]
+    assert all(o.bucket[k] == md5 for k, md5 in stopped.items())      # nothing half-written
+    assert rerun.code == 0, rerun.stderr
+    assert_exact(o)

@@ -304,3 +304,43 @@ def test_a_progress_callback_may_ask_dask_while_counters_arrive(tmp_path: Path, 
     runner.join(120)
     assert not runner.is_alive(), "the job hung"
     assert outcome and outcome[0].items == sum(range(8)) and asked
+
+
+def test_the_job_shows_a_stall_only_while_every_running_shard_has_stalled() -> None:
+    """Workers publish their shard's stall (seconds, last error) with its counters; the client's
+    progress says ``stalled Ns: last error: ...`` when nothing moves anywhere (every running shard
+    stalled: the shortest stall, aged since heard, the newest error), and stops saying it as soon
+    as one shard moves."""
+    from manyfiles._core.progress import progress_for
+    from manyfiles.scale._jobs import LiveCounts
+
+    seen = []
+    with progress_for(seen.append, "s3pull", unit="objects") as p:
+        live = LiveCounts(p)
+        live.update(0, "a", 5, 50, 0)
+        live.update(1, "b", 3, 30, 0, (6.0, "http://10.0.0.2:9000: host unreachable"))
+        p.tick(force=True)
+        assert seen[-1].stall is None                                    # shard 0 still moves
+        live.update(0, "a", 5, 50, 0, [11.0, None])                      # (msgpack sends a list)
+        p.tick(force=True)
+        stall = seen[-1].stall
+        assert 6.0 <= stall.seconds < 60 and stall.error == "http://10.0.0.2:9000: host unreachable"
+        assert "stalled 6s: last error: http://10.0.0.2:9000: host unreachable" in str(seen[-1])
+        assert seen[-1].done == 8
+        live.update(1, "b", 4, 40, 0)                                    # it moves again
+        p.tick(force=True)
+        assert seen[-1].stall is None and seen[-1].done == 9
+
+
+def test_a_shard_publishes_at_once_when_its_stall_starts_or_ends() -> None:
+    from manyfiles._core.progress import Stall
+    from manyfiles.scale._jobs import Throttle
+
+    sent = []
+    publish = Throttle(lambda *args: sent.append(args), interval=60.0)
+    publish(1)
+    publish(2)                                       # throttled
+    publish(2, 0, 0, Stall(5.0, "refused"))          # a stall: news
+    publish(2, 0, 0, Stall(10.0, "refused"))         # throttled
+    publish(3)                                       # moving again: news
+    assert sent == [(1, 0, 0, None), (2, 0, 0, Stall(5.0, "refused")), (3, 0, 0, None)]

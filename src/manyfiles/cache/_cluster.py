@@ -54,7 +54,7 @@ class WarmJob(Job):
 
         cache = _worker_cache(self.cache_type, self.dir, self.options)
         report = warm(cache, list(sources), jobs=self.jobs, fetched_since=_lost_attempts_since(cache.dir),
-                      progress=lambda snap: publish(snap.done, snap.bytes, snap.failures))
+                      progress=lambda snap: publish(snap.done, snap.bytes, snap.failures, snap.stall))
         return ShardResult(report=report, items=report.objects, bytes=report.bytes)
 
 

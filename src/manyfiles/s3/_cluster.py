@@ -50,6 +50,7 @@ SLICES_PER_WORKER = 4     # a whole job that one lister read is cut into this ma
 MIN_SLICE_KEYS = 100      # ...of this many keys at least (a task costs the scheduler ~3 ms)...
 MIN_SLICE_BYTES = 64 << 20  # ...or this many bytes (a slice ends at its share of the bytes);
 MAX_SLICES_PER_BATCH = 16   # a lister's keys when more follow: at most this many (10^8 keys: ~10^5 tasks)
+MOVING = frozenset({"done", "skip", "bytes"})    # the run's events that end a stall
 
 
 def cut_slices(objects: list[tuple], workers: int, max_keys: int = SLICE_KEYS, *,
@@ -184,6 +185,7 @@ class PullJob(executor.Job):
         # closing(): a lapsed lease (publish raises) ends the engines here, as Ctrl-C does
         events = run(url, objects, self.dest, settings=self.settings, cfg=self._cfg(), keep=keep,
                      report=report, state_slice=sl.id)
+        stall = None      # the run's stall, from its "stall" events until something moves again
         with contextlib.closing(events):
             for ev in events:
                 if ev.kind == "done":
@@ -192,7 +194,12 @@ class PullJob(executor.Job):
                     report.skipped -= 1
                     report.add_done("lost worker", ev.size, Claim.from_record(theirs[ev.key]).kind)
                     installed += ev.size
-                publish(report.done + report.skipped + len(report.failures), installed, len(report.failures))
+                if ev.kind == "stall":
+                    stall = ev.value
+                elif ev.kind in MOVING:
+                    stall = None
+                publish(report.done + report.skipped + len(report.failures), installed, len(report.failures),
+                        stall)
         report.bytes = installed
         handled = report.done + report.skipped + len(report.failures)
         return ShardResult(report=report, items=handled, bytes=installed)

@@ -204,6 +204,7 @@ class DaskExecutor(Executor):
                         done = [finished.get(timeout=TICK)]
                     except queue.Empty:
                         lease.check_reach(self.address, where)
+                        live.show_stall()
                         live.progress.tick()
                         continue
                     while not finished.empty():          # whatever else finished: one gather for all
@@ -297,8 +298,9 @@ def run_on_worker(job: Job, sid: int, shard: Any, topic: str, lease: LeaseTerms,
     worker = distributed.get_worker()
     attempt = f"{worker_name()}:{secrets.token_hex(4)}"
 
-    def send(done: int, nbytes: int, failures: int) -> None:
-        worker.log_event(topic, [sid, attempt, done, nbytes, failures])
+    def send(done: int, nbytes: int, failures: int, stall: Any = None) -> None:
+        stalled = None if stall is None else tuple(stall)      # (seconds, last error): plain values
+        worker.log_event(topic, [sid, attempt, done, nbytes, failures, stalled])
 
     publish = Throttle(send)
     publish(0, 0, 0)      # "started": the client learns which attempt runs the shard

@@ -18,13 +18,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from manyfiles._core.progress import Progress, ProgressArg, check_progress, progress_for
+from manyfiles._core.progress import Progress, ProgressArg, Stall, check_progress, progress_for
 from manyfiles._core.report import Report
 from manyfiles.errors import ManyfilesError, UsageError
 from manyfiles.scale.lease import NO_LEASE, Attempt, LeaseLapsed, guarded, running
 
-Publish = Callable[[int, int, int], None]
-"""``publish(done, bytes, failures)``: a shard's running totals (absolute, not deltas)."""
+Publish = Callable[..., None]
+"""``publish(done, bytes, failures, stall=None)``: a shard's running totals (absolute, not deltas),
+and while nothing moves in it its :class:`~manyfiles._core.progress.Stall` (seconds, last error)."""
 
 MAX_FAILURES_PER_SHARD = 10_000   # listed per shard; the rest are counted (a result stays small)
 IN_FLIGHT_PER_THREAD = 4          # shards submitted per worker thread (running + queued on it)...
@@ -296,23 +297,28 @@ def raise_shard_error(result: ShardResult) -> None:
 
 
 class Throttle:
-    """Calls ``send(done, bytes, failures)`` at most every ``interval`` seconds (and the first time)."""
+    """Calls ``send(done, bytes, failures, stall)`` at most every ``interval`` seconds (and the first
+    time), and at once when the stall starts or ends (a stall is news; a run that stalls publishes
+    little else)."""
 
-    def __init__(self, send: Callable[[int, int, int], None], interval: float = PUBLISH_INTERVAL) -> None:
+    def __init__(self, send: Callable[..., None], interval: float = PUBLISH_INTERVAL) -> None:
         self.send = send
         self.interval = interval
         self.last = float("-inf")
+        self.stalled = False
         self.lock = threading.Lock()
 
-    def __call__(self, done: int, nbytes: int = 0, failures: int = 0) -> None:
+    def __call__(self, done: int, nbytes: int = 0, failures: int = 0, stall: Stall | None = None) -> None:
         now = time.monotonic()
-        if now - self.last < self.interval:
+        changed = (stall is not None) != self.stalled
+        if now - self.last < self.interval and not changed:
             return
         with self.lock:
-            if now - self.last < self.interval:
+            if now - self.last < self.interval and (stall is not None) == self.stalled:
                 return
             self.last = now
-        self.send(done, nbytes, failures)
+            self.stalled = stall is not None
+        self.send(done, nbytes, failures, stall)
 
 
 # -- the client side: scheduling and live counters ----------------------------------------------------
@@ -357,23 +363,31 @@ class LiveCounts:
         self.lock = threading.Lock()
         self.final = [0, 0, 0]
         self.running: dict[int, tuple[str, int, int, int]] = {}
+        self.stalls: dict[int, tuple[Stall, float]] = {}   # stalled running shard -> its stall, when heard
         self.finished: set[int] = set()
         self.attempts: dict[int, set[str]] = {}
         self.reruns = 0
 
-    def update(self, sid: int, attempt: str, done: int, nbytes: int, failures: int) -> None:
-        """A shard's running totals (called from whichever thread receives them: Dask's event loop)."""
+    def update(self, sid: int, attempt: str, done: int, nbytes: int, failures: int,
+               stall: Stall | tuple | None = None) -> None:
+        """A shard's running totals and stall (called from whichever thread receives them: Dask's
+        event loop; a stall arrives as a plain tuple or list)."""
         with self.lock:
             if sid in self.finished:
                 return
             self.running[sid] = (attempt, done, nbytes, failures)
             self.attempts.setdefault(sid, set()).add(attempt)
+            if stall is None:
+                self.stalls.pop(sid, None)
+            else:
+                self.stalls[sid] = (Stall(*stall), time.monotonic())
         self._show()
 
     def finish(self, sid: int, result: ShardResult) -> None:
         with self.lock:
             self.finished.add(sid)
             self.running.pop(sid, None)
+            self.stalls.pop(sid, None)
             self.reruns += max(len(self.attempts.pop(sid, ())), result.attempts) - 1
             self.final[0] += result.items
             self.final[1] += result.bytes
@@ -389,7 +403,26 @@ class LiveCounts:
             done, nbytes, failures = self.final
             for _, d, b, f in self.running.values():
                 done, nbytes, failures = done + d, nbytes + b, failures + f
+            stall = self.stall()
         self.progress.set(done=done, bytes=nbytes, failures=failures)
+        self.progress.set_stall(stall)
+
+    def show_stall(self) -> None:
+        """Show the job's stall as of now (its seconds go on between two workers' messages)."""
+        if self.progress and self.stalls:
+            with self.lock:
+                stall = self.stall()
+            self.progress.set_stall(stall)
+
+    def stall(self) -> Stall | None:
+        """The job's stall: when every running shard has stalled (nothing moves anywhere), the
+        shortest of their stalls, aged since it was heard, with the newest error; else None."""
+        if not self.running or self.stalls.keys() != self.running.keys():
+            return None
+        now = time.monotonic()
+        aged = [(s.seconds + now - heard, heard, s.error) for s, heard in self.stalls.values()]
+        errors = [(heard, e) for _, heard, e in aged if e]
+        return Stall(min(a[0] for a in aged), max(errors)[1] if errors else None)
 
 
 # -- executors -----------------------------------------------------------------------------------------
@@ -440,7 +473,7 @@ class InProcessExecutor(Executor):
         while (item := queue.next()) is not None:
             sid, shard = item
             result = execute_shard(job, shard, Throttle(
-                lambda d, b, f, sid=sid: live.update(sid, "here", d, b, f), interval=0.0))
+                lambda d, b, f, s, sid=sid: live.update(sid, "here", d, b, f, s), interval=0.0))
             raise_shard_error(result)
             live.finish(sid, result)
             report.add(result)

@@ -140,7 +140,7 @@ def running(attempt: Attempt) -> Iterator[Attempt]:
         _CURRENT.reset(token)
 
 
-def guarded(publish: Callable[[int, int, int], None], attempt: Attempt) -> Callable[..., None]:
+def guarded(publish: Callable[..., None], attempt: Attempt) -> Callable[..., None]:
     """``publish`` that first checks the lease when called on this (the shard's) thread.
 
     Only there: from a tool's own threads an exception would land in the middle of its work;
@@ -148,10 +148,10 @@ def guarded(publish: Callable[[int, int, int], None], attempt: Attempt) -> Calla
     """
     owner = threading.get_ident()
 
-    def checked(done: int, nbytes: int = 0, failures: int = 0) -> None:
+    def checked(done: int, nbytes: int = 0, failures: int = 0, stall: Any = None) -> None:
         if threading.get_ident() == owner:
             attempt.check()
-        publish(done, nbytes, failures)
+        publish(done, nbytes, failures, stall)
 
     return checked
 
