@@ -23,8 +23,10 @@ import atexit
 import builtins
 import io
 import os
+import sqlite3
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +36,8 @@ from manyfiles._core.progress import ProgressArg, check_progress, progress_for
 from manyfiles._core.retry import RetryPolicy
 from manyfiles.cache import _format as fmt
 from manyfiles.cache._index import Version
+from manyfiles.cache._kept import Kept, KeptListing, KeptObject
+from manyfiles.cache._offline import PROBE, REACH, check_mode, endpoint_of, probing
 from manyfiles.cache._opener import FETCH_THREADS, Opener
 from manyfiles.cache._origin import FileOrigin, Head, S3Origin, parse_source
 from manyfiles.cache._reader import CachedReader, MemoryFile
@@ -41,7 +45,7 @@ from manyfiles.cache._reports import CacheStats, EvictReport, VerifyReport, Warm
 from manyfiles.cache._store import BlockStore
 from manyfiles.cache._versions import Source, Versions, listed
 from manyfiles.cache._write import WriteThrough
-from manyfiles.errors import ManyfilesError, UsageError, from_oserror
+from manyfiles.errors import ManyfilesError, OfflineMiss, OriginUnreachable, UsageError, from_oserror
 
 DEFAULT_BUFFER = io.DEFAULT_BUFFER_SIZE     # as open(): small random reads stay cheap
 VERIFY_WHOLE_MAX = 64 << 20
@@ -76,6 +80,9 @@ class Cache:
         strict: never hand out bytes that no check covered (a large object is checked whole
             before a random read of it returns).
         retry: the :class:`manyfiles.s3.RetryPolicy` of every request to S3 (default: s3pull's).
+        offline: None (default): when the S3 endpoint cannot be reached, serve the versions validated
+            last that the cache holds (one :class:`~manyfiles.errors.OfflineWarning` per process);
+            True: never ask the origin; False: never fall back.  See docs/ml.md, "Offline".
 
     Example:
         >>> import manyfiles as mf
@@ -89,7 +96,8 @@ class Cache:
                  min_free: float | int | None = 0.1, block_size: int | None = None, verify: bool = False,
                  ttl: float = 0.0, settings: Any = None, prefetch: int = 4, low_water: float = 0.9,
                  fill_queue: int | None = None, verify_whole_max: int = VERIFY_WHOLE_MAX,
-                 strict: bool = False, retry: RetryPolicy | None = None) -> None:
+                 strict: bool = False, retry: RetryPolicy | None = None, offline: bool | None = None) -> None:
+        offline = check_mode(offline)
         if verify_whole_max < 0:
             raise UsageError(f"verify_whole_max {verify_whole_max}: must not be negative")
         self._store = BlockStore(dir, block_size=block_size, max_size=max_size, min_free=min_free,
@@ -98,7 +106,8 @@ class Cache:
         self.options = {"max_size": max_size, "min_free": min_free, "block_size": self._store.block_size,
                         "verify": verify, "ttl": ttl, "settings": settings, "prefetch": prefetch,
                         "low_water": low_water, "fill_queue": fill_queue,
-                        "verify_whole_max": verify_whole_max, "strict": strict, "retry": retry}
+                        "verify_whole_max": verify_whole_max, "strict": strict, "retry": retry,
+                        "offline": offline}
         self.dir = self._store.root
         self.block_size = self._store.block_size
         self.ttl = float(ttl)
@@ -107,9 +116,13 @@ class Cache:
         self.verify_whole_max = verify_whole_max
         self.strict = strict
         self.retry = retry or RetryPolicy()
-        self._versions = Versions(self._store.index, ttl=self.ttl, settings=settings, retry=self.retry)
+        self.offline = offline
+        self._kept = Kept(self.dir)
+        self._versions = Versions(self._store.index, ttl=self.ttl, settings=settings, retry=self.retry,
+                                  kept=self._kept, offline=offline)
         self._opener = Opener(self._store, self._versions, prefetch=prefetch,
                               verify_whole_max=verify_whole_max, strict=strict, retry=self.retry)
+        self._versions.held = self._opener.holds_checked
         _OPEN.add(self)
         # multiprocessing's children (DataLoader workers) leave by os._exit, without atexit, and
         # clear the finalizers they inherit: give each child its own finalizer that closes us.
@@ -174,16 +187,16 @@ class Cache:
 
     def reader(self, src: Source, *, settings: Any = None, strict: bool | None = None,
                ttl: float | None = None, etag: str | None = None, size: int | None = None,
-               listed_at: float | None = None) -> Any:
+               listed_at: float | None = None, offline: bool | None = None) -> Any:
         """The raw reader of ``src`` (what :meth:`open` wraps in a BufferedReader): an ``io.FileIO``
         on its whole file, a :class:`MemoryFile` or a :class:`CachedReader` (``ttl``, ``etag``,
         ``size``, ``listed_at``: as for :meth:`open`)."""
         return self._opener.reader(src, settings=settings, strict=strict, ttl=ttl,
-                                   listed=listed(etag, size, listed_at))
+                                   listed=listed(etag, size, listed_at), offline=check_mode(offline))
 
     def open(self, src: Source, mode: str = "rb", *, buffering: int = -1, settings: Any = None,
              ttl: float | None = None, etag: str | None = None, size: int | None = None,
-             listed_at: float | None = None) -> Any:
+             listed_at: float | None = None, offline: bool | None = None) -> Any:
         """``src`` as a binary file object: a seekable reader (``"rb"``) or a write-through writer
         (``"wb"``: the origin is written on close, then this cache's entry is invalidated).
 
@@ -191,12 +204,14 @@ class Cache:
         object that a listing gave (``manyfiles.s3.list``, ``list_objects``), taken at ``listed_at``
         (default: now): no HEAD; that version is read, from the cache or by GETs pinned to the ETag
         (``If-Match``: an object changed since raises ObjectChanged, never mixes versions).
+        ``offline``: this open's instead of the cache's (see :class:`Cache`).
         """
         _check_mode(mode)
         if mode == "wb":
             origin = self.origin(src, settings)
             return WriteThrough(origin, on_commit=lambda: self.invalidate(origin))
-        raw = self._opener.reader(src, settings=settings, ttl=ttl, listed=listed(etag, size, listed_at))
+        raw = self._opener.reader(src, settings=settings, ttl=ttl, listed=listed(etag, size, listed_at),
+                                  offline=check_mode(offline))
         if buffering == 0 or isinstance(raw, MemoryFile):
             return raw
         if buffering < 0:      # as open() chooses: the file's block size
@@ -204,10 +219,12 @@ class Cache:
         return io.BufferedReader(raw, buffer_size=buffering)
 
     def get_bytes(self, src: Source, *, settings: Any = None, ttl: float | None = None,
-                  etag: str | None = None, size: int | None = None, listed_at: float | None = None) -> bytes:
-        """The whole content of ``src``, through the cache (``ttl``, ``etag``, ``size``, ``listed_at``:
-        as for :meth:`open`)."""
-        raw = self._opener.reader(src, settings=settings, ttl=ttl, listed=listed(etag, size, listed_at))
+                  etag: str | None = None, size: int | None = None, listed_at: float | None = None,
+                  offline: bool | None = None) -> bytes:
+        """The whole content of ``src``, through the cache (``ttl``, ``etag``, ``size``, ``listed_at``,
+        ``offline``: as for :meth:`open`)."""
+        raw = self._opener.reader(src, settings=settings, ttl=ttl, listed=listed(etag, size, listed_at),
+                                  offline=check_mode(offline))
         try:
             if isinstance(raw, MemoryFile):
                 return raw.getvalue()
@@ -217,6 +234,56 @@ class Cache:
             return data
         finally:
             raw.close()
+
+    # -- listings, kept for offline reads (_kept.py) ------------------------------------------------
+
+    def list_objects(self, url: Any, *, settings: Any = None, delimiter: str | None = None,
+                     offline: bool | None = None) -> KeptListing:
+        """The objects under the S3 ``url`` (``s3://bucket/prefix``, s3pull's wildcards; or a
+        :class:`manyfiles.s3.keys.S3Url`) with their sizes, ETags and mtimes, in key order
+        (``delimiter="/"``: one level, common prefixes as objects of size None).  Every listing is
+        kept in the cache; when the endpoint cannot be reached (``offline``: as for :meth:`open`),
+        the kept one is served (its ``offline`` says why), or :class:`~manyfiles.errors.OfflineMiss`
+        when none is kept."""
+        from manyfiles.s3.keys import parse_url
+        from manyfiles.s3.object_listing import list_objects_lean
+        from manyfiles.s3.objects import resolve
+
+        parsed = parse_url(url) if isinstance(url, str) else url
+        shown = url if isinstance(url, str) else f"s3://{parsed.bucket}/{parsed.pattern or parsed.prefix}"
+        resolved = resolve(settings or self.settings)
+        offline = self.offline if check_mode(offline) is None else offline
+        endpoint = endpoint_of(resolved)
+        key = "\n".join((endpoint, parsed.bucket, parsed.prefix, parsed.pattern or "", delimiter or ""))
+
+        def run(retry: RetryPolicy) -> list[KeptObject]:
+            return [KeptObject(*o) for o in list_objects_lean(resolved, parsed, retry=retry, mtime=True,
+                                                              delimiter=delimiter)]
+
+        reason = "offline=True" if offline else None if offline is False else REACH.reason_down(endpoint)
+        if reason is None:
+            at = time.time()
+            try:
+                objects = (run(self.retry) if offline is False
+                           else probing(lambda: run(PROBE), lambda: run(self.retry), shown))
+            except OriginUnreachable as err:
+                REACH.mark_down(endpoint, err)
+                reason = REACH.reason_down(endpoint) or str(err)
+            else:
+                REACH.mark_up(endpoint)
+                try:
+                    self._kept.keep(key, objects, at)
+                except (OSError, sqlite3.Error) as exc:      # the listing stands; only offline loses it
+                    warnings.warn(f"manyfiles: {self.dir}: cannot keep the listing of {shown}: {exc}",
+                                  stacklevel=2)
+                return KeptListing(objects, at, None)
+        got = self._kept.listing(key)
+        if got is None:
+            raise OfflineMiss(f"{shown}: offline ({reason}), and the cache keeps no listing of it")
+        if not offline:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(got[1]))
+            REACH.served(f"the listing of {shown} made {when}", reason, stacklevel=3)
+        return KeptListing(got[0], got[1], reason)
 
     # -- exchange with other tools (s3pull --cache: _exchange.py) ------------------------------------
 
@@ -346,6 +413,7 @@ class Cache:
         if dry_run:
             return report
         self._store.space.clear()
+        self._kept.clear()
         self._versions.forget()
         report.seconds = time.monotonic() - t0
         return report
@@ -403,7 +471,8 @@ def _passthrough_pool() -> ThreadPoolExecutor:
 
 
 def open(src: Source, mode: str = "rb", *, cache: Cache | str | os.PathLike | None = None,
-         settings: Any = None, buffering: int = -1, ttl: float | None = None) -> Any:
+         settings: Any = None, buffering: int = -1, ttl: float | None = None,
+         offline: bool | None = None) -> Any:
     """Open a local/NFS path or an ``s3://bucket/key`` URL as a binary file object.
 
     ``"rb"`` gives a seekable reader (``read``, ``readinto``, ``seek``/``tell``, context
@@ -412,7 +481,9 @@ def open(src: Source, mode: str = "rb", *, cache: Cache | str | os.PathLike | No
     close, an S3 object is uploaded on close; the cached entry is then invalidated.
     ``settings`` is a :class:`manyfiles.s3.ClientSettings` for S3 URLs.  ``ttl`` (with
     ``cache``): seconds a validation of ``src`` stays trusted for this open (default: the
-    cache's, 0: a ``stat`` or ``HEAD`` per open), as ``Cache(dir, ttl=...)``.
+    cache's, 0: a ``stat`` or ``HEAD`` per open), as ``Cache(dir, ttl=...)``.  ``offline`` (with
+    ``cache``): None (default) serves the version validated last from the cache when the S3 endpoint
+    cannot be reached (warned once per process); True never asks it; False never falls back.
 
     Example:
         >>> import manyfiles as mf
@@ -424,9 +495,11 @@ def open(src: Source, mode: str = "rb", *, cache: Cache | str | os.PathLike | No
     if cache is not None:
         if not isinstance(cache, Cache):
             cache = shared_cache(cache)
-        return cache.open(src, mode, buffering=buffering, settings=settings, ttl=ttl)
+        return cache.open(src, mode, buffering=buffering, settings=settings, ttl=ttl, offline=offline)
     if ttl is not None:
         raise UsageError("ttl= is for reads through a cache (give cache=DIR too)")
+    if offline:
+        raise UsageError("offline= is for reads through a cache (give cache=DIR too)")
     origin = parse_source(src, settings)
     if mode == "wb":
         return WriteThrough(origin)
