@@ -283,7 +283,32 @@ class Cache:
         if not offline:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(got[1]))
             REACH.served(f"the listing of {shown} made {when}", reason, stacklevel=3)
-        return KeptListing(got[0], got[1], reason)
+        objects = [self._newest(parsed.bucket, o, got[1], resolved) for o in got[0]]
+        return KeptListing(objects, got[1], reason)
+
+    def _newest(self, bucket: str, o: KeptObject, at: float, settings: Any) -> KeptObject:
+        """``o`` of a kept listing made ``at``, at the version validated last (a HEAD or GET after
+        the listing may have seen a newer one: never serve an older one offline)."""
+        if o.size is None or o.key.endswith("/"):
+            return o
+        origin = self._versions.origin(f"s3://{bucket}/{o.key}", settings)
+        newest = [(at, S3Origin.validator(o.etag, o.size))]
+        latest = self._store.index.latest(origin.source)
+        if latest is not None:
+            newest.append((latest.validated_at, latest.validator))
+        seen = self._kept.superseded(origin.source)
+        if seen is not None:
+            newest.append((seen[1], seen[0]))
+        validator = max(newest)[1]
+        if validator == newest[0][1]:
+            return o
+        fields = dict(p.split(b"=", 1) for p in validator.split(b";"))
+        return o._replace(etag=fields[b"etag"].decode() or None, size=int(fields[b"size"]))
+
+    def offline_reason(self, src: Source, *, settings: Any = None, offline: bool | None = None) -> str | None:
+        """Why reads of ``src`` are served offline now (``offline=True``, or its S3 endpoint was
+        found unreachable by this process less than a minute ago), None when the origin is asked."""
+        return self._versions.offline_reason(self.origin(src, settings), offline)
 
     # -- exchange with other tools (s3pull --cache: _exchange.py) ------------------------------------
 

@@ -116,7 +116,7 @@ class Versions:
         reason = "offline=True" if offline else REACH.reason_down(endpoint)
         if reason is None:
             try:
-                return probing(lambda: self._online(self._probe(origin), revalidate, whole, ttl),
+                return probing(lambda: self._probed(origin, revalidate, whole, ttl),
                                lambda: self._online(origin, revalidate, whole, ttl), origin.display)
             except OriginUnreachable as err:
                 REACH.mark_down(endpoint, err)
@@ -146,8 +146,10 @@ class Versions:
                               "older than the one validated last")
         return v
 
-    def _probe(self, origin: S3Origin) -> S3Origin:
-        """``origin`` with a client that tries each request once (the probe of an endpoint)."""
+    def _probed(self, origin: S3Origin, revalidate: bool, whole: bool, ttl: float | None
+                ) -> tuple[Version, Head | None, WholeRead | None]:
+        """:meth:`_online` through a client that tries each request once (the probe of an endpoint);
+        the whole read it opened goes on with ``origin``'s client (its resumes retried as usual)."""
         client = self._probes.get(origin.settings)
         if client is None:
             from manyfiles.s3.objects import ObjectClient
@@ -155,7 +157,10 @@ class Versions:
             client = self._probes[origin.settings] = ObjectClient(origin.settings, retry=PROBE)
         probe = copy.copy(origin)
         probe.client = client
-        return probe
+        v, head, stream = self._online(probe, revalidate, whole, ttl)
+        if stream is not None:
+            stream.rehome(origin)
+        return v, head, stream
 
     def _online(self, origin: FileOrigin | S3Origin, revalidate: bool, whole: bool, ttl: float | None
                 ) -> tuple[Version, Head | None, WholeRead | None]:
