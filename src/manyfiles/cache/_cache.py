@@ -305,6 +305,22 @@ class Cache:
         fields = dict(p.split(b"=", 1) for p in validator.split(b";"))
         return o._replace(etag=fields[b"etag"].decode() or None, size=int(fields[b"size"]))
 
+    def head(self, src: Source, *, settings: Any = None, offline: bool | None = None
+             ) -> tuple[int, str | None, float | None]:
+        """(size, ETag, mtime) of the S3 object ``src``: one HEAD (offline, as for :meth:`open`: the
+        version validated last that the cache holds, mtime None).  NotFound when there is no such object."""
+        origin = self.origin(src, settings)
+        v, head, _ = self._versions.resolve(origin, whole=False, ttl=0, offline=offline)
+        mtime = None
+        info = head.info if head is not None else None
+        if info is not None:
+            from email.utils import parsedate_to_datetime
+
+            stamp = info.headers.get("last-modified") or info.headers.get("Last-Modified")
+            if stamp:
+                mtime = parsedate_to_datetime(stamp).timestamp()
+        return v.size, S3Origin.etag_of(v.validator) if isinstance(origin, S3Origin) else None, mtime
+
     def offline_reason(self, src: Source, *, settings: Any = None, offline: bool | None = None) -> str | None:
         """Why reads of ``src`` are served offline now (``offline=True``, or its S3 endpoint was
         found unreachable by this process less than a minute ago), None when the origin is asked."""
@@ -457,6 +473,16 @@ _PASSTHROUGH_POOL: ThreadPoolExecutor | None = None
 _OPEN: weakref.WeakSet[Cache] = weakref.WeakSet()     # closed at exit: queued fills reach the disk
 
 
+def default_dir() -> str:
+    """The cache directory when none is given: ``$MANYFILES_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/manyfiles``, else ``~/.cache/manyfiles``."""
+    env = os.environ.get("MANYFILES_CACHE_DIR")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "manyfiles")
+
+
 def shared_cache(dir: str | os.PathLike) -> Cache:
     """The process-wide :class:`Cache` for ``dir`` (default options), created on first use."""
     key = os.path.abspath(os.fspath(dir))
@@ -542,4 +568,5 @@ def open(src: Source, mode: str = "rb", *, cache: Cache | str | os.PathLike | No
     return io.BufferedReader(raw, buffer_size=DEFAULT_BUFFER if buffering < 0 else buffering)
 
 
-__all__ = ["Cache", "CacheStats", "EvictReport", "VerifyReport", "WarmReport", "open", "shared_cache"]
+__all__ = ["Cache", "CacheStats", "EvictReport", "VerifyReport", "WarmReport", "default_dir", "open",
+           "shared_cache"]

@@ -18,9 +18,7 @@ Anything else that is worth retrying (throttling, 5xx, a reset) is then retried 
 
 from __future__ import annotations
 
-import errno
 import os
-import socket
 import threading
 import time
 import warnings
@@ -28,18 +26,15 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from manyfiles._core.retry import RetryPolicy
-from manyfiles.errors import OfflineWarning, OriginTimeout, OriginUnreachable, UsageError
+from manyfiles.errors import OfflineWarning, OriginUnreachable, UsageError, origin_unreachable
+
+unreachable = origin_unreachable
 
 T = TypeVar("T")
 
 RECHECK = 60.0                  # seconds an endpoint found unreachable is not asked again
 PROBE = RetryPolicy(attempts=1)  # the first try of a call that can fall back to the cache
 
-_REFUSED_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EHOSTDOWN,
-                             errno.ENETDOWN, errno.ETIMEDOUT})
-# the connection-level failures of botocore/urllib3 (by name: neither is imported here)
-_UNREACHABLE_NAMES = frozenset({"EndpointConnectionError", "NewConnectionError", "NameResolutionError",
-                                "ConnectTimeoutError", "ReadTimeoutError", "ConnectTimeout"})
 
 
 def check_mode(offline: Any) -> bool | None:
@@ -48,30 +43,6 @@ def check_mode(offline: Any) -> bool | None:
         return offline
     raise UsageError(f"offline={offline!r}: give True (serve the cache only), False (never fall back) "
                      "or None (fall back when the origin cannot be reached)")
-
-
-def unreachable(exc: BaseException, where: str) -> OriginUnreachable | None:
-    """The :class:`OriginUnreachable` (or :class:`OriginTimeout`) that ``exc`` means, with ``where``
-    in its message, or None when ``exc`` is not a failure to reach the origin.  Looks through the
-    chain of causes: every layer keeps the socket's error as the cause of its own."""
-    seen = 0
-    e: BaseException | None = exc
-    while e is not None and seen < 12:
-        if isinstance(e, OriginUnreachable):
-            return e
-        timed_out = isinstance(e, (TimeoutError, socket.timeout)) or "Timeout" in type(e).__name__
-        if (timed_out or isinstance(e, (ConnectionRefusedError, socket.gaierror))
-                or (isinstance(e, OSError) and e.errno in _REFUSED_ERRNOS)
-                or type(e).__name__ in _UNREACHABLE_NAMES):
-            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
-            what = "did not answer in time" if timed_out else "cannot be reached"
-            cls = OriginTimeout if timed_out else OriginUnreachable
-            err = cls(f"{where}: the S3 endpoint {what} ({reason})")
-            err.__cause__ = exc
-            return err
-        seen += 1
-        e = e.__cause__ or e.__context__
-    return None
 
 
 def endpoint_of(settings: Any) -> str:

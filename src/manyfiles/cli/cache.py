@@ -49,12 +49,6 @@ from manyfiles.cli._common import (
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def default_dir() -> str:
-    env = os.environ.get("MANYFILES_CACHE_DIR")
-    if env:
-        return env
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "manyfiles")
 
 
 class Duration(click.ParamType):
@@ -95,7 +89,7 @@ def cache_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, cache_dir: str | None, max_size: int | None, min_free: int | None,
                 aws_profile: str | None, region: str | None, endpoint_url: str | None, no_sign_request: bool,
                 strict: bool, **kwargs: Any) -> Any:
-        from manyfiles.cache import Cache
+        from manyfiles.cache import Cache, default_dir
         from manyfiles.s3 import ClientSettings, RetryPolicy
 
         settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,
