@@ -23,7 +23,7 @@ def test_every_entry_point_reads_the_exact_bytes(s3, cache_dir, tmp_path):
     fs = _fs(s3, cache_dir)
     b = s3.bucket
     # names come back as s3fs gives them: bucket/key
-    assert sorted(e["name"] for e in fs.ls(f"s3://{b}/d")) == [f"{b}/d/sub0", f"{b}/d/sub1"]
+    assert sorted(e["name"] for e in fs.ls(f"s3://{b}/d", detail=True)) == [f"{b}/d/sub0", f"{b}/d/sub1"]
     sub0 = [f"{b}/d/{k[2:]}" for k in sorted(objs) if "sub0" in k]
     assert fs.ls(f"s3://{b}/d/sub0", detail=False) == sub0
     assert fs.find(f"s3://{b}/d") == [f"{b}/{k}" for k in sorted(objs)]
@@ -54,7 +54,7 @@ def test_every_entry_point_reads_the_exact_bytes(s3, cache_dir, tmp_path):
     p = tmp_path / "local.bin"
     p.write_bytes(os.urandom(4096))
     assert fs.cat_file(str(p)) == p.read_bytes() and fs.cat_file(str(p), 100, 200) == p.read_bytes()[100:200]
-    assert [e["name"] for e in fs.ls(str(tmp_path)) if e["name"].endswith("local.bin")] == [str(p)]
+    assert [e["name"] for e in fs.ls(str(tmp_path), detail=True) if e["name"].endswith(".bin")] == [str(p)]
     # pickled (as Dask and DataLoader do), it reads the same
     assert pickle.loads(pickle.dumps(fs)).cat_file(f"s3://{b}/{key}") == data
 

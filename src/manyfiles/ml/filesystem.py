@@ -250,7 +250,7 @@ class ManyfilesFileSystem(_FsBase):
         return files
 
     @_boundary
-    def ls(self, path: str, detail: bool = True, refresh: bool = False, **kwargs: Any) -> list:
+    def ls(self, path: str, detail: bool = False, refresh: bool = False, **kwargs: Any) -> list:
         path = self._strip_protocol(path)
         if self._local(path):
             files = self._local_ls(path)
@@ -351,8 +351,10 @@ class ManyfilesFileSystem(_FsBase):
         except NotFound as exc:
             if "no such bucket" in str(exc):
                 raise
-        else:
-            return self._file_info(path, etag, size, mtime)
+        else:           # as s3fs gives a HEAD's answer
+            info = {"ETag": f'"{etag}"', "LastModified": datetime.fromtimestamp(mtime, timezone.utc)
+                    if mtime is not None else "", "size": size, "name": path, "type": "file"}
+            return info
         if self._list(bucket, key + "/", "/"):
             return {"name": path, "type": "directory", "size": 0, "StorageClass": "DIRECTORY"}
         raise FileNotFoundError(errno.ENOENT, f"{self._url(path)}: no such object or prefix")
@@ -415,11 +417,16 @@ class ManyfilesFileSystem(_FsBase):
         return {"etag": listed[0], "size": listed[1], "listed_at": listed[2], "settings": self.settings,
                 "offline": self.offline}
 
-    def _raw(self, path: str) -> Any:
-        """The cache's raw reader of ``path`` (at its listed version when a listing gave it)."""
+    def _raw(self, path: str, head: dict | None = None) -> Any:
+        """The cache's raw reader of ``path`` (at its listed version when a listing gave it, or at the
+        version of ``head``, an info a HEAD just gave)."""
         url = self._url(path)
+        kwargs = self._reader_kwargs(path)
+        if head is not None and "etag" not in kwargs and head.get("ETag"):
+            kwargs.update(etag=head["ETag"].strip('"'), size=head["size"], listed_at=time.time())
+            kwargs.pop("ttl", None)
         try:
-            return self.cache.reader(url, **self._reader_kwargs(path))
+            return self.cache.reader(url, **kwargs)
         except ObjectChanged:       # changed since it was listed: forget the listing, read the new one
             self._listed.pop(path, None)
             return self.cache.reader(url, ttl=self.ttl, settings=self.settings, offline=self.offline)
@@ -430,11 +437,13 @@ class ManyfilesFileSystem(_FsBase):
         if mode != "rb":
             raise _read_only(path)
         path = self._strip_protocol(path)
-        raw = self._raw(path)
-        listed = self._from_listings(path)
-        info = listed if listed is not None else (
-            self._local_info(path, os.fstat(raw.fileno())) if self._local(path)
-            else self._file_info(path, None, raw.size, None))
+        info = head = None if self._local(path) else self._from_listings(path)
+        if info is None and not self._local(path) and not self.ttl:
+            info = head = self.info(path)   # the HEAD that validates it (s3fs's too): no other request
+        raw = self._raw(path, head)
+        if info is None:
+            info = (self._local_info(path, os.fstat(raw.fileno())) if self._local(path)
+                    else self._file_info(path, None, raw.size, None))
         return ManyfilesFile(self, path, raw, info, block_size=block_size,
                              cache_type=kwargs.get("cache_type", "none"), cache_options=cache_options)
 
