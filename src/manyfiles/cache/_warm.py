@@ -20,7 +20,7 @@ from manyfiles._core.progress import ProgressArg, progress_for
 from manyfiles.cache._complete import complete
 from manyfiles.cache._origin import FileOrigin, Head, S3Origin
 from manyfiles.cache._reports import WarmReport
-from manyfiles.errors import ManyfilesError, NotFound, from_oserror
+from manyfiles.errors import ManyfilesError, NotFound, OfflineMiss, from_oserror
 
 
 def warm(cache: Any, srcs: Iterable[Any], *, jobs: int, progress: ProgressArg) -> WarmReport:
@@ -86,34 +86,28 @@ def _expand_one(cache: Any, src: Any) -> Iterator[tuple]:
 
 
 def _expand_s3(cache: Any, url: str) -> Iterator[tuple]:
+    """Objects of ``url`` from its listing (kept in the cache, served from there offline)."""
     from manyfiles.s3.keys import parse_url
-    from manyfiles.s3.object_listing import list_objects
 
     parsed = parse_url(url)
     if parsed.pattern is None and parsed.prefix and not parsed.prefix.endswith("/"):
         origin = cache.origin(url)
         try:
-            head = origin.stat()
-        except NotFound:
+            size, etag, _ = cache.head(url)     # one HEAD (offline: the version validated last)
+        except NotFound as exc:
+            if isinstance(exc, OfflineMiss):
+                raise
             parsed = parse_url(url + "/")    # not an object: maybe a "folder"
         else:
-            yield origin, head
+            yield origin, Head(S3Origin.validator(etag, size), size)
             return
-    some = cache.origin(f"s3://{parsed.bucket}/x")
     found = False
-    try:
-        for info in list_objects(some.settings, parsed):
-            if info.key.endswith("/") and not info.size:
-                continue      # a "folder" marker
-            found = True
-            known = None if info.size is None else Head(S3Origin.validator(info.etag, info.size), info.size)
-            yield cache.origin(f"s3://{parsed.bucket}/{info.key}"), known
-    except ManyfilesError:
-        raise
-    except Exception as exc:
-        from manyfiles.s3.objects import object_error
-
-        raise object_error(url, exc) from exc
+    for info in cache.list_objects(parsed).objects:
+        if info.key.endswith("/") and not info.size:
+            continue      # a "folder" marker
+        found = True
+        yield cache.origin(f"s3://{parsed.bucket}/{info.key}"), Head(S3Origin.validator(info.etag, info.size),
+                                                                     info.size)
     if not found:
         raise NotFound(f"{url}: no such object or prefix")
 
@@ -130,6 +124,9 @@ def warm_one(cache: Any, item: tuple) -> tuple[str, int]:
         if cache.holds_checked(v):
             cache._store.counters.note_access(v.objid, v.validated_at)
             return "cached", 0
+        reason = cache.offline_reason(origin)
+        if reason is not None:
+            raise OfflineMiss(f"{origin.display}: offline ({reason}), and the cache holds no copy of it")
         complete(cache._store, origin, v, cache.retry, stream=stream)
         stream = None
     except OSError as exc:

@@ -347,6 +347,9 @@ class ManyfilesFileSystem(_FsBase):
             size, etag, mtime = self.cache.head(f"s3://{path}", settings=self._settings(),
                                                 offline=self.offline)
         except OfflineMiss:
+            with contextlib.suppress(NotFound):         # a folder, by its kept listing
+                if self._list(bucket, key + "/", "/"):
+                    return {"name": path, "type": "directory", "size": 0, "StorageClass": "DIRECTORY"}
             raise
         except NotFound as exc:
             if "no such bucket" in str(exc):
