@@ -163,14 +163,23 @@ def step_ml(root: Path, files: int) -> None:
     if missing:
         print(f"(skipped: needs {', '.join(missing)}: pip install \"manyfiles[fsspec,notebooks]\")")
         return
+    cache = root / "ml-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    # in a process of its own: its caches are closed (their files final) when it ends
+    code = f"from manyfiles.demo import ml_reads; ml_reads({str(cache)!r})"
+    proc = subprocess.run([sys.executable, "-c", code], check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"demo: the ML step failed with exit {proc.returncode}")
+
+
+def ml_reads(cache: str) -> None:
+    """The ML step's reads (a process of its own, see :func:`step_ml`)."""
     import manyfiles as mf
     from manyfiles.s3.localserver import local_s3
 
-    cache = root / "ml-cache"
-    shutil.rmtree(cache, ignore_errors=True)
     with local_s3(small=1000, medium=0, large=0) as srv:
         os.environ.update(srv.env)
-        ds = mf.Dataset(f"s3://{srv.bucket}/small/", cache=str(cache), settings=srv.settings)
+        ds = mf.Dataset(f"s3://{srv.bucket}/small/", cache=cache, settings=srv.settings)
         print(f">>> ds = mf.Dataset('s3://{srv.bucket}/small/', cache='{cache}')   # {len(ds):,} objects")
         seconds = []
         for epoch in (1, 2):
@@ -186,10 +195,9 @@ def step_ml(root: Path, files: int) -> None:
         boto3.client("s3", endpoint_url=srv.endpoint_url, region_name="us-east-1").put_object(
             Bucket=srv.bucket, Key="tables/labels.csv", Body=b"name,label\ncat.jpg,0\ndog.jpg,1\n")
         url = f"manyfiles://s3://{srv.bucket}/tables/labels.csv"
-        opts = {"cache": str(cache), "endpoint_url": srv.endpoint_url}
+        opts = {"cache": cache, "endpoint_url": srv.endpoint_url}
         print(f">>> pd.read_csv('{url}', storage_options={{'cache': '{cache}', ...}})")
-        print(pd.read_csv(url, storage_options=opts).to_string(index=False))
-    mf.Cache(str(cache)).close()
+        print(pd.read_csv(url, storage_options=opts).to_string(index=False), flush=True)
 
 
 def step_trace(root: Path, files: int) -> None:
