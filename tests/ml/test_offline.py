@@ -1,10 +1,12 @@
 """Offline reads: the S3 server stopped for real, a Dataset epoch over 2,000 cached objects, pyarrow
 through the filesystem, mf.open and cache warm are served from the cache at the versions validated
-last, with one warning; an object never cached raises one clear FileNotFoundError.
+last, with one warning and no request after the first failed one; an object never cached is asked
+with the usual retries (a blip on a cold cache is ridden out), then raises one clear
+FileNotFoundError.
 
 The reader runs in a network namespace of its own (with its own moto server on that namespace's
 loopback), so the kernel's TCP counters of that namespace (``ActiveOpens``: every connection
-attempt, refused ones too) count exactly the requests it tried after the server was stopped."""
+attempt, refused ones too) count exactly the requests it tried while the server was stopped."""
 
 from __future__ import annotations
 
@@ -18,20 +20,25 @@ import uuid
 import pytest
 
 SCRIPT = textwrap.dedent("""
-    import io, json, logging, os, sys, warnings
+    import io, json, logging, os, sys, threading, time, warnings
     sys.path.insert(0, sys.argv[2])
     from s3util import CREDS
     os.environ.update(CREDS)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
     from moto.server import ThreadedMotoServer
     import boto3, fsspec, pyarrow as pa, pyarrow.parquet as pq
     import manyfiles as mf
-    from manyfiles.s3 import ClientSettings
+    from manyfiles.s3 import ClientSettings, RetryPolicy
 
     def tcp_opens():
         with open("/proc/net/snmp") as f:
             rows = [line.split() for line in f if line.startswith("Tcp:")]
         return int(rows[1][rows[0].index("ActiveOpens")])
+
+    def attempts_since(opens):
+        return tcp_opens() - opens
 
     out = {}
     cache_dir = sys.argv[1]
@@ -40,17 +47,16 @@ SCRIPT = textwrap.dedent("""
     host, port = srv.get_host_and_port()
     endpoint = f"http://{host}:{port}"
     settings = ClientSettings(endpoint_url=endpoint, region="us-east-1")
-    admin = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-    admin.create_bucket(Bucket="offline-data")
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="offline-data")
+    # seeded in the server's store (2,000 PUTs over HTTP would be most of this test's time)
+    store = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
     objs = {f"train/{i:05d}.bin": os.urandom(100 + i % 700) for i in range(2000)}
-    for k, v in objs.items():
-        admin.put_object(Bucket="offline-data", Key=k, Body=v)
     buf = io.BytesIO()
     table = pa.table({"id": list(range(1000))})
     pq.write_table(table, buf)
-    admin.put_object(Bucket="offline-data", Key="t/part-0.parquet", Body=buf.getvalue())
-    admin.put_object(Bucket="offline-data", Key="never-read.bin", Body=b"x")
-    admin.put_object(Bucket="offline-data", Key="one.bin", Body=b"one")
+    for key, data in [*objs.items(), ("t/part-0.parquet", buf.getvalue()), ("never-read.bin", b"x"),
+                      ("one.bin", b"one"), ("blip.bin", b"blip")]:
+        store.put_object("offline-data", key, data)
 
     # online: one epoch fills the cache; the filesystem and mf.open read too
     ds = mf.Dataset("s3://offline-data/train/", cache=cache_dir, settings=settings)
@@ -59,45 +65,91 @@ SCRIPT = textwrap.dedent("""
                            skip_instance_cache=True)
     assert pq.read_table("offline-data/t/", filesystem=fs).equals(table)
     assert mf.open("s3://offline-data/one.bin", cache=cache_dir, settings=settings).read() == b"one"
-    ds.cache.flush()
+
+    # a blip on a cold cache: the server is stopped while something never cached is read (an object,
+    # a prefix never listed); once the read has tried twice (its first request and a retry), the
+    # server answers again on its port
+    patient = mf.Cache(cache_dir, settings=settings, retry=RetryPolicy(attempts=200, base=0.02, cap=0.1))
+
+    def blip(read):
+        global srv
+        srv.stop()
+        got = {}
+
+        def run():
+            try:
+                got["data"] = read()
+            except Exception as exc:
+                got["data"] = f"{type(exc).__name__}: {exc}"
+
+        opens = tcp_opens()
+        reader = threading.Thread(target=run)
+        reader.start()
+        deadline = time.monotonic() + 120
+        while reader.is_alive() and attempts_since(opens) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)           # (polls the kernel's counter: the event is a refused connection)
+        tries = attempts_since(opens)
+        srv = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        srv.start()
+        reader.join()
+        return [tries, got["data"]]
+
+    out["blip_object"] = blip(lambda: mf.open("s3://offline-data/blip.bin", cache=patient).read().decode())
+    out["blip_listing"] = blip(lambda: [s.data.decode() for s in mf.Dataset("s3://offline-data/blip",
+                                                                           cache=patient)])
+    patient.close()
     mf.Cache(cache_dir).flush()
 
     srv.stop()                                  # the S3 server is gone
+    quick = mf.Cache(cache_dir, settings=settings, retry=RetryPolicy(attempts=3, base=0.01))
     opens = tcp_opens()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ds = mf.Dataset("s3://offline-data/train/", cache=cache_dir, settings=settings)
         out["epoch"] = [s.data for s in ds] == list(objs.values())
-        out["opens_after_epoch"] = tcp_opens() - opens
-        fs = fsspec.filesystem("manyfiles", cache=cache_dir, endpoint_url=endpoint, region="us-east-1",
-                               skip_instance_cache=True)
+        out["opens_after_epoch"] = attempts_since(opens)
+        fs = fsspec.filesystem("manyfiles", cache=quick, settings=settings, skip_instance_cache=True)
         out["pyarrow"] = pq.read_table("offline-data/t/", filesystem=fs).equals(table)
-        out["mf_open"] = mf.open("s3://offline-data/one.bin", cache=cache_dir, settings=settings).read().decode()
-        try:
+        out["mf_open"] = mf.open("s3://offline-data/one.bin", cache=quick).read().decode()
+        report = mf.Cache(cache_dir, settings=settings).warm(["s3://offline-data/train/"])
+        out["warm"] = [report.objects, report.cached, len(report.failures)]
+        out["opens_after_cached"] = attempts_since(opens)
+        try:                        # never cached: asked with the usual retries, then one error
             fs.cat_file("offline-data/never-read.bin")
         except FileNotFoundError as exc:
             out["uncached"] = str(exc)
-        try:
-            mf.open("s3://offline-data/never-read.bin", cache=cache_dir, settings=settings)
+        out["uncached_tries"] = attempts_since(opens) - out["opens_after_cached"]
+        try:                        # given up on after those retries: not asked again for a while
+            mf.open("s3://offline-data/never-read.bin", cache=quick)
         except FileNotFoundError as exc:
             out["uncached_open"] = str(exc)
-        report = mf.Cache(cache_dir, settings=settings).warm(["s3://offline-data/train/"])
-        out["warm"] = [report.objects, report.cached, len(report.failures)]
-        out["opens_after_all"] = tcp_opens() - opens
+        out["uncached_again_tries"] = attempts_since(opens) - sum(out[k] for k in ("opens_after_cached",
+                                                                                 "uncached_tries"))
     out["warnings"] = [str(w.message) for w in caught if w.category.__name__ == "OfflineWarning"]
     explicit = mf.Dataset("s3://offline-data/train/", cache=cache_dir, settings=settings, offline=True)
     out["explicit"] = explicit[1999].data == objs["train/01999.bin"]
     try:
-        mf.Dataset("s3://offline-data/train/", cache=cache_dir, settings=settings, offline=False)
+        mf.Dataset("s3://offline-data/train/", cache=quick, offline=False)
     except Exception as exc:
-        out["never_fall_back"] = [type(exc).__name__, isinstance(exc, ConnectionError)]
+        out["never_fall_back"] = [isinstance(exc, FileNotFoundError), str(exc)]
     print(json.dumps(out))
 """)
 
 
+def _stale_namespaces() -> None:
+    """Remove the namespaces of earlier runs whose process is gone (a run killed before its teardown)."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    for name in listed:
+        if name.startswith("mfoff-") and name.count("-") == 2:
+            pid = name.split("-")[1]
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                subprocess.run(["ip", "netns", "del", name], check=False)
+
+
 @pytest.fixture
 def netns():
-    name = f"mfoff-{uuid.uuid4().hex[:8]}"
+    _stale_namespaces()
+    name = f"mfoff-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
     if made.returncode:
         pytest.skip(f"cannot make a network namespace here: {made.stderr.strip()}")
@@ -114,14 +166,20 @@ def test_with_s3_stopped_everything_cached_is_served_and_nothing_is_asked_again(
                            s3tests], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for what, expected in (("blip_object", "blip"), ("blip_listing", ["blip"])):
+        tries, got = out[what]
+        assert tries >= 2 and got == expected, f"{what}: a blip on a cold cache was not ridden out: {got}"
     assert out["epoch"], "the offline epoch did not read every object exactly"
     assert out["opens_after_epoch"] == 1, "more than the first failed request went to the stopped server"
-    assert out["opens_after_all"] == 1, "the reads after the first failure asked the server again"
+    assert out["opens_after_cached"] == 1, "the reads after the first failure asked the server again"
     assert out["pyarrow"] and out["mf_open"] == "one"
+    assert out["warm"] == [2000, 2000, 0]
+    assert out["uncached_tries"] == 3, "an object never cached was not asked with the cache's retries"
+    assert out["uncached_again_tries"] == 0
     for msg in (out["uncached"], out["uncached_open"]):
         assert "never-read.bin" in msg and "offline" in msg and "\n" not in msg, msg
-    assert out["warm"] == [2000, 2000, 0]
     assert len(out["warnings"]) == 1 and "s3://offline-data/train/" in out["warnings"][0], out["warnings"]
     assert "cannot be reached" in out["warnings"][0]
     assert out["explicit"]
-    assert out["never_fall_back"][1] is False or out["never_fall_back"][0]
+    never_found, text = out["never_fall_back"]
+    assert not never_found and "offline-data" in text and "offline (" not in text, text

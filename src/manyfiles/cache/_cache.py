@@ -37,7 +37,7 @@ from manyfiles._core.retry import RetryPolicy
 from manyfiles.cache import _format as fmt
 from manyfiles.cache._index import Version
 from manyfiles.cache._kept import Kept, KeptListing, KeptObject
-from manyfiles.cache._offline import PROBE, REACH, check_mode, endpoint_of, probing
+from manyfiles.cache._offline import PROBE, REACH, check_mode, endpoint_of, fall_back
 from manyfiles.cache._opener import FETCH_THREADS, Opener
 from manyfiles.cache._origin import FileOrigin, Head, S3Origin, parse_source
 from manyfiles.cache._reader import CachedReader, MemoryFile
@@ -45,7 +45,7 @@ from manyfiles.cache._reports import CacheStats, EvictReport, VerifyReport, Warm
 from manyfiles.cache._store import BlockStore
 from manyfiles.cache._versions import Source, Versions, listed
 from manyfiles.cache._write import WriteThrough
-from manyfiles.errors import ManyfilesError, OfflineMiss, OriginUnreachable, UsageError, from_oserror
+from manyfiles.errors import ManyfilesError, OfflineMiss, UsageError, from_oserror
 
 DEFAULT_BUFFER = io.DEFAULT_BUFFER_SIZE     # as open(): small random reads stay cheap
 VERIFY_WHOLE_MAX = 64 << 20
@@ -260,31 +260,28 @@ class Cache:
             return [KeptObject(*o) for o in list_objects_lean(resolved, parsed, retry=retry, mtime=True,
                                                               delimiter=delimiter)]
 
-        reason = "offline=True" if offline else None if offline is False else REACH.reason_down(endpoint)
-        if reason is None:
-            at = time.time()
+        def keep(objects: list[KeptObject]) -> KeptListing:
             try:
-                objects = (run(self.retry) if offline is False
-                           else probing(lambda: run(PROBE), lambda: run(self.retry), shown))
-            except OriginUnreachable as err:
-                REACH.mark_down(endpoint, err)
-                reason = REACH.reason_down(endpoint) or str(err)
-            else:
-                REACH.mark_up(endpoint)
-                try:
-                    self._kept.keep(key, objects, at)
-                except (OSError, sqlite3.Error) as exc:      # the listing stands; only offline loses it
-                    warnings.warn(f"manyfiles: {self.dir}: cannot keep the listing of {shown}: {exc}",
-                                  stacklevel=2)
-                return KeptListing(objects, at, None)
-        got = self._kept.listing(key)
-        if got is None:
-            raise OfflineMiss(f"{shown}: offline ({reason}), and the cache keeps no listing of it")
-        if not offline:
+                self._kept.keep(key, objects, at)
+            except (OSError, sqlite3.Error) as exc:      # the listing stands; only offline loses it
+                warnings.warn(f"manyfiles: {self.dir}: cannot keep the listing of {shown}: {exc}",
+                              stacklevel=3)
+            return KeptListing(objects, at, None)
+
+        def kept() -> tuple[KeptListing, str] | None:
+            got = self._kept.listing(key)
+            if got is None:
+                return None
+            objects = [self._newest(parsed.bucket, o, got[1], resolved) for o in got[0]]
+            why = "offline=True" if offline else REACH.reason_down(endpoint)
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(got[1]))
-            REACH.served(f"the listing of {shown} made {when}", reason, stacklevel=3)
-        objects = [self._newest(parsed.bucket, o, got[1], resolved) for o in got[0]]
-        return KeptListing(objects, got[1], reason)
+            return KeptListing(objects, got[1], why), f"the listing of {shown} made {when}"
+
+        at = time.time()
+        return fall_back(shown, endpoint, offline, probe=lambda: keep(run(PROBE)),
+                         retried=lambda: keep(run(self.retry)), cached=kept,
+                         missing=lambda why: OfflineMiss(f"{shown}: offline ({why}), and the cache keeps no "
+                                                         "listing of it"))
 
     def _newest(self, bucket: str, o: KeptObject, at: float, settings: Any) -> KeptObject:
         """``o`` of a kept listing made ``at``, at the version validated last (a HEAD or GET after

@@ -7,8 +7,9 @@ request at all).  An S3 object the cache holds nothing of is opened by its GET, 
 the version: a miss costs one round trip, not a HEAD and a GET.
 
 Offline (_offline.py): when the S3 endpoint cannot be reached (or ``offline=True``), the version
-is the one validated last, as the index and the kept versions (_kept.py) know it, and only if the
-cache holds it checked; anything else is an :class:`~manyfiles.errors.OfflineMiss`.
+is the one validated last, as the index and the kept versions (_kept.py) know it, if the cache holds
+it checked; anything else is asked with the usual retries (a blip is ridden out), then it is an
+:class:`~manyfiles.errors.OfflineMiss` (at once with ``offline=True``).
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ import copy
 import os
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from manyfiles._core.retry import RetryPolicy
 from manyfiles.cache import _format as fmt
 from manyfiles.cache._index import Index, Version
 from manyfiles.cache._kept import Kept
-from manyfiles.cache._offline import PROBE, REACH, endpoint_of, probing, unreachable
+from manyfiles.cache._offline import PROBE, REACH, ask_anyway, endpoint_of, fall_back, unreachable
 from manyfiles.cache._origin import FileOrigin, Head, S3Origin, WholeRead, parse_source
 from manyfiles.errors import (
     AccessDenied,
@@ -31,11 +32,11 @@ from manyfiles.errors import (
     ManyfilesError,
     NotFound,
     OfflineMiss,
-    OriginUnreachable,
     UsageError,
 )
 
 Source = str | bytes | os.PathLike
+T = TypeVar("T")
 
 
 class Listed(NamedTuple):
@@ -98,33 +99,25 @@ class Versions:
         request at all); ``ttl``: this call's instead of the cache's; ``offline``: this call's
         (None: the cache's), see _offline.py.
         """
+        if offline is None:
+            offline = self.offline
         if listed is not None:
             if not isinstance(origin, S3Origin):
                 raise UsageError(f"{origin.display}: etag= is for s3:// objects (a listing's ETag)")
             head = Head(S3Origin.validator(listed.etag, listed.size), listed.size)
             at = time.time() if listed.at is None else listed.at
             v = self.validated(origin, head, at, ttl)
-            reason = self.offline_reason(origin, offline)
-            if reason is not None and not self.held(v):     # nothing to fetch it from
-                raise OfflineMiss(f"{origin.display}: offline ({reason}), and the cache holds no copy of it")
-            return v, None, None
-        if offline is None:
-            offline = self.offline
-        if not isinstance(origin, S3Origin) or offline is False:
+            if self.held(v) or self.offline_reason(origin, offline) is None:
+                return v, None, None        # no request: its blocks are here, or GETs pinned to it
+            stream = self.fetch_miss(origin, lambda: origin.open_whole(head), offline)
+            return v, stream.head, stream
+        if not isinstance(origin, S3Origin):
             return self._online(origin, revalidate, whole, ttl)
-        endpoint = endpoint_of(origin.settings)
-        reason = "offline=True" if offline else REACH.reason_down(endpoint)
-        if reason is None:
-            try:
-                return probing(lambda: self._probed(origin, revalidate, whole, ttl),
-                               lambda: self._online(origin, revalidate, whole, ttl), origin.display)
-            except OriginUnreachable as err:
-                REACH.mark_down(endpoint, err)
-                reason = REACH.reason_down(endpoint) or str(err)
-        v = self.last_validated(origin, reason)
-        if not offline:
-            REACH.served(origin.display, reason, stacklevel=5)
-        return v, None, None
+        return fall_back(origin.display, endpoint_of(origin.settings), offline,
+                         probe=lambda: self._probed(origin, revalidate, whole, ttl),
+                         retried=lambda: self._online(origin, revalidate, whole, ttl),
+                         cached=lambda: self._last_validated(origin),
+                         missing=lambda why: self._missing(origin, why))
 
     def offline_reason(self, origin: FileOrigin | S3Origin, offline: bool | None) -> str | None:
         """Why reads of ``origin`` are offline now (``offline=True``, its endpoint found unreachable),
@@ -135,16 +128,35 @@ class Versions:
             return None
         return "offline=True" if offline else REACH.reason_down(endpoint_of(origin.settings))
 
-    def last_validated(self, origin: S3Origin, reason: str) -> Version:
-        """The version of ``origin`` validated last, if the cache holds it checked (offline reads)."""
+    def fetch_miss(self, origin: FileOrigin | S3Origin, fetch: Callable[[], T],
+                   offline: bool | None = None) -> T:
+        """``fetch()``, the request for what the cache does not hold of ``origin``: as usual while its
+        endpoint answers; while it is offline, with the usual retries (_offline.py), then OfflineMiss;
+        with ``offline=True``, OfflineMiss."""
+        reason = self.offline_reason(origin, offline)
+        if reason is None:
+            return fetch()
+        if self.offline if offline is None else offline:
+            raise self._missing(origin, reason)
+        return ask_anyway(origin.display, endpoint_of(origin.settings), reason, fetch,
+                          lambda why: self._missing(origin, why))
+
+    def _last_validated(self, origin: S3Origin) -> tuple[tuple[Version, None, None], str] | None:
+        """The version of ``origin`` validated last, if the cache holds it checked (offline reads),
+        as :meth:`resolve` answers; None when it does not."""
         v = self._index.latest(origin.source)
         if v is None or not self.held(v):
-            raise OfflineMiss(f"{origin.display}: offline ({reason}), and the cache holds no copy of it")
+            return None
         newer = self.kept.superseded(origin.source)
         if newer is not None and newer[0] != v.validator and newer[1] >= v.validated_at:
-            raise OfflineMiss(f"{origin.display}: offline ({reason}), and the cache holds only a version "
-                              "older than the one validated last")
-        return v
+            return None         # a newer version was seen: never serve an older one
+        return (v, None, None), origin.display
+
+    def _missing(self, origin: S3Origin, reason: str) -> OfflineMiss:
+        v = self._index.latest(origin.source)
+        held = "only a version older than the one validated last" if v is not None and self.held(v) \
+            else "no copy of it"
+        return OfflineMiss(f"{origin.display}: offline ({reason}), and the cache holds {held}")
 
     def _probed(self, origin: S3Origin, revalidate: bool, whole: bool, ttl: float | None
                 ) -> tuple[Version, Head | None, WholeRead | None]:

@@ -124,10 +124,8 @@ def warm_one(cache: Any, item: tuple) -> tuple[str, int]:
         if cache.holds_checked(v):
             cache._store.counters.note_access(v.objid, v.validated_at)
             return "cached", 0
-        reason = cache.offline_reason(origin)
-        if reason is not None:
-            raise OfflineMiss(f"{origin.display}: offline ({reason}), and the cache holds no copy of it")
-        complete(cache._store, origin, v, cache.retry, stream=stream)
+        cache._versions.fetch_miss(origin, lambda: complete(cache._store, origin, v, cache.retry,
+                                                            stream=stream))
         stream = None
     except OSError as exc:
         raise ManyfilesError(f"{cache.dir}: cannot write to the cache: {exc.strerror or exc}") from exc

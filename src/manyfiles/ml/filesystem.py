@@ -221,12 +221,15 @@ class ManyfilesFileSystem(_FsBase):
         return {"Key": name, "Size": 0, "StorageClass": "DIRECTORY", "type": "directory", "size": 0,
                 "name": name}
 
-    def _list(self, bucket: str, prefix: str, delimiter: str | None) -> list[dict]:
-        """Infos of the objects (and, with a delimiter, the "folders") under ``prefix``, sorted by name."""
+    def _list(self, bucket: str, prefix: str, delimiter: str | None, offline: bool | None = None
+              ) -> list[dict]:
+        """Infos of the objects (and, with a delimiter, the "folders") under ``prefix``, sorted by name
+        (``offline``: this listing's, default the filesystem's)."""
         from manyfiles.s3.keys import S3Url
 
         listing = self.cache.list_objects(S3Url(bucket, prefix, None, prefix), settings=self._settings(),
-                                          delimiter=delimiter, offline=self.offline)
+                                          delimiter=delimiter,
+                                          offline=self.offline if offline is None else offline)
         at = listing.listed_at
         out = []
         for o in listing.objects:
@@ -322,11 +325,25 @@ class ManyfilesFileSystem(_FsBase):
                 if len(path) <= len(par):
                     dirs[par] = self._dir_info(par)
                 par = par.rsplit("/", 1)[0]
+        self._keep_folders(out, dirs)
         if withdirs:
             out = sorted(out + list(dirs.values()), key=lambda x: x["name"])
         if detail:
             return {o["name"]: o for o in out}
         return [o["name"] for o in out]
+
+    def _keep_folders(self, files: list[dict], dirs: dict[str, dict]) -> None:
+        """Keep the listing of each folder of a flat listing (``dirs``) as s3fs keeps it (its files but
+        placeholders, and its sub-folders), unless one is kept: ``ls``/``info`` of them ask nothing."""
+        if not self.dircache.use_listings_cache:
+            return
+        folders: dict[str, list[dict]] = {d: [] for d in dirs if d not in self.dircache}
+        for o in [*files, *dirs.values()]:
+            entries = folders.get(o["name"].rsplit("/", 1)[0])
+            if entries is not None and not o["name"].endswith("/"):
+                entries.append(o)
+        for folder, entries in folders.items():
+            self.dircache[folder] = sorted(entries, key=lambda x: x["name"])
 
     @_boundary
     def info(self, path: str, **kwargs: Any) -> dict:
@@ -343,13 +360,15 @@ class ManyfilesFileSystem(_FsBase):
             self._list(bucket, "", "/")          # a missing bucket: NotFound
             return {"name": bucket, "type": "directory", "size": 0, "StorageClass": "DIRECTORY",
                     "VersionId": None}
+        offline = self.cache.offline_reason(f"s3://{path}", settings=self._settings(), offline=self.offline)
+        if offline is not None and self._kept_folder(bucket, key):    # no HEAD asked with retries offline
+            return {"name": path, "type": "directory", "size": 0, "StorageClass": "DIRECTORY"}
         try:
             size, etag, mtime = self.cache.head(f"s3://{path}", settings=self._settings(),
                                                 offline=self.offline)
         except OfflineMiss:
-            with contextlib.suppress(NotFound):         # a folder, by its kept listing
-                if self._list(bucket, key + "/", "/"):
-                    return {"name": path, "type": "directory", "size": 0, "StorageClass": "DIRECTORY"}
+            if self._kept_folder(bucket, key):
+                return {"name": path, "type": "directory", "size": 0, "StorageClass": "DIRECTORY"}
             raise
         except NotFound as exc:
             if "no such bucket" in str(exc):
@@ -362,17 +381,23 @@ class ManyfilesFileSystem(_FsBase):
             return {"name": path, "type": "directory", "size": 0, "StorageClass": "DIRECTORY"}
         raise FileNotFoundError(errno.ENOENT, f"{self._url(path)}: no such object or prefix")
 
+    def _kept_folder(self, bucket: str, key: str) -> bool:
+        """Does the cache keep a listing of ``key`` as a folder with something in it (offline answers)?"""
+        try:
+            return bool(self._list(bucket, key + "/", "/", offline=True))
+        except NotFound:
+            return False
+
     def _from_listings(self, path: str) -> dict | None:
-        """``path``'s info from the listings this filesystem keeps, as s3fs answers from its dircache."""
+        """``path``'s info from the listings this filesystem keeps, as s3fs answers from its dircache: a
+        folder listed itself, an entry of its folder's listing (FileNotFoundError when that listing
+        has no such entry), or a file that a ``find`` listed."""
         if not self.dircache.use_listings_cache:
             return None
-        entries = None
-        with contextlib.suppress(KeyError):
-            entries = self.dircache[self._parent(path)]
+        entries = self._ls_from_cache(path)
         if entries is not None:
-            for o in entries:
-                if o["name"] == path:
-                    return o
+            return next((o for o in entries if o["name"] == path), None) or {"name": path, "size": 0,
+                                                                              "type": "directory"}
         listed = self._fresh(path)
         if listed is not None:
             return self._file_info(path, listed[0], listed[1], listed[3])
