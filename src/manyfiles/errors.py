@@ -24,8 +24,9 @@ them, keeping the original as ``__cause__`` (``raise NotFound(...) from exc``);
 
 The exit codes of every command (docs/cli.md has the table): :data:`EXIT_OK`, :data:`EXIT_FAILED`
 (a runtime failure, partial ones included: missing paths, permissions, full disks, the server),
-:data:`EXIT_USAGE` (the command line cannot be run as given), :data:`EXIT_INTERRUPTED`.  An
-exception's code is its class's ``exit_code``; a report's is :func:`exit_code_of`.
+:data:`EXIT_USAGE` (the command line cannot be run as given), :data:`EXIT_INTERRUPTED`,
+:data:`EXIT_CLOSED_OUTPUT`.  An exception's code is its class's ``exit_code``; a report's is
+:func:`exit_code_of`.  Every name in a message is written by :func:`shown` (one line, whatever it holds).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130      # 128 + SIGINT, the shell's convention
+EXIT_CLOSED_OUTPUT = 141    # 128 + SIGPIPE: stdout closed before the end (`| head`), as ls, find, git
 
 
 class ManyfilesError(Exception):
@@ -135,6 +137,40 @@ class PartialFailure(ManyfilesError):
         self.report = report
 
 
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\"}
+
+
+def shown(name: str | bytes) -> str:
+    """A path or key as error lines print it: one printable line, the same rule for every tool.
+
+    Control characters become ``\\n``, ``\\t``, ``\\r`` or ``\\xNN``, other characters that do not
+    print (U+2028) ``\\uNNNN``, bytes that are not UTF-8 ``\\xNN`` and a backslash ``\\\\`` (so
+    nothing is ambiguous); the empty name is ``''``.
+
+    Example:
+        >>> shown("a\\nb"), shown(b"x\\xffy"), shown("")
+        ('a\\\\nb', 'x\\\\xffy', "''")
+    """
+    if isinstance(name, bytes):
+        name = name.decode("utf-8", "surrogateescape")
+    if not name:
+        return "''"
+    if name.isprintable() and "\\" not in name:
+        return name
+    out = []
+    for ch in name:
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:  # a byte of a non-UTF-8 name (surrogateescape)
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif not ch.isprintable():  # controls, and separators such as U+2028 (a line break to some)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 def describe_oserror(exc: OSError) -> str:
     """One-line reason for an OSError, without the path (callers print the path)."""
     return exc.strerror or str(exc)
@@ -153,9 +189,7 @@ _BY_ERRNO: dict[int, type[ManyfilesError]] = {
 def from_oserror(exc: OSError, path: str | bytes | None = None) -> ManyfilesError:
     """The manyfiles error for ``exc`` (``PATH: reason``), to be raised ``from exc``."""
     where = path if path is not None else exc.filename
-    if isinstance(where, bytes):
-        where = where.decode("utf-8", "surrogateescape")
-    message = f"{where}: {describe_oserror(exc)}" if where is not None else describe_oserror(exc)
+    message = f"{shown(where)}: {describe_oserror(exc)}" if where is not None else describe_oserror(exc)
     return _BY_ERRNO.get(exc.errno or 0, ManyfilesError)(message)
 
 
@@ -202,11 +236,15 @@ class FailureLines:
         self.reasons: dict[str, str] = {}
 
     def add(self, path: str, reason: str, code: str = "") -> str | None:
-        """The line to print now for this failure, or None when its kind already had ``limit``."""
+        """The line to print now for this failure (the path as :func:`shown` writes it), or None
+        when its kind already had ``limit``."""
+        return self._line(shown(path), reason, code)
+
+    def _line(self, text: str, reason: str, code: str) -> str | None:
         kind = code or reason
         n = self.seen[kind] = self.seen.get(kind, 0) + 1
         self.reasons.setdefault(kind, reason)
-        return f"{self.prog}: {path}: {reason}" if n <= self.limit else None
+        return f"{self.prog}: {text}: {reason}" if n <= self.limit else None
 
     @staticmethod
     def shortens(failures: Iterable[object], limit: int = SHOWN_LINES) -> bool:
@@ -226,11 +264,11 @@ class FailureLines:
 
     def lines(self, failures: Iterable[object], show: object = None) -> list[str]:
         """Every line for ``failures`` (``path``, ``reason``, ``code``), the counts at the end;
-        ``show`` (a callable) makes a path printable."""
+        ``show`` (a callable) writes a path instead of :func:`shown`."""
         out = []
         for f in failures:
-            path = show(f.path) if callable(show) else f.path  # type: ignore[attr-defined]
-            line = self.add(path, f.reason, f.code)  # type: ignore[attr-defined]
+            text = show(f.path) if callable(show) else shown(f.path)  # type: ignore[attr-defined]
+            line = self._line(text, f.reason, f.code)  # type: ignore[attr-defined]
             if line is not None:
                 out.append(line)
         return out + self.rest()

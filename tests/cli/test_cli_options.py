@@ -321,6 +321,20 @@ def test_help_text_shows_no_markup() -> None:
     assert seen >= 24   # every command: the five entry points, shard's 5, cache's 5, trace's 2...
 
 
+def test_every_help_line_fits_an_80_column_terminal() -> None:
+    """Every line of every command's --help is at most 79 characters in an 80-column terminal (click
+    then wraps to 78; CliRunner would use 80): the examples blocks (\\b) are printed as written, and
+    shard's were 103 characters wide (issue 26)."""
+    seen = 0
+    for root, top, words in _commands():
+        r = CliRunner().invoke(top, [*words, "--help"], prog_name=root, terminal_width=78)
+        assert r.exit_code == 0, (root, words, r.output)
+        wide = [line for line in r.output.splitlines() if len(line) > 79]
+        assert not wide, (root, words, wide)
+        seen += 1
+    assert seen >= 24
+
+
 @pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf"])
 @pytest.mark.parametrize("command", [("s3pull", "s3://bucket/prefix/", "DEST"),
                                      ("manyfiles", "cache", "warm", "--dir", "CACHE", "s3://bucket/prefix/")])

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from s3util import CREDS, blob, files_under
 
@@ -55,4 +57,45 @@ def test_a_run_ending_0_leaves_no_resumable_parts_it_did_not_need(bucket, proxy,
     report = pull(f"s3://{name}/s/", str(dest), settings=settings)
     assert report.ok, report.failures
     assert files_under(dest) == want
+    assert os.listdir(tmp) == []
+
+
+def _ctrl_c_reaches_child() -> None:
+    # a shell running CI in the background starts its children with SIGINT ignored
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_ctrl_c_leaves_no_temp_of_an_object_it_did_not_finish(bucket, proxy, tmp_path) -> None:
+    """A real SIGINT to a real s3pull while its worker processes are in the middle of objects (their
+    GETs held by the server): the temp files of those objects went on lying, empty, in
+    DEST/.s3pull/tmp (issue 26).  Now the interrupted run removes them: exit 130, one line."""
+    name, put = bucket
+    held = 6
+    for i in range(held):
+        put(f"s/{i}.bin", blob(2000 + i, f"s{i}"))
+    def an_object_get(method: str, path: str, headers) -> bool:
+        return method == "GET" and "list-type" not in path
+
+    proxy.faults += [(an_object_get, "stall")] * held
+    dest = tmp_path / "dest"
+    tmp = dest / STATE_DIR / "tmp"
+    s3pull = str(Path(sys.executable).parent / "s3pull")
+    env = {**os.environ, **CREDS, "AWS_ENDPOINT_URL": proxy.url}
+    proc = subprocess.Popen([s3pull, f"s3://{name}/s/", str(dest), "--strategy", "processes"], env=env,
+                            stderr=subprocess.PIPE, preexec_fn=_ctrl_c_reaches_child)
+    deadline = time.monotonic() + 120
+    try:
+        while proxy.applied.count("stall") < held:          # every object's GET is held
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the GETs never came"
+            time.sleep(0.02)
+        # each object's temp was made before its GET went out
+        assert len([n for n in os.listdir(tmp) if n.endswith(".tmp")]) == held
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, err) == (130, b"s3pull: interrupted\n")
     assert os.listdir(tmp) == []

@@ -28,6 +28,7 @@ import click
 
 from manyfiles import __version__
 from manyfiles._core.checkpoints import reached as checkpoint
+from manyfiles._core.exits import exit_closed_output
 from manyfiles._core.units import parse_size
 from manyfiles.errors import (
     EXIT_FAILED,
@@ -112,16 +113,11 @@ def deprecation_line(prog: str, old: str, new: str) -> str:
 def deprecated_alias(name: str, new: str, *decls: str, **attrs: Any) -> Callable[[Callable[..., Any]], Any]:
     """Decorator: a hidden old spelling (``decls``, e.g. ``"-w", "--workers"``) of the option whose
     parameter is ``name`` (spelled ``new`` today).  Its value goes to ``name``; using it prints
-    :func:`deprecation_line` once on stderr.  Both spellings with different values are a usage
-    error (a ``multiple=True`` option collects both instead).  ``attrs``: the click attributes of the
-    old option (its type, ``is_flag``, ``multiple``...), usually the new one's."""
+    :func:`deprecation_line` once on stderr.  Both spellings together are a usage error, whatever
+    their values (a ``multiple=True`` option collects both instead).  ``attrs``: the click attributes
+    of the old option (its type, ``is_flag``, ``multiple``...), usually the new one's."""
     key = f"{name}__{decls[-1].lstrip('-').replace('-', '_')}"
     old = "/".join(decls)
-
-    def warn(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-        if ctx.get_parameter_source(param.name or "") in _GIVEN:
-            click.echo(deprecation_line(prog_name(ctx), old, new), err=True)
-        return value
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -131,13 +127,14 @@ def deprecated_alias(name: str, new: str, *decls: str, **attrs: Any) -> Callable
             if ctx.get_parameter_source(key) in _GIVEN:
                 if attrs.get("multiple"):
                     kwargs[name] = (*kwargs[name], *value)
-                elif ctx.get_parameter_source(name) in _GIVEN and kwargs[name] != value:
+                elif ctx.get_parameter_source(name) in _GIVEN:   # the one line is the refusal
                     raise click.UsageError(f"{old} and {new} mean the same: give {new} only")
                 else:
                     kwargs[name] = value
+                click.echo(deprecation_line(prog_name(ctx), old, new), err=True)
             return fn(*args, **kwargs)
 
-        return click.option(*decls, key, hidden=True, expose_value=True, callback=warn, **attrs)(wrapper)
+        return click.option(*decls, key, hidden=True, expose_value=True, **attrs)(wrapper)
 
     return decorate
 
@@ -347,17 +344,21 @@ def run_main(command: click.Command, prog: str) -> None:
         with command.make_context(prog, sys.argv[1:]) as ctx:
             code = command.invoke(ctx)
     except BrokenPipeError:
-        # `fastls | head`: the reader went away; that is not an error of ours.
-        _quiet_exit(EXIT_OK)
+        # `s3pull --json | head -1`: the reader went away before the end; the verb stopped there
+        exit_closed_output()
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except (KeyboardInterrupt, click.ClickException, click.exceptions.Abort, ManyfilesError) as exc:
         _exit_with(prog, exc)
     except OSError as exc:
         if exc.errno == errno.EPIPE:
-            _quiet_exit(EXIT_OK)
+            exit_closed_output()
         # a disk or permission error no library boundary converted: still one line, no traceback
         _exit_with(prog, exc)
+    try:
+        sys.stdout.flush()      # the last of the output: a reader gone by now still means 141
+    except BrokenPipeError:
+        exit_closed_output()
     sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 
@@ -365,12 +366,6 @@ def _exit_with(prog: str, exc: BaseException) -> None:
     with contextlib.suppress(OSError):  # stderr itself may be gone
         click.echo(error_line(prog, exc), err=True)
     sys.exit(exit_code(exc))
-
-
-def _quiet_exit(code: int) -> None:
-    with contextlib.suppress(OSError):
-        sys.stderr.close()
-    sys.exit(code)
 
 
 #: the settings of every group: ``shard`` alone is a usage error ("Missing command", exit 2) with
@@ -389,18 +384,20 @@ def echo_failures(prog: str, failures: Iterable[Any], show: Callable[[str], str]
 class Directory(click.ParamType):
     """A directory argument: a path that, if it exists, is a directory.  A file there is a usage
     error (``WrongKind``: ``prog: PATH: Not a directory``, exit 2) before anything runs; whether
-    it exists and may be read is the library's to find (exit 1), as for every path a verb acts on."""
+    it exists and may be read is the library's to find (exit 1), as for every path a verb acts on.
+    The empty path names nothing (not the current directory): ``prog: '': No such file or
+    directory``, exit 1, before anything runs."""
 
     name = "directory"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        import os
-
-        from manyfiles.errors import WrongKind
+        from manyfiles.errors import NotFound, WrongKind, shown
 
         path = os.fsdecode(value)
+        if not path:
+            raise NotFound(f"{shown(path)}: {os.strerror(errno.ENOENT)}")
         if os.path.exists(path) and not os.path.isdir(path):
-            raise WrongKind(f"{path}: {os.strerror(errno.ENOTDIR)}")
+            raise WrongKind(f"{shown(path)}: {os.strerror(errno.ENOTDIR)}")
         return path
 
 

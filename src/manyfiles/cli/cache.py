@@ -16,6 +16,7 @@ The cache directory is --dir, else $MANYFILES_CACHE_DIR, else ~/.cache/manyfiles
 
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
 import os
@@ -45,6 +46,7 @@ from manyfiles.cli._common import (
     resolve_progress,
     retry_base,
 )
+from manyfiles.errors import NotFound, from_oserror, shown
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -70,8 +72,30 @@ class Duration(click.ParamType):
         return n * _DURATION_UNITS[unit]
 
 
-def cache_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``--dir`` and the S3 connection options, turned into a ``cache`` argument."""
+#: the file every cache directory holds (written when the cache is made; docs/cache.md)
+CACHE_DESCRIPTOR = "manyfiles-cache.json"
+
+
+def existing_cache(directory: str) -> None:
+    """Raise unless ``directory`` may hold a cache: only ``warm`` makes one, the verbs that read or
+    trim a cache never do.  A missing or empty folder holds none (exit 1, as a missing path); a
+    folder of other things is the cache's own refusal (exit 2, naming what is there)."""
+    try:
+        os.stat(os.path.join(directory, CACHE_DESCRIPTOR))
+    except FileNotFoundError:
+        if not os.path.isdir(directory):
+            raise NotFound(f"{shown(directory)}: no cache there ({os.strerror(errno.ENOENT)})") from None
+        if not os.listdir(directory):
+            raise NotFound(f"{shown(directory)}: no cache there (an empty folder)") from None
+    except OSError as exc:
+        raise from_oserror(exc, directory) from exc
+
+
+def cache_options(fn: Callable[..., Any] | None = None, *, creates: bool = False) -> Any:
+    """``--dir`` and the S3 connection options, turned into a ``cache`` argument; ``creates``: the
+    verb makes the cache when the directory holds none (else :func:`existing_cache` refuses)."""
+    if fn is None:
+        return functools.partial(cache_options, creates=creates)
 
     @click.option("--dir", "cache_dir", type=Directory(), default=None,
                   help="Cache directory (default: $MANYFILES_CACHE_DIR or ~/.cache/manyfiles).")
@@ -98,9 +122,11 @@ def cache_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         base = retry_base()
         if base is not None:
             extra["retry"] = RetryPolicy(base=base)
-        with Cache(cache_dir or default_dir(), max_size=max_size, settings=settings, strict=strict,
-                   **extra) as cache:
-            checkpoint("command")  # every command passes here once parsed, before any work
+        directory = cache_dir or default_dir()
+        checkpoint("command")  # every command passes here once parsed, before any work
+        if not creates:
+            existing_cache(directory)
+        with Cache(directory, max_size=max_size, settings=settings, strict=strict, **extra) as cache:
             return fn(*args, cache=cache, **kwargs)
 
     return wrapper
@@ -120,7 +146,7 @@ def command() -> None:
 @json_option("Print the report as one JSON line.")
 @cluster_option
 @instrumented
-@cache_options
+@cache_options(creates=True)
 def warm(sources: tuple[str, ...], files_from: str | None, jobs: int, progress: bool | None, quiet: bool,
          as_json: bool, cluster: str | None, cache: Any) -> int:
     """Fetch SOURCES (files, folders, s3://bucket/key, s3://bucket/prefix/) into the cache.

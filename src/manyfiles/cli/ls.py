@@ -28,19 +28,21 @@ from manyfiles.listing.fastls import exit_code, failure_lines, progress_fits
 
 EPILOG = """\b
 Examples:
-  fastls /data/flat                   names, unsorted, as fast as the kernel gives them
-  fastls --count /data/flat           count without creating a name per entry
+  fastls /data/flat                 names, unsorted, as the kernel gives them
+  fastls --count /data/flat         count without creating a name per entry
   fastls -r --type f -0 /data | xargs -0 ...
-  fastls -r --json --long /data       one JSON object per entry, with size and mtime
+  fastls -r --json --long /data     a JSON object per entry, with size, mtime
   fastls --include '*.jpg' --exclude 'tmp*' /data/flat
-  find /data -name 'run-*' -print0 | fastls -c --files-from - count inside each listed folder
+  find /data -name 'run-*' -print0 | fastls -c --files-from -
+                                    count inside each folder find listed
   fastls -r -c --cluster tcp://sched:8786 /nfs/data   count on a Dask cluster
 
 Exit status: 0 if every path was listed; 1 if some could not be (missing, no
 permission: one 'fastls: PATH: reason' line each, a long run shortened); 2 on a
 usage error or a PATH that is not a directory (the other PATHs are still listed);
-130 interrupted. A sharded tree's .manyfiles-shard.json is listed and counted like
-any other file (see 'shard --help').
+130 interrupted; 141 the output was closed before the end ('| head'). A sharded
+tree's .manyfiles-shard.json is listed and counted like any other file (see
+'shard --help').
 """
 
 

@@ -44,41 +44,31 @@ from manyfiles.cli._common import (
 )
 from manyfiles.errors import FailureLines
 
-
-def _show(path: str) -> str:
-    """One printable line for any path: control characters and undecodable bytes escaped."""
-    out = []
-    for ch in path:
-        code = ord(ch)
-        if 0xDC80 <= code <= 0xDCFF:  # surrogateescape'd byte from a non-UTF-8 name
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif code < 32 or code == 127:
-            out.append({"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(ch, f"\\x{code:02x}"))
-        elif ch == "\\":
-            out.append("\\\\")
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
 EPILOG = """\b
 Examples:
-  fastrm /scratch/run-42                      remove the tree (8 workers)
-  fastrm -j 32 /nfs/scratch/old               more workers for a high-latency file system
-  fastrm -n -o - /scratch/run-42              print what would be removed
-  fastrm --include '*.tmp' --exclude keep /data   remove matching entries only; /data stays
-  find /scratch -name 'ckpt-*' -print0 | fastrm --files-from -   remove what find found
-  fastrm --force-root /mnt/scratch            empty a mount root (the mount point stays)
-  fastrm --cluster tcp://sched:8786 /nfs/old  subtrees removed by Dask workers, then the top
+  fastrm /scratch/run-42                 remove the tree (8 workers)
+  fastrm -j 32 /nfs/scratch/old          more workers for a high-latency disk
+  fastrm -n -o - /scratch/run-42         print what would be removed
+  fastrm --include '*.tmp' --exclude keep /data
+                                         remove matching entries; /data stays
+  find /scratch -name 'ckpt-*' -print0 | fastrm --files-from -
+                                         remove what find found
+  fastrm --force-root /mnt/scratch       empty a mount root (the mount point
+                                         stays)
+  fastrm --cluster tcp://sched:8786 /nfs/old
+                                         subtrees removed by Dask workers,
+                                         then the top
 
 \b
-Symlinks are never followed ('link' and 'link/' remove the link). '/' is always refused.
-In a sharded tree (see 'shard --help') .manyfiles-shard.json, the layout record, is one
-of the files removed, and counted in the "would remove" line.
-Exit: 0 all removed; 1 something could not be removed, PATH missing or not readable
-(one 'fastrm: PATH: reason' line each, a long run shortened, then the summary; the rest
-is still removed); 2 usage error or refused argument ('FILE/': not a directory);
-130 interrupted.
+Symlinks are never followed ('link' and 'link/' remove the link). '/' is
+always refused. In a sharded tree (see 'shard --help') .manyfiles-shard.json,
+the layout record, is one of the files removed, and counted in the "would
+remove" line.
+Exit: 0 all removed; 1 something could not be removed, PATH missing or not
+readable (one 'fastrm: PATH: reason' line each, a long run shortened, then
+the summary; the rest is still removed); 2 usage error or refused argument
+('FILE/': not a directory); 130 interrupted; 141 the output (-o -) was
+closed before the end.
 """
 
 
@@ -173,7 +163,7 @@ def command(
             cluster=cluster,
         )
     prog = prog_name()
-    echo_failures(prog, report.failures, _show)
+    echo_failures(prog, report.failures)
     if as_json:
         echo_summary_json(report)
     elif (verbose or dry_run or _counts_more(report)) and not quiet:

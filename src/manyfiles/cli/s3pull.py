@@ -45,18 +45,20 @@ Examples:
   aws s3api list-objects-v2 ... | s3pull s3://bucket/ ./data --files-from -
   s3pull s3://bucket/shards/ ./shards -n
   s3pull s3://public-bucket/x ./x --no-sign-request --region us-west-2
-  s3pull verify ./images          re-hash every installed file (see s3pull verify -h)
+  s3pull verify ./images     re-hash every installed file (s3pull verify -h)
 
 \b
---aws-profile NAME selects the AWS credentials profile; --profile-out FILE is, as for
-every manyfiles command, a viztracer profile of the run.
+--aws-profile NAME selects the AWS credentials profile; --profile-out FILE
+is, as for every manyfiles command, a viztracer profile of the run.
 
 \b
-Exit status (docs/cli.md): 0 every object is in DEST; 1 some failed (one line each,
-a long run shortened, all in DEST/.s3pull/failures.tsv), the run stopped (no such
-bucket, credentials refused, disk full), or SOURCE matched no object; 2 usage error
-(an unknown --aws-profile, the [s3] extra missing, DEST not a directory); 130
-interrupted.
+Exit status (docs/cli.md): 0 every object is in DEST; 1 some failed (one
+line each, a long run shortened, all in DEST/.s3pull/failures.tsv), the run
+stopped (no such bucket, credentials refused, disk full), or SOURCE matched
+no object; 2 usage error (an unknown --aws-profile, a malformed AWS config
+file, an endpoint that is no http(s) URL, the [s3] extra missing, DEST not a
+directory); 130 interrupted; 141 the output was closed before the end
+('--json | head': the pull stopped there; run it again to finish).
 """
 
 
@@ -139,11 +141,14 @@ def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
     """
     from manyfiles.s3 import ClientSettings, RetryPolicy, pull
 
+    if no_checksum and etag_only:
+        raise click.UsageError("--no-checksum and --etag-only exclude each other: --no-checksum checks "
+                               "no content, --etag-only checks it against the ETag")
     settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,
                               no_sign=no_sign_request, path_style=path_style)
     base = retry_base()
     retry = RetryPolicy(attempts=retries + 1, base=RetryPolicy.base if base is None else base)
-    view = _View("s3pull", as_json=as_json, dry_run=dry_run, quiet=quiet, progress=progress)
+    view = _View(prog_name(), as_json=as_json, dry_run=dry_run, quiet=quiet, progress=progress)
     with contextlib.ExitStack() as stack:
         cache = None
         if cache_dir:
@@ -166,7 +171,7 @@ def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
         return EXIT_FAILED
     view.summary(report)
     if not (as_json or quiet):
-        echo_cluster("s3pull", report)
+        echo_cluster(view.prog, report)
     return 0 if report.ok else 1
 
 

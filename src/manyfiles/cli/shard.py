@@ -5,6 +5,7 @@ The group's help is :data:`HELP` (plain text: click prints it as written).
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -29,43 +30,44 @@ from manyfiles.cli._common import (
     run_main,
     version_option,
 )
+from manyfiles.errors import shown
 from manyfiles.shard import HASHES, KEYS, Layout, parse_levels
 
 HELP = """shard: move a flat folder into a hashed prefix tree (ab/cd/<name>) in place, and back.
 
 \b
 Examples:
-    shard apply /data/images -n --csv moves.csv       # what would move where; nothing moves
-    shard apply /data/images -j 4                     # flat -> ab/cd/<name>, resumable after kill -9
-    shard apply /data/objects --key prefix --levels 2 # names are already hashes: git-style 3f/3f2a...
-    shard verify /data/images                         # every file where its hash says?
-    shard status /data/images                         # layout, interrupted migration, estimated count
-    shard reshard /data/images --levels 1             # change the layout (revert + apply, resumable)
-    shard revert /data/images                         # tree -> flat
-    shard verify /data/images --json                  # the report as one JSON line
-    shard apply /nfs/images --cluster tcp://sched:8786 # top buckets moved by Dask workers
+    shard apply /data/images -n --csv moves.csv
+        what would move where (--csv -: on stdout); nothing moves
+    shard apply /data/images -j 4
+        flat -> ab/cd/<name>, resumable after kill -9
+    shard apply /data/objects --key prefix --levels 2
+        names are already hashes: git-style 3f/3f2a...
+    shard verify /data/images           every file where its hash says?
+    shard status /data/images           layout, interrupted migration, count
+    shard reshard /data/images --levels 1
+        change the layout (revert + apply, resumable)
+    shard revert /data/images           tree -> flat
+    shard verify /data/images --json    the report as one JSON line
+    shard apply /nfs/images --cluster tcp://sched:8786
+        top buckets moved by Dask workers
 
 \b
-A sharded DIRECTORY holds one file of ours at its top, .manyfiles-shard.json: the
-layout record that ShardedDir, verify and revert read (fastls lists and counts it,
-fastrm removes it with the tree; revert removes it). While a migration runs, or
-after one was interrupted, .manyfiles-shard.journal and .manyfiles-shard.lock are
-there too.
+A sharded DIRECTORY holds one file of ours at its top, .manyfiles-shard.json:
+the layout record that ShardedDir, verify and revert read (fastls lists and
+counts it, fastrm removes it with the tree; revert removes it). While a
+migration runs, or after one was interrupted, .manyfiles-shard.journal and
+.manyfiles-shard.lock are there too.
 
 \b
-Exit status: 0 done; 1 something failed or is in the way (one line each, a long
-run shortened), DIRECTORY missing or not readable, or another shard command is
-running there; 2 usage error or DIRECTORY not a directory; 130 interrupted.
+Exit status: 0 done; 1 something failed or is in the way (one line each, a
+long run shortened), DIRECTORY missing or not readable, or another shard
+command is running there; 2 usage error or DIRECTORY not a directory; 130
+interrupted; 141 the output was closed before the end ('| head').
 """
 
 PROG = "shard"
 _SHOW = 10  # items of each kind listed before "... and N more"
-
-
-def _show(name: bytes | str) -> str:
-    """A printable name: non-UTF-8 bytes as \\xNN, newlines escaped."""
-    raw = os.fsencode(name)
-    return raw.decode("utf-8", "backslashreplace").replace("\n", "\\n")
 
 
 def _layout(levels: str | None, hash_: str | None, key: str | None) -> Layout | None:
@@ -78,16 +80,16 @@ def _warn_list(title: str, items: list[Any], root: str) -> None:
     for item in items[:_SHOW]:
         if isinstance(item, tuple):
             name, why = item
-            click.echo(f"{PROG}: {_show(os.path.join(os.fsencode(root), name))}: {why}", err=True)
+            click.echo(f"{PROG}: {shown(os.path.join(os.fsencode(root), name))}: {why}", err=True)
         else:
-            click.echo(f"{PROG}: {_show(os.path.join(os.fsencode(root), item))}: {title}", err=True)
+            click.echo(f"{PROG}: {shown(os.path.join(os.fsencode(root), item))}: {title}", err=True)
     if len(items) > _SHOW:
         click.echo(f"{PROG}: ... and {len(items) - _SHOW} more ({title})", err=True)
 
 
 def _warn_failures(failures: list[Any]) -> None:
     """One ``shard: PATH: reason`` line per failure, a long run of one kind shortened."""
-    echo_failures(PROG, failures, _show)
+    echo_failures(PROG, failures)
 
 
 def _report(rep: mig.MigrationReport, quiet: bool, as_json: bool) -> int:
@@ -132,8 +134,9 @@ def command() -> None:
 @_key_opt
 @_jobs_opt
 @dry_run_option("Plan only: counts per bucket (and --csv); nothing is moved.", old=("--plan",))
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
-              help="With -n: write the moves (source,destination) to this CSV file.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="With -n: write the moves (source,destination) to this CSV file ('-': stdout, "
+                   "the plan then goes to stderr).")
 @progress_option
 @_quiet_opt
 @_json_opt
@@ -156,28 +159,34 @@ def apply(directory: str, levels: str | None, hash_: str | None, key: str | None
 
 
 def _plan(directory: str, layout: Layout | None, csv_path: str | None, as_json: bool) -> int:
+    to_stdout = csv_path == "-"
+    if to_stdout and as_json:
+        raise click.UsageError("--json and --csv -: both want stdout; write --csv to a file")
     p = mig.plan(directory, layout)
-    if csv_path:
+    if to_stdout:
+        p.write_csv_to(click.get_binary_stream("stdout"))
+    elif csv_path:
         p.write_csv(csv_path)
     if as_json:
         echo_summary_json(p, **({"csv": csv_path} if csv_path else {}))
         return 1 if p.blocking else 0
     s = p.stats
-    click.echo(f"plan for {p.root} ({p.layout.describe()}):")
-    click.echo(f"  files to move        {len(p.moves):,}")
-    click.echo(f"  buckets              {s.buckets:,} (files per bucket: min {s.min}, max {s.max}, "
-               f"mean {s.mean:.1f}, stddev {s.stddev:.1f})")
+    say = functools.partial(click.echo, err=to_stdout)     # the CSV has stdout to itself
+    say(f"plan for {p.root} ({p.layout.describe()}):")
+    say(f"  files to move        {len(p.moves):,}")
+    say(f"  buckets              {s.buckets:,} (files per bucket: min {s.min}, max {s.max}, "
+        f"mean {s.mean:.1f}, stddev {s.stddev:.1f})")
     if p.per_bucket:
         fullest = sorted(p.per_bucket.items(), key=lambda kv: -kv[1])[:3]
-        click.echo("  fullest buckets      " + ", ".join(f"{_show(b)} ({n})" for b, n in fullest))
+        say("  fullest buckets      " + ", ".join(f"{shown(b)} ({n})" for b, n in fullest))
     if p.collisions:
-        click.echo(f"  named like a bucket  {len(p.collisions):,} (set aside first, then moved)")
+        say(f"  named like a bucket  {len(p.collisions):,} (set aside first, then moved)")
     if p.skipped:
-        click.echo(f"  left in place        {len(p.skipped):,}")
-    if csv_path:
-        click.echo(f"  moves written to     {csv_path}")
+        say(f"  left in place        {len(p.skipped):,}")
+    if csv_path and not to_stdout:
+        say(f"  moves written to     {csv_path}")
     if p.blocking:
-        names = ", ".join(_show(b) for b in p.blocking[:_SHOW])
+        names = ", ".join(shown(b) for b in p.blocking[:_SHOW])
         click.echo(f"{PROG}: {p.root}: subdirectories named like buckets ({names}): apply would refuse",
                    err=True)
         return 1

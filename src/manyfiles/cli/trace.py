@@ -89,9 +89,14 @@ def _render(s: Summary) -> None:
     from rich.filesize import decimal
     from rich.table import Table
 
-    console = Console()
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # rich exits 1 here; a closed output ends every verb the same way (run_main: 141)
+            raise BrokenPipeError
+
+    console = _Console()
     if not console.is_terminal:
-        console = Console(width=150)  # a log file or pipe: no wrapping of the table
+        console = _Console(width=150)  # a log file or pipe: no wrapping of the table
     title = (f"I/O trace: {s.records:,} operations, {s.processes} process(es), {s.threads} thread(s), "
              f"{_ns(s.span_ns)}")
     table = Table(title=title, title_justify="left")

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import math
 import os
@@ -47,7 +48,7 @@ from manyfiles import listing
 from manyfiles._core.checkpoints import reached as checkpoint
 from manyfiles._core.progress import ProgressArg
 from manyfiles._core.report import Failure, Report
-from manyfiles.errors import UsageError, from_oserror
+from manyfiles.errors import NotFound, UsageError, from_oserror
 from manyfiles.listing import NO_FILTER, Filter
 from manyfiles.scale.executor import ClusterArg, ClusterReport, Job, Publish, ShardResult, run_job
 
@@ -367,8 +368,8 @@ class _Part:
 def make_job(root: str | bytes | os.PathLike, **options: Any) -> TreeJob:
     """The job of :func:`count_tree` / :func:`write_tree` (options: TreeJob's fields), for an executor."""
     shown = os.fsencode(root)
-    if not shown:
-        raise UsageError("an empty path is not a directory")
+    if not shown:     # names nothing, not the current directory: a missing path (docs/cli.md)
+        raise NotFound(f"'': {os.strerror(errno.ENOENT)}")
     return TreeJob(root=os.path.abspath(shown), shown=shown, **options)
 
 

@@ -72,9 +72,10 @@ def main() -> None:
             out = "".join(line + "\n" for line in lines)
             sys.stdout.buffer.write(os.fsencode(out))
             sys.stdout.flush()
-    except BrokenPipeError:  # `fastls | head`: not an error of ours (as cli._common.run_main)
-        sys.stderr.close()
-        sys.exit(0)
+    except BrokenPipeError:  # `fastls | head`: stopped before the end (as cli._common.run_main)
+        from manyfiles._core.exits import exit_closed_output
+
+        exit_closed_output()
     except KeyboardInterrupt:
         print("fastls: interrupted", file=sys.stderr)
         sys.exit(130)

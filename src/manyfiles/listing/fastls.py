@@ -117,11 +117,11 @@ def _list_on_cluster(executor: Any, request: ListRequest, path: str, folder: str
     """One path of the request as a tree job: its counts added to ``report``, its parts copied out."""
     from manyfiles.listing._cluster import copy_parts, make_job
 
-    job = make_job(path, out_dir=None if request.count_only else folder, sep=request.sep,
-                   json=request.format == "json", max_depth=request.max_depth, filter=request.filter,
-                   threads=request.threads)
     shown.start_part(done=report.entries, failures=len(report.failures))
     try:
+        job = make_job(path, out_dir=None if request.count_only else folder, sep=request.sep,
+                       json=request.format == "json", max_depth=request.max_depth, filter=request.filter,
+                       threads=request.threads)
         run = executor.run(job, progress=shown.part_progress if shown else False).result
     except (NotFound, AccessDenied) as exc:        # fastls goes on with the next path
         report.failures.append(Failure(path, str(exc).split(": ", 1)[-1], type(exc).__name__))

@@ -175,7 +175,7 @@ class Remover:
         try:
             self.process(node)
         except Exception as exc:  # a bug must not stop the pool: report it as a failure
-            self.fail(node.path, OSError(errno.EIO, f"internal error: {exc!r}"))
+            self.fail(node.path, OSError(errno.EIO, f"internal error: {exc or 'no message'}"))
             self.finish_chain(node, blocked=True)
 
     def open(self, node: _Dir) -> bool:

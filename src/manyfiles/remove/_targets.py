@@ -70,6 +70,9 @@ def check_paths(paths: Sequence[str], force_root: bool) -> list[tuple[str, bool]
     """Refuse dangerous arguments before anything is removed; (path, is_mount_root) pairs."""
     checked = []
     for path in paths:
+        if not path:    # names nothing (not '/', not '.'): missing, as for rm ''
+            checked.append((path, False))
+            continue
         p = path.rstrip("/") or "/"
         if os.path.basename(p) in (".", ".."):
             raise UsageError(f"{path}: refusing to remove '.' or '..'")

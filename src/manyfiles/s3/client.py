@@ -12,14 +12,36 @@ path-style addressing unless the profile says otherwise, which is what local ser
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from manyfiles._core.extras import require, require_installed
+from manyfiles.errors import UsageError, shown
 from manyfiles.s3 import envconfig
 from manyfiles.s3.sigv4 import S3_FEATURE, aws_config, botocore_session, configured_endpoint
 
 ASYNC_FEATURE = "the async engine (--strategy async)"
+
+
+def _check_endpoint_url(url: str | None, source: str | None) -> None:
+    """UsageError (exit 2) for an endpoint that is not an http:// or https:// URL with a host: a
+    typo such as ``--endpoint-url not-a-url`` is refused before anything is listed, not met as a
+    failed name lookup.  ``source`` names where it came from (None: the variable that holds it)."""
+    if url is None:
+        return
+    parts = urlsplit(url)
+    try:
+        port_is_fine = parts.port is None or parts.port >= 0    # raises for one outside 0..65535
+    except ValueError:
+        port_is_fine = False
+    if port_is_fine and parts.scheme.lower() in ("http", "https") and parts.hostname:
+        return
+    if source is None:
+        source = next((v for v in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL") if os.environ.get(v) == url),
+                      "the AWS config file")
+    raise UsageError(f"endpoint URL {shown(url)} ({source}): expected http:// or https:// and a host name")
 
 
 @dataclass(frozen=True)
@@ -43,7 +65,9 @@ class ClientSettings:
         require_installed("s3", "boto3", S3_FEATURE)
         if not envconfig.env_only(self):   # (no profile to check then, and no botocore to import)
             botocore_session(self)  # checks the profile (even where the endpoint is given)
-        return replace(self, endpoint_url=configured_endpoint(self))
+        endpoint = configured_endpoint(self)
+        _check_endpoint_url(endpoint, "--endpoint-url" if self.endpoint_url else None)
+        return replace(self, endpoint_url=endpoint)
 
     def _config_kwargs(self, pool: int, checksums: bool = True) -> dict[str, Any]:
         UNSIGNED = require("s3", "botocore", S3_FEATURE).UNSIGNED

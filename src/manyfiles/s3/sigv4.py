@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
 from manyfiles._core.extras import require
-from manyfiles.errors import UsageError
+from manyfiles.errors import UsageError, shown
 from manyfiles.s3 import envconfig
 
 if TYPE_CHECKING:       # annotations only: client.py imports this module
@@ -106,11 +106,13 @@ def botocore_session(settings: ClientSettings):
         return cached[1]
     require("s3", "botocore.session", S3_FEATURE)
     import botocore.session
-    from botocore.exceptions import ProfileNotFound
+    from botocore.exceptions import ConfigParseError, ProfileNotFound
 
     sess = botocore.session.Session(profile=settings.profile)
     try:
         sess.get_scoped_config()
+    except ConfigParseError as exc:
+        raise unreadable_aws_file(exc) from exc
     except ProfileNotFound as exc:
         source = "--aws-profile" if settings.profile else "AWS_PROFILE"
         name = settings.profile or os.environ.get("AWS_PROFILE", "")
@@ -118,6 +120,20 @@ def botocore_session(settings: ClientSettings):
                          "files") from exc
     _sessions[settings.profile] = (env, sess)
     return sess
+
+
+def unreadable_aws_file(exc: Exception) -> UsageError:
+    """The one line for an AWS config or credentials file botocore cannot parse (a ``[default``
+    without ``]``): configuration, like an unknown profile, so a usage error (exit 2)."""
+    path = getattr(exc, "kwargs", {}).get("path") or "the AWS config"
+    cause = getattr(exc, "kwargs", {}).get("error")
+    where = ""
+    if getattr(cause, "errors", None):             # configparser.ParsingError: (line number, line)
+        where = f" at line {cause.errors[0][0]}"
+    elif getattr(cause, "lineno", None):           # MissingSectionHeaderError
+        where = f" at line {cause.lineno}"
+    return UsageError(f"{shown(path)}: malformed{where} (an AWS config or credentials file holds "
+                      "[section] headers and 'name = value' lines)")
 
 
 def configured_endpoint(settings: ClientSettings) -> str | None:
@@ -174,7 +190,12 @@ def credentials_source(settings: ClientSettings):
     envconfig), else botocore's chain; None when none is found."""
     if envconfig.env_only(settings):
         return envconfig.credentials()
-    return botocore_session(settings).get_credentials()
+    from botocore.exceptions import ConfigParseError
+
+    try:
+        return botocore_session(settings).get_credentials()
+    except ConfigParseError as exc:       # the credentials file
+        raise unreadable_aws_file(exc) from exc
 
 
 def credentials_key(settings: ClientSettings) -> str | None:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from manyfiles._core import fsops as _fsops
 from manyfiles.errors import from_oserror
 from manyfiles.s3.keys import UnsafeKey
-from manyfiles.s3.state import State, open_file, unique_name
+from manyfiles.s3.state import State, names_of, open_file, unique_name
 from manyfiles.trace import iotrace
 
 PREALLOCATE_MIN = 8 << 20   # whole-object temp files from this size are preallocated
@@ -298,6 +298,15 @@ class FolderSink:
         for name in names:
             stale = name.endswith((".tmp", ".new")) or (name.endswith(".part") and name[:-5] not in keep)
             if stale:
+                _unlink_quiet(fd, name)
+
+    def remove_temps_of(self, pid: int) -> None:
+        """Remove the whole-object temps (``*.tmp``) of a worker process forked from this one that
+        was stopped mid-object (Ctrl-C); the parts of large objects stay for resuming."""
+        fd = self.state.tmp_fd
+        prefix = names_of(pid)
+        for name in os.listdir(fd):
+            if name.startswith(prefix) and name.endswith(".tmp"):
                 _unlink_quiet(fd, name)
 
     def final_path(self, rel: str) -> str:

@@ -99,7 +99,13 @@ def unique_name(suffix: str) -> str:
     """A name no other run, process or thread makes: a random prefix drawn once per process, the
     process id and a counter (a getrandom call per temp file was measurable); O_EXCL still refuses
     anything that exists."""
-    return f"{_NAME_PREFIX}{os.getpid():x}-{next(_names):x}{suffix}"
+    return f"{names_of(os.getpid())}{next(_names):x}{suffix}"
+
+
+def names_of(pid: int) -> str:
+    """How every :func:`unique_name` of process ``pid`` begins, if it was forked from this one (the
+    random prefix is inherited): what a worker process killed mid-object left is found by it."""
+    return f"{_NAME_PREFIX}{pid:x}-"
 
 
 class State:

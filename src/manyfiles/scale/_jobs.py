@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from manyfiles import errors as _errors
 from manyfiles._core.progress import Progress, ProgressArg, check_progress, progress_for
 from manyfiles._core.report import Report
 from manyfiles.errors import ManyfilesError, UsageError
@@ -246,7 +245,7 @@ def execute_shard(job: Job, shard: Any, publish: Publish, attempt: Attempt = NO_
         with running(attempt):
             result = job.run(shard, guarded(publish, attempt))
     except Exception as exc:
-        result = ShardResult(error=(type(exc).__name__, str(exc) or repr(exc)))
+        result = ShardResult(error=(type(exc).__name__, str(exc) or "no message"))
     failures = getattr(result.report, "failures", None)
     if failures is not None and len(failures) > MAX_FAILURES_PER_SHARD:
         result.failures_not_listed = len(failures) - MAX_FAILURES_PER_SHARD
@@ -258,19 +257,30 @@ def execute_shard(job: Job, shard: Any, publish: Publish, attempt: Attempt = NO_
     return result
 
 
+def _our_error(name: str) -> type[ManyfilesError] | None:
+    """The manyfiles error class called ``name`` (errors.py's and the tools' own, LeaseLapsed...)."""
+    todo: list[type[ManyfilesError]] = [ManyfilesError]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ == name:
+            return cls
+        todo += cls.__subclasses__()
+    return None
+
+
 def raise_shard_error(result: ShardResult) -> None:
     """Re-raise a shard's error on the client as the manyfiles error it was (exit codes kept)."""
     if result.error is None:
         return
     name, message = result.error
-    cls = getattr(_errors, name, None)
+    cls = _our_error(name)
     text = f"{message} (on worker {result.worker})"
-    if isinstance(cls, type) and issubclass(cls, ManyfilesError):
+    if cls is not None:
         try:
             raise cls(text)
         except TypeError:      # a class whose constructor wants more than a message
-            pass
-    raise ManyfilesError(f"{name}: {text}")
+            raise ManyfilesError(text) from None
+    raise ManyfilesError(f"unexpected error: {text}")      # a Python class name tells a user nothing
 
 
 class Throttle:

@@ -24,8 +24,8 @@ from manyfiles._core import fsops as _fsops
 from manyfiles._core.checkpoints import reached as checkpoint
 from manyfiles._core.pool import Pool
 from manyfiles._core.progress import Progress, ProgressArg, progress_for
-from manyfiles.errors import ManyfilesError, describe_oserror
-from manyfiles.shard.journal import Journal, Lock
+from manyfiles.errors import ManyfilesError, describe_oserror, shown
+from manyfiles.shard.journal import LOCK, Journal, Lock
 from manyfiles.shard.scan import RootArg, abs_root, default_workers, open_root
 
 _FATAL = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EXDEV, errno.EIO, errno.EACCES}
@@ -55,9 +55,13 @@ class Migration:
         try:
             self.lock.acquire()
         except OSError as exc:
+            why = f"{describe_oserror(exc)} (nothing was moved)"
+            if exc.errno == errno.ENOENT and os.fstat(self.rootfd).st_nlink:
+                # in a folder that is there (held open, not removed): /proc, /sys make no new files
+                why = (f"cannot create {LOCK.decode()} here: this file system makes no new files "
+                       f"({describe_oserror(exc)}); nothing was moved")
             os.close(self.rootfd)
-            raise ManyfilesError(f"{os.fsdecode(self.rootb)}: {describe_oserror(exc)} "
-                                 "(nothing was moved)") from exc
+            raise ManyfilesError(f"{shown(os.fsdecode(self.rootb))}: {why}") from exc
         except BaseException:
             os.close(self.rootfd)
             raise

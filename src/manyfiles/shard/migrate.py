@@ -14,10 +14,11 @@ from __future__ import annotations
 import contextlib
 import csv
 import html
+import io
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from manyfiles._core.progress import ProgressArg, check_progress, progress_for
 from manyfiles.errors import ManyfilesError, UsageError, describe_oserror
@@ -88,11 +89,20 @@ class Plan:
 
     def write_csv(self, path: str) -> None:
         """``source,destination`` per move, relative to the root (names byte-exact)."""
-        with open(path, "w", newline="", encoding="utf-8", errors="surrogateescape") as f:
-            w = csv.writer(f)
+        with open(path, "wb") as f:
+            self.write_csv_to(f)
+
+    def write_csv_to(self, out: BinaryIO) -> None:
+        """:meth:`write_csv` into an open binary stream (``shard apply -n --csv -``: stdout)."""
+        text = io.TextIOWrapper(out, encoding="utf-8", errors="surrogateescape", newline="")
+        try:
+            w = csv.writer(text)
             w.writerow(["source", "destination"])
             for name, dest in self.moves:
                 w.writerow([os.fsdecode(name), os.fsdecode(dest)])
+            text.flush()
+        finally:
+            text.detach()       # ``out`` stays open: it is the caller's
 
     def execute(self, *, workers: int | None = None, progress: ProgressArg = False,
                 journal_sync: bool = True) -> MigrationReport:

@@ -26,13 +26,17 @@ Times are CLOCK_MONOTONIC nanoseconds, shared by every process on the machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import marshal
 import os
+import stat
 import struct
 import zlib
 from collections.abc import Iterator
 from typing import Any
+
+from manyfiles.errors import WrongKind, shown
 
 FILE_MAGIC = b"MFTRACE\x02"
 BLOCK_MAGIC = b"MFB\x02"
@@ -142,9 +146,29 @@ class RawTrace:
         self.torn_bytes = torn_bytes    # trailing bytes ignored (a write cut short by a kill)
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _not_regular(path: str | os.PathLike, mode: int) -> WrongKind | None:
+    for test, kind in _KINDS:
+        if test(mode):
+            return WrongKind(f"{shown(os.fsdecode(path))}: {kind}, not a trace file")
+    return None
+
+
 def read_file(path: str | os.PathLike) -> RawTrace:
-    """Decode a trace file; raises ValueError if it is not one."""
-    with open(path, "rb") as f:
+    """Decode a trace file; raises ValueError if it is not one, WrongKind for what is not a regular
+    file (a FIFO would block the read for ever, a device never end)."""
+    with contextlib.suppress(OSError):     # (what cannot be stat'ed fails at the open)
+        refused = _not_regular(path, os.stat(path).st_mode)
+        if refused is not None:
+            raise refused
+    # O_NONBLOCK: a FIFO swapped in after the check must not block the open either
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+        refused = _not_regular(path, os.fstat(f.fileno()).st_mode)
+        if refused is not None:
+            raise refused
         data = f.read()
     if not data.startswith(FILE_MAGIC) or len(data) < len(FILE_MAGIC) + 4:
         if data.startswith(FILE_MAGIC[:7]):

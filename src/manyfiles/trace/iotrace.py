@@ -196,7 +196,7 @@ class Tracer:
                     except OSError as exc:  # disk full, ...: keep the work going, count the loss
                         self.error = exc
                     except Exception as exc:  # a caller passed something unencodable
-                        self.error = OSError(0, f"cannot encode records: {exc!r}")
+                        self.error = OSError(0, f"cannot encode records: {exc}")
                 with self._drop_lock:
                     self._dropped += k
 

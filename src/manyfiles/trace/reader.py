@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from manyfiles.errors import ManyfilesError
+from manyfiles.errors import ManyfilesError, WrongKind, from_oserror, shown
 from manyfiles.trace.format import WORKER_SUFFIX, RawTrace, read_file
 
 
@@ -87,8 +87,8 @@ def load(paths: Iterable[str | os.PathLike], *, workers: bool = True) -> TraceSe
             seen.add(os.path.abspath(wpath))
             try:
                 w = read_file(wpath)
-            except (OSError, ValueError) as exc:
-                notes.append(f"{wpath}: skipped: {exc}")
+            except (OSError, ValueError, WrongKind) as exc:
+                notes.append(f"{shown(wpath)}: skipped: {exc}")
                 continue
             if run_id and w.header.get("run_id") != run_id:
                 notes.append(f"{wpath}: skipped: written by another run")
@@ -106,6 +106,6 @@ def _read(path: str | os.PathLike) -> RawTrace:
     try:
         return read_file(path)
     except OSError as exc:
-        raise ManyfilesError(f"{os.fsdecode(path)}: {exc.strerror or exc}") from exc
+        raise from_oserror(exc, os.fsdecode(path)) from exc
     except ValueError as exc:
-        raise ManyfilesError(f"{os.fsdecode(path)}: {exc}") from exc
+        raise ManyfilesError(f"{shown(os.fsdecode(path))}: {exc}") from exc

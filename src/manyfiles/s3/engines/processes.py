@@ -153,14 +153,17 @@ class ProcessesEngine(Engine):
         for p in self.procs:
             if p.is_alive():
                 p.terminate()
+        # the reader polls the workers too: joined first, it cannot reap one while we look at it
+        self.reader.join(5)
         for p in self.procs:
             p.join(5)
+            if p.exitcode is not None and self.ctx.sink is not None:   # gone: its temps are nobody's
+                self.ctx.sink.remove_temps_of(p.pid)
         # A worker terminated in the middle of a put holds the result queue's shared write lock
         # for ever: nothing may write to these queues again (the reader is stopped by the event),
         # and their feeder threads must not be joined at exit (the process would hang there).
         self.outq.cancel_join_thread()
         self.inq.cancel_join_thread()
-        self.reader.join(5)
 
     def _read(self) -> None:
         exited = 0
