@@ -47,6 +47,17 @@ class _SeedingWrites:
         return getattr(self._fs, name)
 
 
+def _scenario(builder: str):
+    """The class-scoped fixture named ``"fs" + builder``: the abstract suite's scenario ``builder``
+    written through s3fs, in a folder of its own."""
+
+    def scenario(cls, seeded):
+        s3, writer, _ = seeded
+        return getattr(cls(), builder)(writer, posixpath.join, f"{s3.bucket}/{builder.strip('_')}")
+
+    return pytest.fixture(scope="class", name="fs" + builder)(classmethod(scenario))
+
+
 class ManyfilesFixtures(abstract.AbstractFixtures):
     """The abstract suite's fixtures for the manyfiles filesystem: its scenarios written once per class
     through s3fs, under a folder of their own each."""
@@ -70,30 +81,10 @@ class ManyfilesFixtures(abstract.AbstractFixtures):
     def supports_empty_directories(self):
         return False            # S3
 
-    @classmethod
-    def _seed(cls, seeded, folder: str, scenario: str) -> str:
-        s3, writer, _ = seeded
-        return getattr(cls(), scenario)(writer, posixpath.join, f"{s3.bucket}/{folder}")
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def fs_bulk_operations_scenario_0(cls, seeded):
-        return cls._seed(seeded, "bulk", "_bulk_operations_scenario_0")
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def fs_glob_edge_cases_files(cls, seeded):
-        return cls._seed(seeded, "glob", "_glob_edge_cases_files")
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def fs_dir_and_file_with_same_name_prefix(cls, seeded):
-        return cls._seed(seeded, "prefix", "_dir_and_file_with_same_name_prefix")
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def fs_10_files_with_hashed_names(cls, seeded):
-        return cls._seed(seeded, "hashed", "_10_files_with_hashed_names")
+    fs_bulk_operations_scenario_0 = _scenario("_bulk_operations_scenario_0")
+    fs_glob_edge_cases_files = _scenario("_glob_edge_cases_files")
+    fs_dir_and_file_with_same_name_prefix = _scenario("_dir_and_file_with_same_name_prefix")
+    fs_10_files_with_hashed_names = _scenario("_10_files_with_hashed_names")
 
 
 class TestManyfilesGet(abstract.AbstractGetTests, ManyfilesFixtures):
