@@ -107,8 +107,8 @@ class Versions:
             head = Head(S3Origin.validator(listed.etag, listed.size), listed.size)
             at = time.time() if listed.at is None else listed.at
             v = self.validated(origin, head, at, ttl)
-            if self.held(v) or self.offline_reason(origin, offline) is None:
-                return v, None, None        # no request: its blocks are here, or GETs pinned to it
+            if self.offline_reason(origin, offline) is None or self.held(v):
+                return v, None, None        # GETs pinned to it, or its blocks are here
             stream = self.fetch_miss(origin, lambda: origin.open_whole(head), offline)
             return v, stream.head, stream
         if not isinstance(origin, S3Origin):
