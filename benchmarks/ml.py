@@ -121,13 +121,14 @@ def _shard(worker: tuple[int, int]) -> int:
     return sum(nbytes(x) for x in _DS.worker(*worker))
 
 
-def epochs(ds, workers: int, n: int, iterable: bool = False) -> list[tuple[float, int, int | None]]:
-    """(seconds, bytes, origin reads) of ``n`` epochs of ``ds`` in a persistent pool of ``workers``
-    processes; origin reads (the cache's ``object_misses`` in that epoch) for the manyfiles datasets
-    only, counted after the epoch, off the clock."""
+def epochs(ds, workers: int, n: int, iterable: bool = False) -> list[tuple[float, int, tuple | None]]:
+    """(seconds, bytes, counts) of ``n`` epochs of ``ds`` in a persistent pool of ``workers``
+    processes; counts, for the manyfiles datasets only (taken after the epoch, off the clock): the
+    objects read from the origin in that epoch (the cache's ``object_misses``) and the blocks whose
+    fill was dropped (``fills_dropped``: read again from the origin in the next epoch)."""
     ctx = mp.get_context("fork")
     out = []
-    misses = None
+    before = (0, 0)
     with ctx.Pool(workers, initializer=_init, initargs=(ds,)) as pool:
         pool.map(len, [[0]] * workers)        # the workers are up before the clock starts
         for _ in range(n):
@@ -138,22 +139,26 @@ def epochs(ds, workers: int, n: int, iterable: bool = False) -> list[tuple[float
                 batches = [list(range(i, min(i + BATCH, len(ds)))) for i in range(0, len(ds), BATCH)]
                 got = sum(pool.imap_unordered(_batch, batches, chunksize=1))
             secs = time.perf_counter() - t0
-            total = settled_misses(ds) if hasattr(ds, "cache") else None
-            out.append((secs, got, None if total is None else total - (misses or 0)))
-            misses = total
+            if hasattr(ds, "cache"):
+                total = settled_counts(ds)
+                out.append((secs, got, (total[0] - before[0], total[1] - before[1])))
+                before = total
+            else:
+                out.append((secs, got, None))
     return out
 
 
-def settled_misses(ds) -> int:
-    """The cache directory's ``object_misses`` (objects read from the origin) once every worker's
-    counters reached the index: they write them about once a second while reading, and soon after
-    reads pause, so the count has settled when it stays the same for 3 s."""
+def settled_counts(ds) -> tuple[int, int]:
+    """The cache directory's (``object_misses``, ``fills_dropped``) once every worker's counters
+    reached the index: they write them about once a second while reading, and soon after reads
+    pause, so the counts have settled when they stay the same for 3 s."""
     cache = ds.cache
-    last, since = -1, time.monotonic()
-    while time.monotonic() - since < 3.0:
-        n = cache.stats().object_misses
-        if n != last:
-            last, since = n, time.monotonic()
+    last, since = None, time.monotonic()
+    while last is None or time.monotonic() - since < 3.0:
+        st = cache.stats()
+        now = (st.object_misses, st.fills_dropped)
+        if now != last:
+            last, since = now, time.monotonic()
         time.sleep(0.25)
     return last
 
@@ -270,9 +275,13 @@ def run(args, size: int, seeding: str, endpoint: str) -> None:
         d.mkdir(parents=True, exist_ok=True)
         return str(d / "cache")
 
+    # the datasets' caches: a directory per repetition (the process keeps one Cache per directory
+    # open: one removed under it would count, and read, through a deleted index)
+    rep = 0
     peers = {
-        "mf.Dataset": lambda: mf.Dataset(f"s3://{BUCKET}/train/", cache=fresh("mf"), settings=settings),
-        "mf.IterableDataset": lambda: mf.IterableDataset(f"s3://{BUCKET}/train/", cache=fresh("mfi"),
+        "mf.Dataset": lambda: mf.Dataset(f"s3://{BUCKET}/train/", cache=fresh(f"mf-{rep}"),
+                                         settings=settings),
+        "mf.IterableDataset": lambda: mf.IterableDataset(f"s3://{BUCKET}/train/", cache=fresh(f"mfi-{rep}"),
                                                          settings=settings),
         "boto3 loop": lambda: Boto3Reader(endpoint, keys[:args.boto3_objects]),
         "s3fs + filecache": lambda: FilecacheReader(endpoint, keys[:args.filecache_objects],
@@ -287,8 +296,8 @@ def run(args, size: int, seeding: str, endpoint: str) -> None:
         print("s3torchconnector: not installed (it needs torch; not in this environment)")
     for rep in range(args.repeat):
         for name, make in peers.items():
-            for d in ("mf", "mfi", "filecache"):       # not timed: removing the last run's cache
-                fresh(d)
+            for d in (f"mf-{rep - 1}", f"mfi-{rep - 1}", "filecache"):  # not timed: the last run's caches
+                shutil.rmtree(scratch / d, ignore_errors=True)
             t1 = time.perf_counter()
             ds = make()
             listing = time.perf_counter() - t1
@@ -300,8 +309,10 @@ def run(args, size: int, seeding: str, endpoint: str) -> None:
             r["e1"].append(n / runs[0][0])
             r["e2"].append(n / runs[1][0])
             r["list"].append(listing)
-            r["reads2"].append(runs[1][2])
-            reads = "" if runs[1][2] is None else f", origin reads {runs[0][2]:,} then {runs[1][2]:,}"
+            r["reads2"].append(None if runs[1][2] is None else runs[1][2][0])
+            reads = "" if runs[1][2] is None else (
+                f", origin reads {runs[0][2][0]:,} then {runs[1][2][0]:,}, fills dropped "
+                f"{runs[0][2][1]:,} then {runs[1][2][1]:,}")
             print(f"  rep {rep + 1} {name:20s} {n:,} objects: epoch 1 {runs[0][0]:7.2f} s  epoch 2 "
                   f"{runs[1][0]:7.2f} s  (construct {listing:.2f} s{reads})", flush=True)
     print()
