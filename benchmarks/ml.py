@@ -123,9 +123,10 @@ def _shard(worker: tuple[int, int]) -> int:
 
 def epochs(ds, workers: int, n: int, iterable: bool = False) -> list[tuple[float, int, tuple | None]]:
     """(seconds, bytes, counts) of ``n`` epochs of ``ds`` in a persistent pool of ``workers``
-    processes; counts, for the manyfiles datasets only (taken after the epoch, off the clock): the
-    objects read from the origin in that epoch (the cache's ``object_misses``) and the blocks whose
-    fill was dropped (``fills_dropped``: read again from the origin in the next epoch)."""
+    processes; counts, for the manyfiles datasets only (taken after the epoch, off the clock, once
+    the workers' fills of that epoch are written: the next epoch is a reread): the objects read from
+    the origin in that epoch (the cache's ``object_misses``) and the blocks whose fill was dropped
+    (``fills_dropped``: read again from the origin in the next epoch)."""
     ctx = mp.get_context("fork")
     out = []
     before = (0, 0)
@@ -150,17 +151,17 @@ def epochs(ds, workers: int, n: int, iterable: bool = False) -> list[tuple[float
 
 def settled_counts(ds) -> tuple[int, int]:
     """The cache directory's (``object_misses``, ``fills_dropped``) once every worker's counters
-    reached the index: they write them about once a second while reading, and soon after reads
-    pause, so the counts have settled when they stay the same for 3 s."""
+    and fills reached the index: they write them about once a second while reading or filling, and
+    soon after that pauses, so the counts (``fills`` too) have settled when they stay the same for 3 s."""
     cache = ds.cache
     last, since = None, time.monotonic()
     while last is None or time.monotonic() - since < 3.0:
         st = cache.stats()
-        now = (st.object_misses, st.fills_dropped)
+        now = (st.object_misses, st.fills_dropped, st.fills)
         if now != last:
             last, since = now, time.monotonic()
         time.sleep(0.25)
-    return last
+    return last[0], last[1]
 
 
 # -- data -------------------------------------------------------------------------------------------
