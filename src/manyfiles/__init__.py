@@ -55,6 +55,7 @@ _EXPORTS: dict[str, str] = {
     "ObjectChanged": "manyfiles.errors",
     "IntegrityError": "manyfiles.errors",
     "PartialFailure": "manyfiles.errors",
+    "Stalled": "manyfiles.errors",
 }
 
 # subpackages reachable as attributes (``mf.s3.pull(...)``) without importing them first

@@ -15,6 +15,7 @@
      |    +-- OriginUnreachable refused, unreachable, DNS (also a ConnectionError)
      |         +-- OriginTimeout    ... it did not answer in time (also a TimeoutError)
      +-- PartialFailure         a bulk operation finished, some items failed (``failures``)
+     +-- Stalled                nothing moved for the stall timeout: the endpoint and the last error
 
     OfflineWarning (a UserWarning): reads are served from the cache because the origin cannot be reached
 
@@ -135,6 +136,11 @@ class PartialFailure(ManyfilesError):
         super().__init__(message)
         self.failures = failures or []
         self.report = report
+
+
+class Stalled(ManyfilesError):
+    """A run in which nothing moved for its stall timeout (an endpoint that went away, or never
+    answered); the message names the endpoint and the last error (docs/s3pull.md)."""
 
 
 _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\"}

@@ -101,7 +101,11 @@ SCRIPT = textwrap.dedent("""
     mf.Cache(cache_dir).flush()
 
     srv.stop()                                  # the S3 server is gone
-    quick = mf.Cache(cache_dir, settings=settings, retry=RetryPolicy(attempts=3, base=0.01))
+    class Quick(RetryPolicy):       # a test's budget: unanswered requests retried for 0.3 s, no grace
+        GRACE = 0.0
+
+    quick = mf.Cache(cache_dir, settings=settings,
+                     retry=Quick(attempts=3, base=0.01, cap=0.05, stall_timeout=0.3))
     opens = tcp_opens()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -174,7 +178,7 @@ def test_with_s3_stopped_everything_cached_is_served_and_nothing_is_asked_again(
     assert out["opens_after_cached"] == 1, "the reads after the first failure asked the server again"
     assert out["pyarrow"] and out["mf_open"] == "one"
     assert out["warm"] == [2000, 2000, 0]
-    assert out["uncached_tries"] == 3, "an object never cached was not asked with the cache's retries"
+    assert out["uncached_tries"] >= 2, "an object never cached was not asked with the cache's retries"
     assert out["uncached_again_tries"] == 0
     for msg in (out["uncached"], out["uncached_open"]):
         assert "never-read.bin" in msg and "offline" in msg and "\n" not in msg, msg

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import os
@@ -233,6 +234,13 @@ class FaultProxy:
     More kinds: "flip@N" flips the byte at offset N of the body (a fault at a known place);
     "head-etag" answers a HEAD with another ETag (a gateway that lies about the version);
     "stall" holds the answer back until the proxy closes (a request that never ends).
+
+    Outages (the network between the client and the store): :meth:`outage` ("refuse": nothing
+    listens, so connections are refused, and every request on an established connection is
+    reset; "hang": connections are accepted and no request is answered, then reset once the
+    outage ends), for ``seconds`` or until :meth:`come_back`; the fault kinds "refuse-for:N" and
+    "hang-for:N" start one at that request (which is its first victim).  ``outage_hits`` counts
+    the requests it reset or held.
     ``parts_as_s3 = True`` answers ``GET ?partNumber=N`` as S3 does (moto answers it with the
     whole object): 206 with that part's bytes, its Content-Range, ``x-amz-mp-parts-count`` and,
     for an object uploaded with checksums, the part's own checksum (computed here from moto's
@@ -272,6 +280,9 @@ class FaultProxy:
 
             def _handle(self) -> None:
                 body = self.read_body()
+                if proxy.down is not None:
+                    self._outage()
+                    return
                 refusal = proxy._refusal(self.command, self.path, self.headers)
                 if refusal is not None:
                     with proxy.lock:
@@ -282,6 +293,11 @@ class FaultProxy:
                     with proxy.lock:
                         proxy.checksum_mode_asked += 1
                 fault = proxy._take(self.command, self.path, self.headers)
+                if fault and fault.startswith(("refuse-for:", "hang-for:")):
+                    kind, _, seconds = fault.partition("-for:")
+                    proxy.outage(kind, float(seconds))
+                    self._outage()
+                    return
                 if proxy.delay and self.command == "GET" and "list-type" not in self.path:
                     time.sleep(proxy.delay)
                 with proxy.lock:
@@ -382,6 +398,16 @@ class FaultProxy:
                 if self.command != "HEAD":
                     self.wfile.write(data)
 
+            def _outage(self) -> None:
+                """This request meets the outage: held while it hangs, then reset (no answer)."""
+                with proxy.lock:
+                    proxy.outage_hits += 1
+                if proxy.down == "hang":
+                    proxy.back.wait()
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.close_connection = True
+                self.connection.close()
+
             def _refuse(self, status: int, code: str, headers: dict[str, str], extra: bytes) -> None:
                 msg = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>' + code.encode()
                        + b"</Code><Message>refused by the test edge</Message>" + extra + b"</Error>")
@@ -399,6 +425,9 @@ class FaultProxy:
         class Server(ThreadingHTTPServer):
             daemon_threads = True
 
+            def handle_error(self, request, client_address):
+                pass        # a client that went away (a reset it made, an outage): not the test's concern
+
             def finish_request(self, request, client_address):
                 if tls is not None:     # the handshake in the request's thread, not the accept loop
                     try:
@@ -410,11 +439,42 @@ class FaultProxy:
                 super().finish_request(request, client_address)
 
         self.handshakes_refused = 0
+        self.down: str | None = None        # the outage under way: "refuse", "hang" or None
+        self.back = threading.Event()
+        self.outage_hits = 0
+        self._server_type = (Server, Handler)
         self.server = Server(("127.0.0.1", 0), Handler)
         scheme = "https" if tls is not None else "http"
         self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def outage(self, kind: str, seconds: float | None = None) -> None:
+        """Start an outage ("refuse" or "hang", see the class docstring), ended after ``seconds``
+        (None: by :meth:`come_back`)."""
+        with self.lock:
+            if self.down is not None:
+                return
+            self.down = kind
+            self.back.clear()
+        if kind == "refuse":
+            self.server.shutdown()          # nothing listens now: connections are refused
+            self.server.socket.close()
+        if seconds is not None:
+            timer = threading.Timer(seconds, self.come_back)
+            timer.daemon = True
+            timer.start()
+
+    def come_back(self) -> None:
+        """End the outage: the same address answers again."""
+        with self.lock:
+            kind, self.down = self.down, None
+        if kind == "refuse" and not self.closing.is_set():
+            server_type, handler = self._server_type
+            self.server = server_type(self.server.server_address, handler)
+            self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+            self.thread.start()
+        self.back.set()
 
     # ETags as S3 shows them for SSE-KMS objects: 32 hex digits that are not the body's MD5
     def _fake_etag(self, etag: str) -> str:
@@ -556,7 +616,9 @@ class FaultProxy:
 
     def close(self) -> None:
         self.closing.set()
-        self.server.shutdown()
+        self.back.set()
+        if self.down != "refuse":
+            self.server.shutdown()
         self.server.server_close()
 
 
@@ -678,3 +740,57 @@ def _pump(a: socket.socket, b: socket.socket) -> None:
     finally:
         sel.close()
         b.close()
+
+
+# --- endpoints that are not there ------------------------------------------------------------------
+
+class SilentServer:
+    """A TCP server on 127.0.0.1 that accepts every connection and never answers (a black hole
+    behind a proxy that still accepts, a server wedged after accept).  ``reset``: it reads the
+    request, then resets the connection (RST), still without an answer."""
+
+    def __init__(self, *, reset: bool = False) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.reset = reset
+        self.accepted: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, name="silent-server", daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            if self.reset:
+                conn.recv(65536)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()
+            else:
+                self.accepted.append(conn)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)     # wakes the accept (closing alone does not)
+        self.sock.close()
+        self.thread.join()
+        for conn in self.accepted:
+            conn.close()
+
+
+def nth_get(n: int):
+    """A fault predicate (``proxy.faults``) true for the ``n``-th object GET only (listings aside)."""
+    seen = []
+
+    def pred(method, path, headers) -> bool:
+        if method != "GET" or "list-type" in path:
+            return False
+        seen.append(path)
+        return len(seen) == n
+    return pred
+
+
+def refused_url() -> str:
+    """An http:// URL on 127.0.0.1 where nothing listens (connections are refused)."""
+    return f"http://127.0.0.1:{free_port()}"

@@ -60,8 +60,9 @@ LATE_OUTCOME = textwrap.dedent("""
         return real_get(self, block, timeout)
 
     multiprocessing.queues.Queue.get = get
-    options = Options("bucket", ClientSettings(endpoint_url="http://127.0.0.1:9"), RetryPolicy(attempts=1),
-                      dest=sys.argv[1])
+    # nothing listens there: the first-contact budget (half the stall timeout) ends the job at once
+    options = Options("bucket", ClientSettings(endpoint_url="http://127.0.0.1:9"),
+                      RetryPolicy(attempts=1, stall_timeout=0.2), dest=sys.argv[1])
     ctx = Ctx(options, None)
     engine = ProcessesEngine(ctx, 1, 1, "threads")
     started.set()

@@ -7,7 +7,13 @@ Every long call of the library takes ``progress: bool | Callable[[Snapshot], Non
   its final state in the saved notebook, or a plain line every few seconds on stderr when
   neither is available;
 * a callable -- receives a :class:`Snapshot` at most every ``interval`` seconds and once
-  more at the end (never from two threads at once).
+  more at the end (never from two threads at once; not after an error: a run that stopped
+  does not look finished).
+
+While nothing moves, a run's :class:`StallWatch` puts a :class:`Stall` in the snapshots
+(``stalled 35s: last error: ...``), shown by every display, and ends the run
+(:class:`~manyfiles.errors.Stalled`) once it lasts too long; :func:`wait_ticking` and
+:func:`iter_ticking` keep the ticks coming while the calling thread waits on a request.
 
 A tool creates a :class:`Progress` with :func:`progress_for`, updates its counters from
 any thread with :meth:`Progress.add`, and calls :meth:`Progress.tick` from the thread
@@ -31,16 +37,31 @@ import contextlib
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Union
+from typing import Any, NamedTuple, TypeVar, Union
 
 from manyfiles.errors import UsageError
 
+T = TypeVar("T")
 ProgressArg = Union[bool, Callable[["Snapshot"], None], None]  # noqa: UP007 -- a runtime alias on 3.10
 
 INTERVAL = 0.1          # seconds between two renderings
 LOG_INTERVAL = 5.0      # seconds between two plain lines when there is no terminal
+
+
+class Stall(NamedTuple):
+    """Nothing moved for ``seconds``; ``error``: the last error meanwhile (one line), or None.
+
+    A plain value (a tuple of a float and a string): what a run's :class:`StallWatch` says, what a
+    :class:`Snapshot` carries to the display, what a worker can send to the client that shows it.
+    """
+
+    seconds: float
+    error: str | None = None
+
+    def __str__(self) -> str:
+        return f"stalled {self.seconds:.0f}s: last error: {self.error or 'none yet'}"
 
 
 @dataclass(frozen=True)
@@ -48,6 +69,7 @@ class Snapshot:
     """The state of a long operation at one moment.
 
     ``total`` is None while unknown (it may also grow, e.g. while a walk discovers entries).
+    ``stall``: set while nothing moves (see :class:`StallWatch`).
     """
 
     task: str
@@ -59,6 +81,7 @@ class Snapshot:
     seconds: float = 0.0
     unit: str = "items"
     finished: bool = False
+    stall: Stall | None = None
 
     @property
     def rate(self) -> float:
@@ -88,6 +111,8 @@ class Snapshot:
             text += f", {_size(self.byte_rate)}/s)" if self.bytes else ")"
         if self.failures:
             text += f", {self.failures:,} failed"
+        if self.stall is not None:
+            text += f", {self.stall}"
         return text
 
 
@@ -107,6 +132,7 @@ class Progress:
         self._render = render
         self._base = Snapshot(task, total=total, bytes_total=bytes_total, unit=unit)
         self._done = self._bytes = self._failures = 0
+        self._stall: Stall | None = None
         self._part_done = self._part_failures = 0   # the counts before the current part
         self._total, self._bytes_total = total, bytes_total
         self._t0 = time.monotonic()
@@ -145,6 +171,14 @@ class Progress:
         if threading.get_ident() == self._owner:
             self.tick()
 
+    def set_stall(self, stall: Stall | None) -> None:
+        """Show ``stall`` (None: moving again) from the next rendering on."""
+        if self._render is None:
+            return
+        self._stall = stall
+        if threading.get_ident() == self._owner:
+            self.tick()
+
     def start_part(self, *, done: int | None = None, failures: int | None = None) -> None:
         """Start the next part of the operation (one path of several): :meth:`part_done` and
         :meth:`part_progress` then count on top of what is done now (``done``, ``failures``:
@@ -170,7 +204,8 @@ class Progress:
         with self._lock:
             return replace(self._base, done=self._done, total=self._total, bytes=self._bytes,
                            bytes_total=self._bytes_total, failures=self._failures,
-                           seconds=time.monotonic() - self._t0, finished=finished)
+                           seconds=time.monotonic() - self._t0, finished=finished,
+                           stall=None if finished else self._stall)
 
     def tick(self, force: bool = False) -> None:
         """Render if ``interval`` has passed since the last rendering (or ``force``)."""
@@ -195,6 +230,153 @@ class Progress:
             self._render(self.snapshot(finished=True))
 
 
+class StallWatch:
+    """Whether a run still moves, and when it has stalled for good.
+
+    The run sets :attr:`moving` on every sign of progress (a byte, an item: one attribute store,
+    cheap enough for every event) and calls :meth:`failed` with every error that moved nothing;
+    :meth:`check`, called about once a second, turns that into a :class:`Stall` once nothing moved
+    for ``show_after`` seconds (None before); :meth:`expired` says the run should stop: nothing
+    moved for ``limit`` seconds, or for ``first_limit`` while nothing ever has (an endpoint that
+    never answered is given up on sooner than one that went away).
+    """
+
+    def __init__(self, limit: float, *, first_limit: float | None = None, show_after: float = LOG_INTERVAL,
+                 answered: bool = False) -> None:
+        self.limit = limit
+        self.first_limit = limit if first_limit is None else first_limit
+        self.show_after = show_after
+        self.answered = answered
+        self.moving = False
+        self.error: str | None = None
+        self.since = time.monotonic()   # when it last moved (or began)
+
+    @classmethod
+    def for_policy(cls, policy: Any, *, answered: bool = False) -> StallWatch:
+        """The watch of a run under ``policy`` (a :class:`~manyfiles._core.retry.RetryPolicy`): its
+        ``stall_timeout``, and until something moved its ``first_contact`` and ``GRACE`` more, so
+        that a first request that gets nothing ends the run with its own error (which says what it
+        waited for) rather than this watch's.  ``answered``: the endpoint answered before this run
+        (in this process): it is one that may have gone away, not one never seen."""
+        return cls(policy.stall_timeout, first_limit=policy.first_contact + policy.GRACE,
+                   show_after=min(LOG_INTERVAL, policy.stall_timeout / 8), answered=answered)
+
+    def failed(self, error: str) -> None:
+        """An error that moved nothing (any thread)."""
+        self.error = error
+
+    @property
+    def ever_moved(self) -> bool:
+        """Whether anything moved in this run yet (the endpoint answered)."""
+        return self.answered or self.moving
+
+    def tick(self, progress: Progress | None, where: str | None, now: float | None = None) -> Stall | None:
+        """:meth:`check`, shown on ``progress``; raises :class:`~manyfiles.errors.Stalled` (naming
+        ``where``, the endpoint) once :meth:`expired` (never while ``where`` is None)."""
+        now = time.monotonic() if now is None else now
+        stall = self.check(now)
+        if progress:
+            progress.set_stall(stall)
+        if stall is not None and where is not None and self.expired(now):
+            from manyfiles.errors import Stalled
+
+            raise Stalled(self.message(where))
+        return stall
+
+    def check(self, now: float | None = None) -> Stall | None:
+        """The stall as of ``now``, None while the run moves."""
+        now = time.monotonic() if now is None else now
+        if self.moving:
+            self.moving = False
+            self.answered = True
+            self.since = now
+        idle = now - self.since
+        return Stall(idle, self.error) if idle >= self.show_after else None
+
+    def expired(self, now: float | None = None) -> bool:
+        """Nothing moved for the limit (call after :meth:`check`)."""
+        now = time.monotonic() if now is None else now
+        return now - self.since >= (self.limit if self.answered else self.first_limit)
+
+    def message(self, where: str) -> str:
+        """The line a run that stalled for good ends with: ``where`` (the endpoint) and the cause."""
+        limit = self.limit if self.answered else self.first_limit
+        text = f"{where}: {'stalled, nothing moved' if self.answered else 'no answer'} for {limit:g} s"
+        error = self.error
+        if error is None:
+            return text
+        if error.startswith(where + ": "):
+            error = error[len(where) + 2:]
+        return f"{text} (last error: {error})"
+
+
+def wait_ticking(fn: Callable[[], T], tick: Callable[[], object], interval: float = 1.0) -> T:
+    """``fn()``, run in another thread while this one calls ``tick()`` every ``interval`` seconds
+    (a wait that shows progress, a stall, and where Ctrl-C or a stall's error land); ``fn``'s
+    result, or its exception.  A ``tick`` that raises leaves ``fn`` to end on its own."""
+    done = threading.Event()
+    out: list = []
+
+    def call() -> None:
+        try:
+            out.append((True, fn()))
+        except BaseException as exc:
+            out.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=call, name="manyfiles-wait", daemon=True).start()
+    while not done.wait(interval):
+        tick()
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
+
+
+def iter_ticking(items: Iterable[T], tick: Callable[[], object], interval: float = 1.0) -> Iterator[T]:
+    """``items``, produced by another thread (a listing) while this one calls ``tick()`` every
+    ``interval`` seconds when it waits for the next; the producer's exception is raised here."""
+    import queue
+
+    q: queue.Queue = queue.Queue(maxsize=64)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        q.put((True, item), timeout=interval)
+                        break
+                    except queue.Full:
+                        pass
+                if stop.is_set():
+                    return
+            q.put((True, _END))
+        except BaseException as exc:
+            q.put((False, exc))
+
+    threading.Thread(target=produce, name="manyfiles-feed", daemon=True).start()
+    try:
+        while True:
+            try:
+                ok, item = q.get(timeout=interval)
+            except queue.Empty:
+                tick()
+                continue
+            if not ok:
+                raise item
+            if item is _END:
+                return
+            yield item
+    finally:
+        stop.set()
+
+
+_END = object()
+
+
 @contextlib.contextmanager
 def progress_for(progress: ProgressArg, task: str, *, unit: str = "items", total: int | None = None,
                  bytes_total: int | None = None, interval: float = INTERVAL) -> Iterator[Progress]:
@@ -209,12 +391,14 @@ def progress_for(progress: ProgressArg, task: str, *, unit: str = "items", total
     p = Progress(task, render, unit=unit, total=total, bytes_total=bytes_total, interval=interval)
     try:
         yield p
+    except GeneratorExit:       # the caller stopped reading a generator: that is an end too
+        p.finish()
+        raise
+    else:
+        p.finish()      # not after an error: a run that stopped must not look finished ([done])
     finally:
-        try:
-            p.finish()
-        finally:
-            if display is not None:
-                display.close()
+        if display is not None:
+            display.close()
 
 
 # -- displays for progress=True ------------------------------------------------------------------
@@ -315,6 +499,8 @@ def _counts(snap: Snapshot) -> str:
             text += f" {_size(snap.byte_rate)}/s"
     if snap.failures:
         text += f" {snap.failures:,} failed"
+    if snap.stall is not None:
+        text += f" {snap.stall}"
     return text
 
 
@@ -324,4 +510,5 @@ def _size(n: float) -> str:
     return format_size(n)
 
 
-__all__ = ["Progress", "ProgressArg", "Snapshot", "check_progress", "progress_for"]
+__all__ = ["Progress", "ProgressArg", "Snapshot", "Stall", "StallWatch", "check_progress", "iter_ticking",
+           "progress_for", "wait_ticking"]

@@ -245,6 +245,12 @@ class Cache:
         kept in the cache; when the endpoint cannot be reached (``offline``: as for :meth:`open`),
         the kept one is served (its ``offline`` says why), or :class:`~manyfiles.errors.OfflineMiss`
         when none is kept."""
+        return self._list_objects(url, settings, delimiter, offline)
+
+    def _list_objects(self, url: Any, settings: Any, delimiter: str | None, offline: bool | None, *,
+                      watch: Any = None, fetching: bool = False) -> KeptListing:
+        """:meth:`list_objects`; ``watch``: a run's stall watch (``cache warm``'s), moved by every
+        page; ``fetching``: a listing that must be made offline raises the network error (_offline.py)."""
         from manyfiles.s3.keys import parse_url
         from manyfiles.s3.object_listing import list_objects_lean
         from manyfiles.s3.objects import resolve
@@ -258,7 +264,7 @@ class Cache:
 
         def run(retry: RetryPolicy) -> list[KeptObject]:
             return [KeptObject(*o) for o in list_objects_lean(resolved, parsed, retry=retry, mtime=True,
-                                                              delimiter=delimiter)]
+                                                              delimiter=delimiter, watch=watch)]
 
         def keep(objects: list[KeptObject]) -> KeptListing:
             try:
@@ -281,7 +287,7 @@ class Cache:
         return fall_back(shown, endpoint, offline, probe=lambda: keep(run(PROBE)),
                          retried=lambda: keep(run(self.retry)), cached=kept,
                          missing=lambda why: OfflineMiss(f"{shown}: offline ({why}), and the cache keeps no "
-                                                         "listing of it"))
+                                                         "listing of it"), fetching=fetching)
 
     def _newest(self, bucket: str, o: KeptObject, at: float, settings: Any) -> KeptObject:
         """``o`` of a kept listing made ``at``, at the version validated last (a HEAD or GET after

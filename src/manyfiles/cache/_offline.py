@@ -29,6 +29,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from manyfiles._core.retry import RetryPolicy
@@ -39,7 +40,22 @@ unreachable = origin_unreachable
 T = TypeVar("T")
 
 RECHECK = 60.0                  # seconds an endpoint found unreachable is not asked for what the cache holds
-PROBE = RetryPolicy(attempts=1)  # the first try of a call that the cache can answer
+
+
+@dataclass(frozen=True)
+class _Once(RetryPolicy):
+    """One try, whatever the error: no time budget either (the probe of an endpoint)."""
+
+    @property
+    def first_contact(self) -> float:
+        return 0.0
+
+    @property
+    def outage(self) -> float:
+        return 0.0
+
+
+PROBE = _Once(attempts=1)       # the first try of a call that the cache can answer
 
 
 def check_mode(offline: Any) -> bool | None:
@@ -132,12 +148,13 @@ def _caller_level() -> int:
 
 def fall_back(where: str, endpoint: str, offline: bool | None, *, probe: Callable[[], T],
               retried: Callable[[], T], cached: Callable[[], tuple[T, str] | None],
-              missing: Callable[[str], OfflineMiss]) -> T:
+              missing: Callable[[str], OfflineMiss], fetching: bool = False) -> T:
     """One call that the cache may answer, under the rules of the module docstring.
 
     ``probe()``: the call tried once (:data:`PROBE`); ``retried()``: the same with the usual retries;
     ``cached()``: the cache's answer and what it is (for the warning), or None; ``missing(reason)``:
-    the error when the cache has no answer.  ``where`` names the call in errors."""
+    the error when the cache has no answer; ``fetching``: see :func:`ask_anyway`.  ``where`` names
+    the call in errors."""
     if offline is False:
         return retried()
     if offline:
@@ -155,15 +172,17 @@ def fall_back(where: str, endpoint: str, offline: bool | None, *, probe: Callabl
     if got is not None:
         REACH.served(got[1], reason)
         return got[0]
-    return ask_anyway(where, endpoint, reason, retried, missing)
+    return ask_anyway(where, endpoint, reason, retried, missing, fetching=fetching)
 
 
 def ask_anyway(where: str, endpoint: str, reason: str, retried: Callable[[], T],
-               missing: Callable[[str], OfflineMiss]) -> T:
+               missing: Callable[[str], OfflineMiss], *, fetching: bool = False) -> T:
     """What the cache cannot answer while ``endpoint`` is down (``reason``): ``retried()``, the call
     with the usual retries, unless the endpoint was given up on after them less than RECHECK ago;
-    when it is still unreachable, ``missing(reason)``."""
-    if REACH.given_up(endpoint):
+    when it is still unreachable, ``missing(reason)``.  ``fetching``: a command whose job is to
+    fetch (``cache warm``) asks every time, and an endpoint still unreachable raises the network
+    error itself, as any of its requests would (not an offline miss)."""
+    if REACH.given_up(endpoint) and not fetching:
         raise missing(reason)
     try:
         got = retried()
@@ -172,6 +191,8 @@ def ask_anyway(where: str, endpoint: str, reason: str, retried: Callable[[], T],
         if err is None:
             raise
         REACH.mark_down(endpoint, err, given_up=True)
+        if fetching:
+            raise
         raise missing(reason) from err
     REACH.mark_up(endpoint)
     return got

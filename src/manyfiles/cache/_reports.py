@@ -21,8 +21,9 @@ class WarmReport(Report):
 
     def summary(self) -> str:
         rate = f", {format_size(self.bytes / self.seconds)}/s" if self.seconds > 0 and self.bytes else ""
+        failed = f", {len(self.failures):,} failed" if self.failures else ""
         return (f"{self.objects:,} objects: {self.fetched:,} fetched ({format_size(self.bytes)}{rate}), "
-                f"{self.cached:,} already cached in {self.seconds:.1f} s")
+                f"{self.cached:,} already cached{failed} in {self.seconds:.1f} s")
 
 
 @dataclass(kw_only=True)

@@ -88,8 +88,8 @@ class Versions:
         return parse_source(src)
 
     def resolve(self, origin: FileOrigin | S3Origin, *, revalidate: bool = False, whole: bool = True,
-                ttl: float | None = None, listed: Listed | None = None, offline: bool | None = None
-                ) -> tuple[Version, Head | None, WholeRead | None]:
+                ttl: float | None = None, listed: Listed | None = None, offline: bool | None = None,
+                fetching: bool = False) -> tuple[Version, Head | None, WholeRead | None]:
         """(version, what the validation learnt, the whole read it opened if that was the way).
 
         ``whole``: an S3 object the cache holds nothing of is opened by its GET (``whole``), whose
@@ -97,7 +97,8 @@ class Versions:
         answer contradicts the cached entry does the same: the object changed (or the HEAD lies),
         and only the GET's answer says what is there.  ``listed``: the version a listing gave (no
         request at all); ``ttl``: this call's instead of the cache's; ``offline``: this call's
-        (None: the cache's), see _offline.py.
+        (None: the cache's), and ``fetching`` (a miss offline raises the network error, not
+        OfflineMiss), see _offline.py.
         """
         if offline is None:
             offline = self.offline
@@ -109,7 +110,7 @@ class Versions:
             v = self.validated(origin, head, at, ttl)
             if self.offline_reason(origin, offline) is None or self.held(v):
                 return v, None, None        # GETs pinned to it, or its blocks are here
-            stream = self.fetch_miss(origin, lambda: origin.open_whole(head), offline)
+            stream = self.fetch_miss(origin, lambda: origin.open_whole(head), offline, fetching=fetching)
             return v, stream.head, stream
         if not isinstance(origin, S3Origin):
             return self._online(origin, revalidate, whole, ttl)
@@ -117,7 +118,7 @@ class Versions:
                          probe=lambda: self._probed(origin, revalidate, whole, ttl),
                          retried=lambda: self._online(origin, revalidate, whole, ttl),
                          cached=lambda: self._last_validated(origin),
-                         missing=lambda why: self._missing(origin, why))
+                         missing=lambda why: self._missing(origin, why), fetching=fetching)
 
     def offline_reason(self, origin: FileOrigin | S3Origin, offline: bool | None) -> str | None:
         """Why reads of ``origin`` are offline now (``offline=True``, its endpoint found unreachable),
@@ -129,17 +130,17 @@ class Versions:
         return "offline=True" if offline else REACH.reason_down(endpoint_of(origin.settings))
 
     def fetch_miss(self, origin: FileOrigin | S3Origin, fetch: Callable[[], T],
-                   offline: bool | None = None) -> T:
+                   offline: bool | None = None, *, fetching: bool = False) -> T:
         """``fetch()``, the request for what the cache does not hold of ``origin``: as usual while its
-        endpoint answers; while it is offline, with the usual retries (_offline.py), then OfflineMiss;
-        with ``offline=True``, OfflineMiss."""
+        endpoint answers; while it is offline, with the usual retries (_offline.py), then OfflineMiss
+        (``fetching``: the network error); with ``offline=True``, OfflineMiss."""
         reason = self.offline_reason(origin, offline)
         if reason is None:
             return fetch()
         if self.offline if offline is None else offline:
             raise self._missing(origin, reason)
         return ask_anyway(origin.display, endpoint_of(origin.settings), reason, fetch,
-                          lambda why: self._missing(origin, why))
+                          lambda why: self._missing(origin, why), fetching=fetching)
 
     def _last_validated(self, origin: S3Origin) -> tuple[tuple[Version, None, None], str] | None:
         """The version of ``origin`` validated last, if the cache holds it checked (offline reads),

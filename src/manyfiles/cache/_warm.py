@@ -5,6 +5,14 @@ threads.  An object counts as *cached* only when the cache holds it checked: its
 every block checked per part; anything else -- missing, partial, or holding unverified blocks --
 is fetched whole in one GET and checked before it is installed (_complete.py).  An S3 object
 named alone is opened by its GET (whose answer gives the version): no HEAD.
+
+A warm has a stall watch as a pull does (:class:`~manyfiles._core.progress.StallWatch`, under
+the cache's retry policy): every object warmed and every page listed moves it; while nothing
+moves the progress says ``stalled Ns: last error ...``; past the stall timeout the warm ends with
+:class:`~manyfiles.errors.Stalled`, its requests in flight interrupted (its S3 origins use an
+object client of its own for that).  A source that fails because the endpoint never answered
+(the retry policy's first-contact budget) ends the warm with that error: every other source
+would wait as long.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from manyfiles._core.pool import Pool
-from manyfiles._core.progress import ProgressArg, progress_for
+from manyfiles._core.progress import ProgressArg, StallWatch, iter_ticking, progress_for
 from manyfiles.cache._complete import complete
 from manyfiles.cache._origin import FileOrigin, Head, S3Origin
 from manyfiles.cache._reports import WarmReport
@@ -28,20 +36,34 @@ def warm(cache: Any, srcs: Iterable[Any], *, jobs: int, progress: ProgressArg) -
     report = WarmReport()
     lock = threading.Lock()
     t0 = time.monotonic()
+    run = _Run(cache)
+    from manyfiles.s3.retry import NETWORK_CODES as network_codes
+
     with progress_for(progress, "cache warm", unit="objects") as p:
 
         def failed(shown: str, exc: ManyfilesError) -> None:
+            code = _code(exc)
+            if code in network_codes:
+                if not run.watch.ever_moved:
+                    # the endpoint never answered this run, for a request's whole first-contact
+                    # budget: every other source would wait as long (one that went away: the watch)
+                    run.stop.set()
+                    raise exc
+                run.watch.failed(str(exc))
+            else:
+                run.watch.moving = True     # an answer (a missing key...), or a local file
             with lock:
                 report.objects += 1
-                report.add_failure(shown, _reason(exc, shown), type(exc).__name__)
+                report.add_failure(shown, _reason(exc, shown), code)
             p.add(1, failures=1)
 
         def work(item: tuple) -> None:
             try:
-                kind, n = warm_one(cache, item)
+                kind, n = warm_one(cache, item, run.stop)
             except ManyfilesError as exc:
                 failed(item[0].display, exc)
                 return
+            run.watch.moving = True
             with lock:
                 report.objects += 1
                 report.bytes += n
@@ -51,24 +73,68 @@ def warm(cache: Any, srcs: Iterable[Any], *, jobs: int, progress: ProgressArg) -
                     report.fetched += 1
             p.add(1, bytes=n)
 
-        Pool(work, jobs, name="manyfiles-cache-warm").run(expand(cache, srcs, failed), tick=p.tick)
+        def tick() -> None:
+            run.tick(p)
+            p.tick()
+
+        items = iter_ticking(expand(cache, srcs, failed, run), tick)
+        try:
+            Pool(work, jobs, name="manyfiles-cache-warm").run(items, tick=tick)
+        finally:
+            items.close()
         cache.flush()
     report.seconds = time.monotonic() - t0
     return report
 
 
-def expand(cache: Any, srcs: Iterable[Any], failed: Callable[[str, ManyfilesError], None]) -> Iterator[tuple]:
+class _Run:
+    """What one warm shares between its threads: the stall watch, the event that stops it, and
+    the object client of its S3 origins (whose requests a stall interrupts)."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+        self.watch = StallWatch.for_policy(cache.retry)
+        self.stop = threading.Event()
+        self.where: str | None = None       # the endpoint, once an S3 source was seen
+        self._client: Any = None
+
+    def origin(self, url: str) -> S3Origin:
+        """The origin of an S3 URL, on this warm's object client."""
+        origin = self.cache.origin(url)         # its settings resolved by the cache
+        if self._client is None:
+            from manyfiles.s3.objects import ObjectClient
+            from manyfiles.s3.retry import endpoint_name, has_answered
+
+            self._client = ObjectClient(origin.settings, retry=self.cache.retry, cancel=self.stop)
+            self.where = endpoint_name(origin.settings.endpoint_url) or f"s3://{origin.bucket}"
+            self.watch.answered = self.watch.answered or has_answered(self.where)
+        return S3Origin(origin.bucket, origin.key, origin.settings, self.cache.retry, self._client)
+
+    def tick(self, progress: Any) -> None:
+        """Show the stall; past the timeout stop every request in flight and raise Stalled."""
+        try:
+            self.watch.tick(progress, self.where)
+        except ManyfilesError:
+            self.stop.set()
+            if self._client is not None:
+                self._client.interrupt()
+            raise
+
+
+def expand(cache: Any, srcs: Iterable[Any], failed: Callable[[str, ManyfilesError], None],
+           run: _Run | None = None) -> Iterator[tuple]:
     """(origin, known Head or None) for every object named or under a prefix."""
+    run = run or _Run(cache)
     for src in srcs:
         try:
-            yield from _expand_one(cache, src)
+            yield from _expand_one(cache, src, run)
         except ManyfilesError as exc:
             failed(src if isinstance(src, str) else os.fsdecode(src), exc)
 
 
-def _expand_one(cache: Any, src: Any) -> Iterator[tuple]:
+def _expand_one(cache: Any, src: Any, run: _Run) -> Iterator[tuple]:
     if isinstance(src, str) and src.startswith("s3://"):
-        yield from _expand_s3(cache, src)
+        yield from _expand_s3(cache, src, run)
         return
     origin = cache.origin(src)
     assert isinstance(origin, FileOrigin)
@@ -85,35 +151,38 @@ def _expand_one(cache: Any, src: Any) -> Iterator[tuple]:
                 yield FileOrigin(os.path.join(d.path, e.name)), None
 
 
-def _expand_s3(cache: Any, url: str) -> Iterator[tuple]:
-    """Objects of ``url`` from its listing (kept in the cache, served from there offline)."""
+def _expand_s3(cache: Any, url: str, run: _Run) -> Iterator[tuple]:
+    """Objects of ``url`` from its listing (kept in the cache, served from there offline; a source
+    the cache cannot answer for offline fails with the network error, as any fetch would)."""
     from manyfiles.s3.keys import parse_url
 
     parsed = parse_url(url)
     if parsed.pattern is None and parsed.prefix and not parsed.prefix.endswith("/"):
-        origin = cache.origin(url)
-        try:
-            size, etag, _ = cache.head(url)     # one HEAD (offline: the version validated last)
+        origin = run.origin(url)
+        try:        # one HEAD (offline: the version validated last)
+            v = cache._versions.resolve(origin, whole=False, ttl=0, fetching=True)[0]
         except NotFound as exc:
             if isinstance(exc, OfflineMiss):
                 raise
             parsed = parse_url(url + "/")    # not an object: maybe a "folder"
         else:
-            yield origin, Head(S3Origin.validator(etag, size), size)
+            run.watch.moving = True
+            yield origin, Head(v.validator, v.size)
             return
     found = False
-    for info in cache.list_objects(parsed).objects:
+    for info in cache._list_objects(parsed, None, None, None, watch=run.watch, fetching=True).objects:
         if info.key.endswith("/") and not info.size:
             continue      # a "folder" marker
         found = True
-        yield cache.origin(f"s3://{parsed.bucket}/{info.key}"), Head(S3Origin.validator(info.etag, info.size),
-                                                                     info.size)
+        yield run.origin(f"s3://{parsed.bucket}/{info.key}"), Head(S3Origin.validator(info.etag, info.size),
+                                                                   info.size)
     if not found:
         raise NotFound(f"{url}: no such object or prefix")
 
 
-def warm_one(cache: Any, item: tuple) -> tuple[str, int]:
-    """("cached", 0) when the cache holds the object checked, else ("fetched", bytes) once it does."""
+def warm_one(cache: Any, item: tuple, stop: threading.Event | None = None) -> tuple[str, int]:
+    """("cached", 0) when the cache holds the object checked, else ("fetched", bytes) once it does
+    (``stop``: set when the warm stopped, which ends the fill)."""
     origin, known = item
     stream = None
     if known is None:
@@ -125,7 +194,7 @@ def warm_one(cache: Any, item: tuple) -> tuple[str, int]:
             cache._store.counters.note_access(v.objid, v.validated_at)
             return "cached", 0
         cache._versions.fetch_miss(origin, lambda: complete(cache._store, origin, v, cache.retry,
-                                                            stream=stream))
+                                                            stream=stream, cancel=stop), fetching=True)
         stream = None
     except OSError as exc:
         raise ManyfilesError(f"{cache.dir}: cannot write to the cache: {exc.strerror or exc}") from exc
@@ -133,6 +202,12 @@ def warm_one(cache: Any, item: tuple) -> tuple[str, int]:
         if stream is not None:
             stream.close()
     return "fetched", v.size
+
+
+def _code(exc: BaseException) -> str:
+    """A failure's code: the S3 or network one it carries (``timeout``, ``SlowDown``...), else its kind."""
+    code = getattr(exc, "code", None)
+    return code if isinstance(code, str) and code else type(exc).__name__
 
 
 def _reason(exc: BaseException, shown: str) -> str:

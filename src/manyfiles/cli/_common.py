@@ -260,6 +260,26 @@ def echo_cluster(prog: str, report: object) -> None:
         click.echo(f"{prog}: {line}", err=True)
 
 
+def timeout_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--connect-timeout``, ``--read-timeout`` and ``--stall-timeout`` (seconds), passed as
+    ``connect_timeout``, ``read_timeout`` and ``stall_timeout``: the S3 verbs' network timeouts
+    (``ClientSettings``) and the retry policy's stall timeout (docs/s3pull.md, "Network errors
+    and stalls")."""
+    from manyfiles._core.retry import CONNECT_TIMEOUT, READ_TIMEOUT, RetryPolicy
+
+    seconds = click.FloatRange(min=0, min_open=True)
+    return _shared(
+        click.option("--connect-timeout", type=seconds, default=CONNECT_TIMEOUT, show_default=True,
+                     metavar="SECONDS", help="Seconds a connection to the endpoint may take."),
+        click.option("--read-timeout", type=seconds, default=READ_TIMEOUT, show_default=True,
+                     metavar="SECONDS", help="Seconds an answer may keep us waiting for its next byte."),
+        click.option("--stall-timeout", type=seconds, default=RetryPolicy.stall_timeout, show_default=True,
+                     metavar="SECONDS",
+                     help="Stop (exit 1) when nothing has moved for this long; until then network errors "
+                          "are retried (an endpoint that never answered: half as long)."),
+    )(fn)
+
+
 #: a documented setting (docs/cli.md): the base of s3pull's and the cache's S3 retry backoff
 ENV_RETRY_BASE = "MANYFILES_RETRY_BASE"
 

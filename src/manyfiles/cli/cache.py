@@ -45,6 +45,7 @@ from manyfiles.cli._common import (
     quiet_option,
     resolve_progress,
     retry_base,
+    timeout_options,
 )
 from manyfiles.errors import NotFound, from_oserror, shown
 
@@ -109,19 +110,22 @@ def cache_options(fn: Callable[..., Any] | None = None, *, creates: bool = False
     @click.option("--no-sign-request", is_flag=True, help="Anonymous S3 requests (public buckets).")
     @click.option("--strict", is_flag=True,
                   help="Never use cached bytes that no check covered (fetch and check the object whole).")
+    @timeout_options
     @functools.wraps(fn)
     def wrapper(*args: Any, cache_dir: str | None, max_size: int | None, min_free: int | None,
                 aws_profile: str | None, region: str | None, endpoint_url: str | None, no_sign_request: bool,
-                strict: bool, **kwargs: Any) -> Any:
+                strict: bool, connect_timeout: float, read_timeout: float, stall_timeout: float,
+                **kwargs: Any) -> Any:
         from manyfiles.cache import Cache, default_dir
         from manyfiles.s3 import ClientSettings, RetryPolicy
 
         settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,
-                                  no_sign=no_sign_request)
+                                  no_sign=no_sign_request, connect_timeout=connect_timeout,
+                                  read_timeout=read_timeout)
         extra: dict[str, Any] = {} if min_free is None else {"min_free": min_free}
         base = retry_base()
-        if base is not None:
-            extra["retry"] = RetryPolicy(base=base)
+        extra["retry"] = RetryPolicy(base=RetryPolicy.base if base is None else base,
+                                     stall_timeout=stall_timeout)
         directory = cache_dir or default_dir()
         checkpoint("command")  # every command passes here once parsed, before any work
         if not creates:

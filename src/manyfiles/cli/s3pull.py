@@ -32,6 +32,7 @@ from manyfiles.cli._common import (
     resolve_progress,
     retry_base,
     run_main,
+    timeout_options,
     version_option,
 )
 from manyfiles.errors import EXIT_FAILED, FailureLines
@@ -54,11 +55,12 @@ is, as for every manyfiles command, a viztracer profile of the run.
 \b
 Exit status (docs/cli.md): 0 every object is in DEST; 1 some failed (one
 line each, a long run shortened, all in DEST/.s3pull/failures.tsv), the run
-stopped (no such bucket, credentials refused, disk full), or SOURCE matched
-no object; 2 usage error (an unknown --aws-profile, a malformed AWS config
-file, an endpoint that is no http(s) URL, the [s3] extra missing, DEST not a
-directory); 130 interrupted; 141 the output was closed before the end
-('--json | head': the pull stopped there; run it again to finish).
+stopped (no such bucket, credentials refused, disk full, nothing moved for
+--stall-timeout), or SOURCE matched no object; 2 usage error (an unknown
+--aws-profile, a malformed AWS config file, an endpoint that is no http(s)
+URL, the [s3] extra missing, DEST not a directory); 130 interrupted; 141 the
+output was closed before the end ('--json | head': the pull stopped there;
+run it again to finish).
 """
 
 
@@ -96,7 +98,8 @@ class _PullOrVerify(click.Command):
 @click.option("--part-size", type=Size(minimum=1), default=None,
               help="Ranged GET part size [default: by object size, about 8 ranges per core, 8-128 MiB each].")
 @click.option("--retries", type=click.IntRange(0, 100), default=5, show_default=True,
-              help="Retries per object or part on 5xx, SlowDown, resets and short bodies.")
+              help="Retries per object or part on 5xx, SlowDown and short bodies (network errors: "
+                   "see --stall-timeout).")
 @click.option("--no-checksum", is_flag=True,
               help="Skip the content checks (MD5/ETag, checksums); sizes are still checked.")
 @deprecated_alias("no_checksum", "--no-checksum", "--no-verify", is_flag=True)
@@ -121,6 +124,7 @@ class _PullOrVerify(click.Command):
 @click.option("--path-style/--virtual-style", "path_style", default=None,
               help="Force the addressing style (default: path-style iff a custom endpoint is set).")
 @click.option("--no-sign-request", is_flag=True, help="Anonymous requests (public buckets).")
+@timeout_options
 @cluster_option
 @instrumented
 def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
@@ -129,7 +133,8 @@ def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
             fsync: bool, cache_dir: str | None, dry_run: bool,
             as_json: bool, quiet: bool, progress: bool | None, aws_profile: str | None, region: str | None,
             endpoint_url: str | None,
-            path_style: bool | None, no_sign_request: bool, cluster: str | None) -> int:
+            path_style: bool | None, no_sign_request: bool, connect_timeout: float, read_timeout: float,
+            stall_timeout: float, cluster: str | None) -> int:
     """Download every object under SOURCE (s3://bucket/prefix, wildcards allowed) into DEST.
 
     By default objects under 64 MiB are fetched whole by the "lean" thread pool
@@ -145,9 +150,11 @@ def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
         raise click.UsageError("--no-checksum and --etag-only exclude each other: --no-checksum checks "
                                "no content, --etag-only checks it against the ETag")
     settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,
-                              no_sign=no_sign_request, path_style=path_style)
+                              no_sign=no_sign_request, path_style=path_style, connect_timeout=connect_timeout,
+                              read_timeout=read_timeout)
     base = retry_base()
-    retry = RetryPolicy(attempts=retries + 1, base=RetryPolicy.base if base is None else base)
+    retry = RetryPolicy(attempts=retries + 1, base=RetryPolicy.base if base is None else base,
+                        stall_timeout=stall_timeout)
     view = _View(prog_name(), as_json=as_json, dry_run=dry_run, quiet=quiet, progress=progress)
     with contextlib.ExitStack() as stack:
         cache = None
@@ -243,6 +250,8 @@ class _View:
                     rec["path"] = ev.value
                 elif kind == "listed":
                     rec = {"event": kind, "objects": ev.value}
+                elif kind == "stall":
+                    rec = {"event": kind, "seconds": round(ev.value.seconds, 1), "error": ev.value.error}
                 self._json(rec)
         elif self.dry_run:
             if kind == "plan":

@@ -3,15 +3,21 @@ into the report, the state file, the progress and the :class:`Event` stream the 
 
 from __future__ import annotations
 
+import queue
 import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from manyfiles._core.progress import Progress
+from manyfiles._core.progress import LOG_INTERVAL, Progress, StallWatch
+from manyfiles.errors import Stalled
 from manyfiles.s3.engines.base import Ctx, Done, Failed
 from manyfiles.s3.keys import S3Url
 from manyfiles.s3.report import PullReport
+from manyfiles.s3.retry import NETWORK_CODES
 from manyfiles.s3.transfer import Job
+
+CHECK = 1.0     # seconds between two looks at the stall (and renderings while nothing arrives)
 
 if TYPE_CHECKING:
     from manyfiles.s3._run import Destination, PullConfig
@@ -22,7 +28,9 @@ class Event(NamedTuple):
 
     kind: "plan" (engine chosen; value = part size), "skip" (value = reason), "done" (value = the
     relative path), "failed" (value = reason), "retry" (value = reason), "bytes" (value = n, no
-    key), "listed" (listing finished; value = number of objects).
+    key), "listed" (listing finished; value = number of objects), "stall" (nothing moved for a
+    while, every 5 s while it lasts; value = a :class:`~manyfiles._core.progress.Stall`: seconds,
+    last error).
     """
 
     kind: str
@@ -36,34 +44,64 @@ class Consumer:
     """Reads ``ctx.events`` in the calling thread (where Ctrl-C lands): fills ``report`` (a
     :class:`PullPlan` also collects the planned jobs) and ``progress`` (objects: done + skipped +
     failed; bytes; totals once the listing ended), records each installed object in the state file
-    (and the cache), and frees the producer's slot of each finished job."""
+    (and the cache), and frees the producer's slot of each finished job.
+
+    It also keeps the run's :class:`~manyfiles._core.progress.StallWatch`: every byte, object and
+    listed page (the listing tells it) moves it, every retry and network failure is its last error.
+    While nothing moves it shows the stall on ``progress`` and sends a "stall" event every 5 s
+    (:attr:`stall`: the :class:`~manyfiles._core.progress.Stall` now, None while moving); past the
+    stall timeout it raises :class:`~manyfiles.errors.Stalled`, naming ``where`` (the endpoint).
+    An object that fails on the network before anything moved ends the run the same way: the
+    endpoint never answered, every other object would wait as long."""
 
     def __init__(self, ctx: Ctx, report: PullReport, progress: Progress | None, dest: Destination,
-                 cfg: PullConfig, url: S3Url, slots: threading.BoundedSemaphore, dry_run: bool) -> None:
+                 cfg: PullConfig, url: S3Url, slots: threading.BoundedSemaphore, dry_run: bool,
+                 watch: StallWatch, where: str) -> None:
         self.ctx, self.report, self.progress, self.dest = ctx, report, progress, dest
         self.cfg, self.url, self.slots, self.dry_run = cfg, url, slots, dry_run
+        self.watch, self.where = watch, where
+        self.stall = None
+        self._stall_sent = float("-inf")
         self.planned_bytes: int | None = 0   # None once an object of unknown size was planned
 
     def events(self) -> Iterator[Event | tuple[str, bytes]]:
         """Events until the producer's end, and (key, bytes) pairs from a memory sink.  Raises the
-        producer's fatal error, or the error of a failure that stops the run (a full disk)."""
-        get = self.ctx.events.get
+        producer's fatal error, the error of a failure that stops the run (a full disk), or
+        Stalled."""
+        get, watch = self.ctx.events.get, self.watch
+        monotonic = time.monotonic
+        next_check = monotonic() + CHECK
         while True:
-            kind, job, value = get()
+            try:
+                kind, job, value = get(timeout=CHECK)
+            except queue.Empty:
+                kind = ""
+            now = monotonic()
+            if now >= next_check:
+                next_check = now + CHECK
+                stalled = self._check(now)
+                if stalled is not None:
+                    yield stalled
             if kind == "bytes":
+                watch.moving = True
                 yield from self._counted(value)
             elif kind == "done":
+                watch.moving = True
                 yield from self._done(job, value)
             elif kind == "data":
                 yield (job, value)
             elif kind == "plan":
+                if self.dry_run:        # (a run's plans are decisions, not progress)
+                    watch.moving = True
                 yield self._planned(job, value)
             elif kind == "failed":
                 yield self._failed(job, value)
             elif kind == "retry":
                 self.report.retries += 1
+                watch.failed(value)
                 yield Event("retry", job.key, job.size, job.engine, value)
             elif kind == "skip":
+                watch.moving = True
                 yield self._skipped(job, value)
             elif kind == "listed":
                 yield self._listed(value)
@@ -72,6 +110,14 @@ class Consumer:
             elif kind == "end":
                 yield from self._counted(self.ctx.take_bytes())
                 return
+
+    def _check(self, now: float) -> Event | None:
+        """The stall as of ``now`` (shown, raised past the timeout); a "stall" event every 5 s of it."""
+        self.stall = stall = self.watch.tick(self.progress, self.where, now)
+        if stall is None or now - self._stall_sent < LOG_INTERVAL:
+            return None
+        self._stall_sent = now
+        return Event("stall", None, None, None, stall)
 
     def _counted(self, n: int) -> Iterator[Event]:
         if n:
@@ -111,6 +157,15 @@ class Consumer:
         if not self.dry_run and job.engine:
             self.slots.release()
         self.report.add_failure(job.key, failed.reason, failed.code)
+        if failed.code in NETWORK_CODES:
+            if not self.watch.ever_moved:
+                # the endpoint never answered this run, for a request's whole first-contact budget:
+                # every other object would wait as long (one that went away: the watch decides)
+                raise Stalled(failed.reason if failed.reason.startswith(self.where + ": ")
+                              else f"{self.where}: {failed.reason}")
+            self.watch.failed(failed.reason)
+        elif failed.code != "cancelled":    # an answer (a 404, a failed check...): the run moves
+            self.watch.moving = True
         if self.progress:
             self.progress.add(1, failures=1)
         if failed.stop is not None:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from manyfiles._core.progress import Progress
+from manyfiles._core.progress import Progress, StallWatch, wait_ticking
 from manyfiles.errors import ManyfilesError, UsageError
 from manyfiles.s3 import routing
 from manyfiles.s3._events import Consumer, Event
@@ -32,7 +32,7 @@ from manyfiles.s3.engines.engine_set import EngineSet
 from manyfiles.s3.keys import S3Url
 from manyfiles.s3.object_listing import ObjectInfo, list_objects_lean, read_manifest
 from manyfiles.s3.report import PullReport
-from manyfiles.s3.retry import RetryPolicy
+from manyfiles.s3.retry import RetryPolicy, endpoint_name, has_answered
 from manyfiles.s3.state import State
 
 MAX_OUTSTANDING = 20_000   # jobs listed but not finished: bounds memory on huge buckets
@@ -70,6 +70,9 @@ class PullConfig:
                 raise UsageError(f"{name} must be a positive integer, not {value!r}")
         if not isinstance(self.retry, RetryPolicy):
             raise UsageError(f"retry must be a manyfiles.s3.RetryPolicy, not {self.retry!r}")
+        stall = self.retry.stall_timeout
+        if isinstance(stall, bool) or not isinstance(stall, (int, float)) or not stall > 0:
+            raise UsageError(f"retry.stall_timeout must be a number of seconds > 0, not {stall!r}")
 
 
 @dataclass
@@ -108,24 +111,40 @@ def _under(root: str) -> Callable[[str], str]:
     return final_path
 
 
-def _first_listed(objects: Iterable[ObjectInfo]) -> tuple[Iterator[ObjectInfo], bool]:
+def _first_listed(objects: Iterable[ObjectInfo], progress: Progress | None, watch: StallWatch,
+                  where: str) -> tuple[Iterator[ObjectInfo], bool]:
     """The first listing page (or manifest line) read now, before anything is created, and
     whether it listed anything: a listing that fails (no bucket, no credentials) or lists nothing
-    (a prefix with a typo) leaves no DEST behind."""
+    (a prefix with a typo) leaves no DEST behind.  While it is awaited, the progress shows the
+    stall (an endpoint that does not answer) and the watch ends the wait past its limit."""
     objects = iter(objects)
-    first = next(objects, None)
+    first = wait_ticking(lambda: next(objects, None), lambda: watch.tick(progress, where))
     return (objects, False) if first is None else (itertools.chain([first], objects), True)
+
+
+def endpoint_of(settings: ClientSettings, url: S3Url) -> str:
+    """What a run's stall names: the endpoint (``http://host:port``), else the bucket's URL."""
+    return endpoint_name(settings.endpoint_url) or f"s3://{url.bucket}"
+
+
+def stall_watch(cfg: PullConfig, settings: ClientSettings, url: S3Url) -> StallWatch:
+    """The stall watch of a run (its listing's too): under ``cfg.retry``, knowing whether the
+    endpoint answered before in this process (a cluster worker's earlier slices, say)."""
+    return StallWatch.for_policy(cfg.retry, answered=has_answered(endpoint_of(settings, url)))
 
 
 def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings: ClientSettings,
         cfg: PullConfig, keep: Callable[[str], bool] | None = None, dry_run: bool = False,
         report: PullReport | None = None,
         progress: Progress | None = None,
-        state_slice: str | None = None) -> Iterator[Event | tuple[str, bytes]]:
+        state_slice: str | None = None,
+        watch: StallWatch | None = None) -> Iterator[Event | tuple[str, bytes]]:
     """The engine room: yields Events, and (key, bytes) pairs when ``dest`` is None (memory).
 
     Fills ``report`` and ``progress`` (see :class:`~manyfiles.s3._events.Consumer`).
-    ``state_slice``: a cluster slice (:class:`Slice`) keeps its own state files.
+    ``state_slice``: a cluster slice (:class:`Slice`) keeps its own state files.  ``watch``: the
+    run's stall watch (the listing's too: see :func:`_source`), by default one of
+    ``cfg.retry``; a stall past it raises :class:`~manyfiles.errors.Stalled`.
     """
     cfg.check()
     if dest is None and cfg.strategy == "processes":
@@ -134,7 +153,9 @@ def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings
     report.dry_run = dry_run
     budget = routing.budget(cfg.strategy, cfg.concurrency, cfg.processes or os.cpu_count() or 2)
     report.budget = budget.describe()
-    objects, listed = _first_listed(objects)
+    watch = watch if watch is not None else stall_watch(cfg, settings, url)
+    where = endpoint_of(settings, url)
+    objects, listed = _first_listed(objects, progress, watch, where)
     writes = listed and not dry_run    # nothing listed: DEST is only read, as for a dry run
     out = Destination.open(dest, cfg, dry_run=not writes, state_slice=state_slice,
                            on_data=lambda k, d: ctx.events.put(("data", k, d)))
@@ -146,7 +167,7 @@ def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings
     slots = threading.BoundedSemaphore(MAX_OUTSTANDING)
     producer = Producer(url, objects, cfg, keep=keep, dest=out, ctx=ctx, engines=engines, slots=slots,
                         dry_run=dry_run)
-    consumer = Consumer(ctx, report, progress, out, cfg, url, slots, dry_run)
+    consumer = Consumer(ctx, report, progress, out, cfg, url, slots, dry_run, watch, where)
     t0 = time.monotonic()
     producer.start()
     clean = False
@@ -178,10 +199,12 @@ def _close_state(state: State, report: PullReport, raising: bool) -> None:
 
 
 def _source(url: S3Url, settings: ClientSettings, manifest: str | None, retry: RetryPolicy,
-            page_size: int = 1000):
+            page_size: int = 1000, watch: StallWatch | None = None):
+    """The objects of a run: the manifest's, or the listing's (whose pages and retries ``watch``
+    sees)."""
     if manifest:
         return read_manifest(manifest, url)
-    return list_objects_lean(settings, url, retry=retry, page_size=page_size)
+    return list_objects_lean(settings, url, retry=retry, page_size=page_size, watch=watch)
 
 
 def _config(**kwargs: Any) -> PullConfig:

@@ -18,8 +18,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from manyfiles._core.extras import require, require_installed
+from manyfiles._core.retry import CONNECT_TIMEOUT, READ_TIMEOUT
 from manyfiles.errors import UsageError, shown
 from manyfiles.s3 import envconfig
+from manyfiles.s3.retry import answered, endpoint_name
 from manyfiles.s3.sigv4 import S3_FEATURE, aws_config, botocore_session, configured_endpoint
 
 ASYNC_FEATURE = "the async engine (--strategy async)"
@@ -46,22 +48,30 @@ def _check_endpoint_url(url: str | None, source: str | None) -> None:
 
 @dataclass(frozen=True)
 class ClientSettings:
+    """Where and how to reach S3: profile, region, endpoint, unsigned requests, addressing style,
+    the network timeouts of every request (seconds; ``read_timeout``: the wait for any byte of an
+    answer) and TLS verification.  The defaults are in docs/s3pull.md ("Network errors and stalls")."""
+
     profile: str | None = None
     region: str | None = None
     endpoint_url: str | None = None
     no_sign: bool = False
     path_style: bool | None = None      # None: path-style iff endpoint_url is set
-    connect_timeout: float = 10.0
-    read_timeout: float = 60.0
+    connect_timeout: float = CONNECT_TIMEOUT    # seconds a connection may take
+    read_timeout: float = READ_TIMEOUT          # seconds an answer may keep us waiting for a byte
     verify_tls: bool = True
 
     def resolved(self) -> ClientSettings:
         """Fill the endpoint botocore would use (env, then the profile's config) when not given.
 
-        Every S3 entry point starts here, so a missing [s3] extra (MissingExtra) and an AWS
-        profile that is not configured (UsageError) are reported before anything is listed or
-        written.
+        Every S3 entry point starts here, so a missing [s3] extra (MissingExtra), an AWS
+        profile that is not configured and a timeout that is not a positive number (UsageError)
+        are reported before anything is listed or written.
         """
+        for name in ("connect_timeout", "read_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise UsageError(f"{name} must be a number of seconds > 0, not {value!r}")
         require_installed("s3", "boto3", S3_FEATURE)
         if not envconfig.env_only(self):   # (no profile to check then, and no botocore to import)
             botocore_session(self)  # checks the profile (even where the endpoint is given)
@@ -99,8 +109,10 @@ class ClientSettings:
 
         session = self.boto3_session()
         config = Config(**self._config_kwargs(pool, checksums))
-        return session.client("s3", endpoint_url=self.endpoint_url, config=config,
-                              verify=None if self.verify_tls else False)
+        client = session.client("s3", endpoint_url=self.endpoint_url, config=config,
+                                verify=None if self.verify_tls else False)
+        client.meta.events.register("after-call.s3", _answered)
+        return client
 
     def aio_client(self, pool: int = 10, checksums: bool = True):
         """An aioboto3 client context manager (``async with``) with a ``pool``-sized pool."""
@@ -109,5 +121,27 @@ class ClientSettings:
 
         session = aioboto3.Session(profile_name=self.profile, region_name=self.region)
         config = AioConfig(**self._config_kwargs(pool, checksums))
-        return session.client("s3", endpoint_url=self.endpoint_url, config=config,
-                              verify=None if self.verify_tls else False)
+        return _Answering(session.client("s3", endpoint_url=self.endpoint_url, config=config,
+                                         verify=None if self.verify_tls else False))
+
+
+def _answered(http_response: Any = None, **kwargs: Any) -> None:
+    """botocore's ``after-call`` hook: the endpoint answered (see :func:`manyfiles.s3.retry.answered`)."""
+    url = getattr(http_response, "url", None)
+    if url:
+        answered(endpoint_name(url))
+
+
+class _Answering:
+    """An aioboto3 client context manager whose client reports the endpoints that answered."""
+
+    def __init__(self, cm: Any) -> None:
+        self._cm = cm
+
+    async def __aenter__(self) -> Any:
+        client = await self._cm.__aenter__()
+        client.meta.events.register("after-call.s3", _answered)
+        return client
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._cm.__aexit__(*exc)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
+from manyfiles._core.progress import StallWatch
 from manyfiles._core.retry import retrying
 from manyfiles.errors import ManyfilesError, TransferError
 from manyfiles.s3.client import ClientSettings
@@ -52,14 +53,15 @@ def list_objects(settings: ClientSettings, url: S3Url, *, page_size: int = 1000,
 def list_objects_lean(settings: ClientSettings, url: S3Url, *, page_size: int = 1000,
                       retry: RetryPolicy | None = None,
                       start_after: str | None = None, mtime: bool = False,
-                      delimiter: str | None = None) -> Iterator[ObjectInfo]:
+                      delimiter: str | None = None, watch: StallWatch | None = None) -> Iterator[ObjectInfo]:
     """:func:`list_objects` without botocore: hand-signed ListObjectsV2 over http.client.
 
     Saves the ~0.3 s of CPU that building a botocore client costs, which is most of a
     small pull's start-up.  Keys come URL-encoded (``encoding-type=url``) so that any
     byte survives the XML.  ``mtime``: parse LastModified too.  ``delimiter`` (``"/"``): one
     level only, as ``ls`` shows it; its common prefixes ("folders") come first in each page, as
-    records with ``size`` and ``etag`` None and the key ending in the delimiter.
+    records with ``size`` and ``etag`` None and the key ending in the delimiter.  ``watch``: a run's
+    stall watch, moved by every page and told every retry.
     """
     import xml.etree.ElementTree as ET
     from urllib.parse import unquote_plus
@@ -75,7 +77,7 @@ def list_objects_lean(settings: ClientSettings, url: S3Url, *, page_size: int = 
         raise listing_error(where, classify(exc)) from exc
     # a region redirect is followed by the client (once), and the route it moved is what the
     # engines started after this page use
-    client = SocketClient(route, settings.read_timeout)
+    client = SocketClient(route, settings.read_timeout, connect_timeout=settings.connect_timeout)
     params = {"list-type": "2", "prefix": url.prefix, "max-keys": str(page_size), "encoding-type": "url"}
     if start_after:         # keys after this one (s3pull --cluster lists key ranges in parallel)
         params["start-after"] = start_after
@@ -86,9 +88,12 @@ def list_objects_lean(settings: ClientSettings, url: S3Url, *, page_size: int = 
         qs = query_string(params)
         t0 = time.monotonic_ns()
         try:
-            body = retrying(lambda qs=qs: _traced_page(client, url, qs), retry, classify=client._classify)
+            body = retrying(lambda qs=qs: _traced_page(client, url, qs), retry, classify=client._classify,
+                            on_retry=None if watch is None else lambda err: watch.failed(str(err)))
         except TransferError as err:
             raise listing_error(where, err) from err
+        if watch is not None:
+            watch.moving = True
         tr = iotrace.TRACER
         root = ET.fromstring(body)
         if not ns and root.tag.startswith("{"):

@@ -40,6 +40,7 @@ from __future__ import annotations
 import base64
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -64,7 +65,7 @@ from manyfiles.s3.integrity import (
 )
 from manyfiles.s3.keys import parse_object_url
 from manyfiles.s3.layouts import alearn_layout, etag_parts, learn_layout
-from manyfiles.s3.retry import Inconsistent, classify, coded, failure_code, stopping_error
+from manyfiles.s3.retry import Inconsistent, NetworkError, classify, coded, failure_code, stopping_error
 from manyfiles.s3.sigv4 import aws_config, bucket_region, credentials_key, environment_key, uri_path
 from manyfiles.s3.transfer import CHUNK, EMPTY_MD5, Job, check_answer, check_range
 
@@ -152,7 +153,8 @@ def transport(settings: ClientSettings | None, bucket: str, *, checksum_mode: bo
         region = bucket_region(settings, bucket)      # a redirect learnt since moved it
         if cur is not None and cur[0] == built_from and cur[1].route.region == region:
             return cur[1]
-        client = SocketClient(Route(settings, bucket), settings.read_timeout, checksum_mode=checksum_mode)
+        client = SocketClient(Route(settings, bucket), settings.read_timeout, checksum_mode=checksum_mode,
+                              connect_timeout=settings.connect_timeout)
     except ManyfilesError:      # TransferError, a profile that is not configured (UsageError)
         raise
     except Exception as exc:     # no credentials, no region...
@@ -173,17 +175,21 @@ class ObjectClient:
     ``retry``: the policy of every request; ``verify=False``: size checks only (``--no-checksum``);
     ``checksum_mode=False``: never ask for flexible checksums (ETags only); ``on_retry(err)`` is
     told of every retry; ``transport``: a fixed lean client (an engine's) instead of the one the
-    current configuration gives.
+    current configuration gives; ``cancel`` (a ``threading.Event``): once set, no request is
+    retried (a run that stopped).
     """
 
     def __init__(self, settings: ClientSettings | None = None, *, retry: RetryPolicy | None = None,
                  verify: bool = True, checksum_mode: bool = True,
-                 on_retry: Callable[[TransferError], None] | None = None, transport=None) -> None:
+                 on_retry: Callable[[TransferError], None] | None = None, transport=None,
+                 cancel: threading.Event | None = None) -> None:
         self.settings = settings or ClientSettings()
         self.retry = retry or RetryPolicy()
+        self.cancel = cancel
         self.verify, self.checksum_mode = verify, checksum_mode
         self.on_retry = on_retry
         self._fixed = transport
+        self._used: weakref.WeakSet = weakref.WeakSet()     # the transports it used (interrupt())
         self._part_gets = True       # False once the server answered a GET ?partNumber=N with more
 
     @property
@@ -193,11 +199,20 @@ class ObjectClient:
         return self._part_gets
 
     def transport(self, bucket: str):
-        return self._fixed if self._fixed is not None else transport(self.settings, bucket,
+        lean = self._fixed if self._fixed is not None else transport(self.settings, bucket,
                                                                      checksum_mode=self.checksum_mode)
+        self._used.add(lean)
+        return lean
+
+    def interrupt(self) -> None:
+        """From another thread, once ``cancel`` is set: every request of this client in flight
+        fails at once (a run that stalled ends without waiting for read timeouts)."""
+        for lean in list(self._used):
+            lean.interrupt()
 
     def _retrying(self, fn, on_retry=None, reset=None):
-        return retrying(fn, self.retry, classify=classify, on_retry=on_retry or self.on_retry, reset=reset)
+        return retrying(fn, self.retry, classify=classify, on_retry=on_retry or self.on_retry, reset=reset,
+                        cancel=self.cancel)
 
     # -- HEAD -------------------------------------------------------------------------------------
     def head(self, bucket: str, key: str, *, etag: str | None = None, size: int | None = None,
@@ -491,6 +506,8 @@ def object_error(url: str, err: BaseException) -> ManyfilesError:
         return ObjectChanged(f"{url}: {terr}")
     if isinstance(terr, IntegrityError):
         return coded(IntegrityError(f"{url}: {terr}", retryable=terr.retryable), code)
+    if isinstance(terr, NetworkError):      # what it says of the endpoint decides its retries
+        return terr.about(url)
     return coded(TransferError(f"{url}: {terr}", retryable=terr.retryable, status=terr.status), code)
 
 

@@ -24,7 +24,7 @@ from manyfiles._core.progress import ProgressArg, check_progress, progress_for
 from manyfiles.errors import PartialFailure, UsageError
 from manyfiles.s3._cluster import SLICE_KEYS, PullJob, Slice, pull_on_cluster
 from manyfiles.s3._events import Event
-from manyfiles.s3._run import PullConfig, _config, _source, empty_tmp, run
+from manyfiles.s3._run import PullConfig, _config, _source, empty_tmp, run, stall_watch
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.keys import STATE_DIR, S3Url, make_filter, parse_url
 from manyfiles.s3.object_listing import ObjectInfo
@@ -111,6 +111,7 @@ def pull(source: str | None = None, dest: str | os.PathLike | None = None, *, st
         if dest is not None and os.path.abspath(dest) != plan.dest:
             raise UsageError(f"the plan is for {plan.dest}, not {os.fspath(dest)}")
         url, settings, cfg, dest = parse_url(plan.source), plan.settings, plan.config, plan.dest
+        watch = stall_watch(cfg, settings, url)
         objects: Iterable[ObjectInfo] = [ObjectInfo(j.key, j.size, j.etag) for j in plan.objects]
         keep = None
         report = PullReport(failures=list(plan.failures))
@@ -122,12 +123,13 @@ def pull(source: str | None = None, dest: str | os.PathLike | None = None, *, st
                       **config)
         keep = make_filter(tuple(include), tuple(exclude))
         settings = (settings or ClientSettings()).resolved()
-        objects = _source(url, settings, manifest, cfg.retry, page_size)
+        watch = stall_watch(cfg, settings, url)
+        objects = _source(url, settings, manifest, cfg.retry, page_size, watch)
         report = PullPlan(source=source, dest=os.path.abspath(dest), settings=settings, config=cfg) \
             if dry_run else PullReport()
     with progress_for(progress, "s3pull (dry run)" if dry_run else "s3pull", unit="objects") as p:
         for ev in run(url, objects, os.fspath(dest), settings=settings, cfg=cfg, keep=keep, dry_run=dry_run,
-                      report=report, progress=p):
+                      report=report, progress=p, watch=watch):
             if on_event is not None and isinstance(ev, Event):
                 on_event(ev)
     if plan is not None:
@@ -175,9 +177,11 @@ def iter_objects(source: str, *, strategy: str = "auto", concurrency: int = 64,
 def _iter_objects(url: S3Url, settings: ClientSettings, manifest: str | None, cfg: PullConfig, keep,
                   errors: str, progress: ProgressArg) -> Iterator[tuple[str, bytes]]:
     report = PullReport()
-    objects = _source(url, settings, manifest, cfg.retry)
+    watch = stall_watch(cfg, settings, url)
+    objects = _source(url, settings, manifest, cfg.retry, watch=watch)
     with progress_for(progress, "s3 get_objects", unit="objects") as p:
-        for ev in run(url, objects, None, settings=settings, cfg=cfg, keep=keep, report=report, progress=p):
+        for ev in run(url, objects, None, settings=settings, cfg=cfg, keep=keep, report=report, progress=p,
+                      watch=watch):
             if not isinstance(ev, Event):
                 yield ev
     if report.failures and errors == "raise":

@@ -1,20 +1,32 @@
 """Which errors are worth retrying, what code a failure gets, and which failures stop the run.
 
-Retried: HTTP 5xx, SlowDown/throttling, connection resets and timeouts, bodies
-shorter than announced, a 200 where a 206 was asked.  Never retried: auth and
-permission errors, missing buckets/keys, an object that changed under us
-(IfMatch failed), local filesystem errors, TLS certificate errors.
+Retried: HTTP 5xx, SlowDown/throttling, bodies shorter than announced, a 200 where a 206 was
+asked (counted: the policy's ``attempts``), and network errors (:class:`NetworkError`: refused,
+unreachable, timed out, reset, a DNS lookup that failed for now), which are retried for a time
+while they heard nothing from the endpoint (the policy's ``stall_timeout``, half of it for an
+endpoint that never answered in this process: see :mod:`manyfiles._core.retry`).  Never retried:
+auth and permission errors, missing buckets/keys, an object that changed under us (IfMatch
+failed), local filesystem errors, TLS certificate errors, an unknown host.
+
+A network error says so in one human wording per cause, with the endpoint
+(``http://10.0.0.5:9000: connection refused``), never a Python class name.  Every transport
+records the endpoints that answered (:func:`answered`), so that an error can say whether the
+endpoint ever did (``first_contact``).
 
 Every failure gets a short ``code`` for reports (:func:`failure_code`): the S3 error code
 (``NoSuchKey``, ``AccessDenied``, ``SlowDown``...), the errno name of a local error
-(``ENOSPC``), or one of ``integrity``, ``unverifiable``, ``inconsistent``, ``changed``, ``unsafe-key``,
+(``ENOSPC``), a network error's cause (``refused``, ``unreachable``, ``timeout``, ``reset``, ``dns``),
+or one of ``integrity``, ``unverifiable``, ``inconsistent``, ``changed``, ``unsafe-key``,
 ``cancelled``, ``transfer``.
 """
 
 from __future__ import annotations
 
 import errno
+import socket
 import ssl
+import sys
+from urllib.parse import urlsplit
 
 from manyfiles._core.retry import RetryPolicy
 from manyfiles.errors import (
@@ -79,6 +91,144 @@ class LocalError(TransferError):
         return errno.errorcode.get(self.errno or 0, "local")
 
 
+# -- network errors ----------------------------------------------------------------------------------
+
+NETWORK_CODES = ("refused", "unreachable", "timeout", "reset", "dns")
+_WORDING = {"refused": "connection refused", "unreachable": "host unreachable", "timeout": "timed out",
+            "reset": "connection reset", "dns": "DNS lookup failed"}
+_UNREACHABLE = frozenset({errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN})
+_RESET = frozenset({errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE})
+
+_answered: set[str] = set()     # endpoints that answered a request in this process
+
+
+def endpoint_name(url: str | None) -> str | None:
+    """``scheme://host[:port]`` of a URL (what network errors and :func:`answered` name)."""
+    if not url:
+        return None
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else url
+
+
+def answered(endpoint: str | None) -> None:
+    """``endpoint`` answered a request (any status): from now on its network errors are those of
+    an endpoint that went away, not of one that was never there."""
+    if endpoint is not None:
+        _answered.add(endpoint)
+
+
+def has_answered(endpoint: str | None) -> bool:
+    """Did ``endpoint`` answer a request in this process?"""
+    return endpoint in _answered
+
+
+class NetworkError(TransferError):
+    """The endpoint could not be reached, or did not answer: ``code`` is the cause (refused,
+    unreachable, timeout, reset, dns), the message ``ENDPOINT: wording``.
+
+    ``unanswered``: the request heard nothing from the endpoint (then the retry policy times it,
+    rather than counting it); ``first_contact``: nor did any request of this process."""
+
+    def __init__(self, endpoint: str | None, cause: str, *, answered: bool = False, detail: str = "",
+                 retryable: bool = True) -> None:
+        text = _WORDING[cause] + (f" ({detail})" if detail else "")
+        super().__init__(f"{endpoint}: {text}" if endpoint else text, retryable=retryable)
+        self.code = cause
+        self.endpoint = endpoint
+        self.unanswered = not answered
+        self.first_contact = not answered and endpoint not in _answered
+
+    def __reduce__(self):  # pickled by the processes engine and Dask: the same error again
+        return _network_error, (self.args[0], self.code, self.endpoint, self.unanswered, self.first_contact,
+                                self.retryable)
+
+    def about(self, what: str) -> NetworkError:
+        """The same error, its message prefixed with ``what`` (``s3://bucket/key: ...``)."""
+        return _network_error(f"{what}: {self}", self.code, self.endpoint, self.unanswered,
+                              self.first_contact, self.retryable)
+
+
+def _network_error(message: str, code: str, endpoint: str | None, unanswered: bool, first_contact: bool,
+                   retryable: bool) -> NetworkError:
+    err = NetworkError.__new__(NetworkError)
+    TransferError.__init__(err, message, retryable=retryable)
+    err.code, err.endpoint, err.unanswered, err.first_contact = code, endpoint, unanswered, first_contact
+    return err
+
+
+def network_error(exc: BaseException, endpoint: str | None = None, *, answered: bool = False,
+                  waited: str = "") -> NetworkError | None:
+    """The :class:`NetworkError` an exception stands for (socket errors, botocore's and urllib3's
+    connection errors and timeouts, aiohttp's), or None if it is not one.  ``endpoint``: where the
+    request went (a botocore error names it itself); ``answered``: the response had begun;
+    ``waited``: what a timeout waited for (``no answer in 60 s``), for its message."""
+    if isinstance(exc, NetworkError):
+        return exc
+    botocore = sys.modules.get("botocore.exceptions")
+    seen = 0
+    node: BaseException | None = exc
+    while node is not None and seen < 8:
+        seen += 1
+        if endpoint is None and botocore is not None and isinstance(node, botocore.BotoCoreError):
+            endpoint = endpoint_name(getattr(node, "kwargs", {}).get("endpoint_url"))
+        cause = _cause_of(node, botocore)
+        if cause is not None:
+            kind, detail, retryable = cause
+            if kind == "timeout" and waited:
+                detail = waited
+            return NetworkError(endpoint, kind, answered=answered, detail=detail, retryable=retryable)
+        node = _inner(node)
+    return None
+
+
+def _cause_of(exc: BaseException, botocore) -> tuple[str, str, bool] | None:
+    """(cause, detail, retryable) of one exception of the chain, or None."""
+    if isinstance(exc, socket.gaierror):
+        if exc.errno == socket.EAI_AGAIN:
+            return "dns", "temporary failure", True
+        return "dns", "unknown host", False
+    if botocore is not None and isinstance(exc, (botocore.ConnectTimeoutError, botocore.ReadTimeoutError)):
+        return "timeout", "", True
+    if botocore is not None and isinstance(exc, botocore.ConnectionClosedError):
+        return "reset", "closed before an answer", True
+    if isinstance(exc, TimeoutError) or type(exc).__name__ in ("TimeoutError", "ServerTimeoutError"):
+        return "timeout", "", True
+    if isinstance(exc, ConnectionRefusedError):
+        return "refused", "", True
+    if isinstance(exc, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)):
+        return "reset", "", True
+    if isinstance(exc, OSError) and exc.errno is not None:
+        if exc.errno == errno.ECONNREFUSED:
+            return "refused", "", True
+        if exc.errno in _UNREACHABLE:
+            return "unreachable", (exc.strerror or "").lower(), True
+        if exc.errno in _RESET:
+            return "reset", "", True
+        if exc.errno == errno.ETIMEDOUT:
+            return "timeout", "", True
+    if type(exc).__name__ in ("RemoteDisconnected", "ServerDisconnectedError"):
+        return "reset", "closed before an answer", True
+    if isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+        return "reset", "", True
+    return None
+
+
+def _inner(exc: BaseException) -> BaseException | None:
+    """The exception ``exc`` wraps: botocore's ``error``, aiohttp's ``os_error``, urllib3's
+    reason, or the cause/context."""
+    kwargs = getattr(exc, "kwargs", None)
+    if isinstance(kwargs, dict) and isinstance(kwargs.get("error"), BaseException):
+        return kwargs["error"]
+    for name in ("os_error", "reason"):
+        inner = getattr(exc, name, None)
+        if isinstance(inner, BaseException):
+            return inner
+    for arg in getattr(exc, "args", ()):
+        if isinstance(arg, BaseException):
+            return arg
+    return exc.__cause__ or exc.__context__
+
+
 def failure_code(err: BaseException) -> str:
     """The short code of a failure, for ``Failure.code`` (see the module docstring)."""
     code = getattr(err, "code", None)
@@ -112,10 +262,13 @@ def stopping_error(err: TransferError, where: str) -> ManyfilesError | None:
 
 
 def listing_error(where: str, err: TransferError) -> ManyfilesError:
-    """The run-stopping error for a listing that failed: NotFound, AccessDenied or CredentialsError."""
+    """The run-stopping error for a listing that failed: NotFound, AccessDenied, CredentialsError,
+    the NetworkError (its message prefixed with ``where``), or a ManyfilesError."""
     stop = stopping_error(err, where)
     if stop is not None:
         return stop
+    if isinstance(err, NetworkError):   # kept as such: what it says of the endpoint is for the caller
+        return err.about(where)
     code = failure_code(err)
     if code == "AccessDenied" or err.status in (401, 403):
         return AccessDenied(f"{where}: {err}")
@@ -142,12 +295,13 @@ def cause_of(err: BaseException, exc: BaseException) -> BaseException | None:
     return None if err is exc else exc
 
 
-def classify(exc: BaseException) -> TransferError:
-    """Turn any exception raised while downloading into a TransferError."""
+def classify(exc: BaseException, *, answered: bool = False) -> TransferError:
+    """Turn any exception raised while downloading into a TransferError (``answered``: the
+    response had begun, for a network error)."""
     if isinstance(exc, TransferError):
         return exc
     from manyfiles._core.extras import require
-    from manyfiles.s3.client import S3_FEATURE
+    from manyfiles.s3.sigv4 import S3_FEATURE
 
     require("s3", "botocore.exceptions", S3_FEATURE)
     from botocore.exceptions import (
@@ -193,19 +347,22 @@ def classify(exc: BaseException) -> TransferError:
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
                         FileExistsError)):
         return LocalError(exc)
-    name = type(exc).__name__
-    if isinstance(exc, OSError) and exc.errno is not None and name not in ("ConnectionResetError",
-                                                                             "BrokenPipeError",
-                                                                             "ConnectionAbortedError",
-                                                                             "ConnectionRefusedError",
-                                                                             "TimeoutError"):
+    network = network_error(exc, answered=answered)
+    if network is not None:
+        return network
+    if isinstance(exc, OSError) and exc.errno is not None:
         # local disk errors (ENOSPC, EIO...): retrying would just fail again
         return LocalError(exc)
-    # botocore ConnectionError/ReadTimeout/ResponseStreamingError/IncompleteRead, urllib3
-    # ProtocolError, aiohttp ClientPayloadError/ServerDisconnectedError, asyncio timeouts...
-    return TransferError(f"{name}: {exc}".rstrip(": "), retryable=True)
+    from botocore.exceptions import BotoCoreError
+
+    if isinstance(exc, BotoCoreError):
+        # ResponseStreamingError, IncompleteRead...: botocore's own words, no class name
+        return TransferError(str(exc), retryable=True)
+    # urllib3 ProtocolError, aiohttp ClientPayloadError, asyncio's IncompleteReadError...
+    return TransferError(f"{type(exc).__name__}: {exc}".rstrip(": "), retryable=True)
 
 
-__all__ = ["CREDENTIAL_CODES", "FATAL_CODES", "RETRYABLE_CODES", "Inconsistent", "LocalError",
-           "ObjectChanged", "RetryPolicy", "TransferError", "classify", "coded", "failure_code",
-           "listing_error", "stopping_error", "tls_refusal"]
+__all__ = ["CREDENTIAL_CODES", "FATAL_CODES", "NETWORK_CODES", "RETRYABLE_CODES", "Inconsistent",
+           "LocalError", "NetworkError", "ObjectChanged", "RetryPolicy", "TransferError", "answered",
+           "classify", "coded", "endpoint_name", "failure_code", "has_answered", "listing_error",
+           "network_error", "stopping_error", "tls_refusal"]

@@ -46,6 +46,11 @@ class Endpoint:
     path_prefix: str   # "/bucket" for path-style, "" for virtual-hosted
     proxy: tuple[str, int] | None = None   # (host, port) of an HTTP proxy, CONNECT for https
 
+    @property
+    def name(self) -> str:
+        """``scheme://host[:port]``: the endpoint as network errors name it (``retry.endpoint_name``)."""
+        return f"{self.scheme}://{self.host}"
+
 
 @dataclass(frozen=True)
 class AwsConfig:

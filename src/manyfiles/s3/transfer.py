@@ -183,7 +183,7 @@ def get_whole(client, bucket: str, job: Job, target, *, verify: bool = True, che
             body.close()
         fetched = body_w.finish(resp.get("ContentLength"))
     except Exception as exc:
-        err = classify(exc)
+        err = classify(exc, answered=status != 0)
         trace_request("s3.get", bucket, job.key, 0, body_w.n if body_w else 0, t0, err.status or status or -1)
         raise err from cause_of(err, exc)
     trace_request("s3.get", bucket, job.key, 0, body_w.n, t0, status)

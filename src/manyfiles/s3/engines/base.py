@@ -11,6 +11,7 @@ report).  Jobs are immutable; what happened travels in the event (:class:`Done`,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -214,7 +215,11 @@ class LoopThreadEngine(Engine):
         self.thread.join()
 
     def kill(self) -> None:
+        """Stop now: the workers' requests are cancelled where they wait (a stalled server holds
+        nothing up), their temp files removed."""
         self.ctx.cancel.set()
+        with contextlib.suppress(RuntimeError):     # (the loop already ended)
+            self.loop.call_soon_threadsafe(self._task.cancel)
         self.close()
 
     def _thread(self) -> None:
@@ -222,8 +227,11 @@ class LoopThreadEngine(Engine):
 
         asyncio.set_event_loop(self.loop)
         self.q: asyncio.Queue = asyncio.Queue()
+        self._task = self.loop.create_task(self._main())
         try:
-            self.loop.run_until_complete(self._main())
+            self.loop.run_until_complete(self._task)
+        except asyncio.CancelledError:      # kill()
+            pass
         finally:
             self.loop.close()
 
@@ -246,7 +254,10 @@ class LoopThreadEngine(Engine):
                 fetched = await aretrying(lambda job=job, target=target: fetch(job, target), opts.retry,
                                           classify=classify,
                                           on_retry=lambda err, job=job: ctx.retried(job, str(err)),
-                                          reset=target.reset)
+                                          reset=target.reset, cancel=ctx.cancel)
             except TransferError as err:
                 error = err
+            except BaseException:       # kill(): the task is cancelled
+                target.abort()
+                raise
             finish(ctx, job, target, self.name, fetched, error)

@@ -81,7 +81,9 @@ class ObstoreEngine(LoopThreadEngine):
         from manyfiles.s3.engines.socket_client import SocketClient
 
         if self._lean is None:
-            self._lean = SocketClient(self.route, self.ctx.options.settings.read_timeout)
+            settings = self.ctx.options.settings
+            self._lean = SocketClient(self.route, settings.read_timeout,
+                                      connect_timeout=settings.connect_timeout)
         return self._lean.head(self.ctx.options.bucket, job, n)
 
     async def _main(self) -> None:
@@ -209,7 +211,8 @@ class CrtEngine(Engine):
             from manyfiles.s3.layouts import part_layout
 
             if self._lean is None:
-                self._lean = SocketClient(self.route, opts.settings.read_timeout)
+                self._lean = SocketClient(self.route, opts.settings.read_timeout,
+                                          connect_timeout=opts.settings.connect_timeout)
             layout = part_layout(job.size, job.etag, lambda n: self._lean.head(opts.bucket, job, n))
         ep = self.route.ep
         headers = [("Host", ep.host)]

@@ -25,7 +25,15 @@ from manyfiles.s3.http1 import (
     request_target,
 )
 from manyfiles.s3.layouts import alearn_layout
-from manyfiles.s3.retry import RetryPolicy, TransferError, cause_of, classify
+from manyfiles.s3.retry import (
+    RetryPolicy,
+    TransferError,
+    answered,
+    cause_of,
+    classify,
+    network_error,
+    tls_refusal,
+)
 from manyfiles.s3.sigv4 import Endpoint, Route, uri_path
 from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, needs_layout
 from manyfiles.trace import iotrace
@@ -33,14 +41,28 @@ from manyfiles.trace import iotrace
 
 class _Conn:
     """One keep-alive connection on a :class:`Route`; reopened after any error, a
-    `Connection: close`, or when the route moved."""
+    `Connection: close`, or when the route moved.  ``connect_timeout``: the seconds a new
+    connection (and a proxy's CONNECT, and the TLS handshake) may take."""
 
-    def __init__(self, route: Route) -> None:
+    def __init__(self, route: Route, connect_timeout: float) -> None:
         self.route = route
+        self.connect_timeout = connect_timeout
+        self.answered = False
         self.ep: Endpoint = route.ep
         self.signed: list[tuple[str, str]] = []    # the last request's headers
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+
+    async def connect(self) -> None:
+        """:meth:`open`, within the connect timeout (a NetworkError otherwise)."""
+        try:
+            await asyncio.wait_for(self.open(), self.connect_timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            self.close()
+            err = network_error(exc, self.ep.name, waited=f"connecting, {self.connect_timeout:g} s")
+            if err is None:
+                raise
+            raise err from exc
 
     async def open(self) -> None:
         self.ep = ep = self.route.ep
@@ -85,7 +107,7 @@ async def _send(conn: _Conn, method: str, path: str, extra: list, query: str, ti
         conn.close()
     reused = conn.writer is not None
     if not reused:
-        await asyncio.wait_for(conn.open(), timeout)
+        await conn.connect()
     ep = conn.ep
     conn.signed = conn.route.signer.headers(ep.host, path, extra, query=query, method=method)
     request = request_head(method, request_target(ep, path, query), conn.signed)
@@ -97,10 +119,14 @@ async def _send(conn: _Conn, method: str, path: str, extra: list, query: str, ti
             raise
         # the server closed an idle keep-alive connection: not a failure, just reconnect
         conn.close()
-        await asyncio.wait_for(conn.open(), timeout)
+        await conn.connect()
         conn.writer.write(request)
         head = await asyncio.wait_for(conn.reader.readuntil(b"\r\n\r\n"), timeout)
-    return parse_head(head)
+    status, headers = parse_head(head)
+    if not conn.answered:
+        conn.answered = True
+        answered(conn.ep.name)
+    return status, headers
 
 
 async def _error_for(conn: _Conn, status: int, headers: dict, method: str, timeout: float) -> TransferError:
@@ -117,11 +143,14 @@ async def _error_for(conn: _Conn, status: int, headers: dict, method: str, timeo
     return err
 
 
-def _classified(exc: BaseException) -> TransferError:
+def _classified(exc: BaseException, conn: _Conn, timeout: float, answered: bool = False) -> TransferError:
+    """The TransferError of a request on ``conn`` that failed (``answered``: its response had begun)."""
     if isinstance(exc, TransferError):
         return exc
-    if isinstance(exc, asyncio.TimeoutError):
-        return TransferError("timed out", retryable=True)
+    waited = f"no data for {timeout:g} s" if answered else f"no answer in {timeout:g} s"
+    err = network_error(exc, conn.ep.name, answered=answered, waited=waited)
+    if err is not None and tls_refusal(exc) is None:
+        return err
     return classify(exc)   # a TLS certificate refusal included (retry.tls_refusal)
 
 
@@ -138,7 +167,7 @@ async def ahead_lean(conn: _Conn, job: Job, part_number: int | None, timeout: fl
         conn.close()
         if isinstance(exc, asyncio.CancelledError):
             raise
-        err = _classified(exc)
+        err = _classified(exc, conn, timeout)
         raise err from cause_of(err, exc)
     return headers
 
@@ -185,7 +214,7 @@ async def aget_lean(conn: _Conn, bucket: str, job: Job, target, *, verify: bool,
         conn.close()
         if isinstance(exc, asyncio.CancelledError):
             raise
-        err = _classified(exc)
+        err = _classified(exc, conn, timeout, answered=status != 0)
         tr = iotrace.TRACER
         if tr is not None:
             tr.record("s3.get", f"{bucket}/{job.key}", 0, body.n if body else 0, t0, time.monotonic_ns() - t0,
@@ -206,6 +235,7 @@ class HttpEngine(LoopThreadEngine):
         opts = ctx.options
         self.route = Route(opts.settings, opts.bucket)
         self.timeout = opts.settings.read_timeout
+        self.connect_timeout = opts.settings.connect_timeout
         self._start()
 
     async def _main(self) -> None:
@@ -214,7 +244,7 @@ class HttpEngine(LoopThreadEngine):
 
     async def _worker(self) -> None:
         opts, ctx = self.ctx.options, self.ctx
-        conn = _Conn(self.route)
+        conn = _Conn(self.route, self.connect_timeout)
         try:
             await self._serve(lambda job, target: aget_lean(
                 conn, opts.bucket, job, target, verify=opts.verify,

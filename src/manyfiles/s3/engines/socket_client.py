@@ -16,6 +16,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from manyfiles.s3.http1 import (
@@ -26,7 +27,7 @@ from manyfiles.s3.http1 import (
     request_head,
     request_target,
 )
-from manyfiles.s3.retry import TransferError, cause_of, classify, tls_refusal
+from manyfiles.s3.retry import TransferError, answered, cause_of, classify, network_error, tls_refusal
 from manyfiles.s3.sigv4 import Endpoint, Route, uri_path
 from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, check_range
 from manyfiles.trace import iotrace
@@ -43,14 +44,22 @@ class _LocalError(Exception):
 
 
 class SocketClient:
-    """Hand-signed requests for one bucket on thread-local keep-alive connections (see :class:`Route`)."""
+    """Hand-signed requests for one bucket on thread-local keep-alive connections (see :class:`Route`).
 
-    def __init__(self, route: Route, timeout: float, *, checksum_mode: bool = True) -> None:
+    ``timeout``: the read timeout (seconds without a byte while one is awaited);
+    ``connect_timeout``: the seconds a connection may take (default: ``timeout``)."""
+
+    def __init__(self, route: Route, timeout: float, *, checksum_mode: bool = True,
+                 connect_timeout: float | None = None) -> None:
         self.route, self.timeout = route, timeout
+        self.connect_timeout = timeout if connect_timeout is None else connect_timeout
         self.checksum_mode = checksum_mode
+        self._answered = False      # (a cache of the registry of retry.answered)
         self._local = threading.local()
         self._newest: socket.socket | None = None   # for abort() (a client of one open() only)
         self._aborted = False
+        self._open: weakref.WeakSet = weakref.WeakSet()     # every thread's connection, for interrupt()
+        self._interrupts = 0
 
     @property
     def ep(self) -> Endpoint:
@@ -65,7 +74,14 @@ class SocketClient:
         if sock is None:
             ssl_ctx = self.route.ssl_ctx if ep.scheme == "https" else None
             target = ep.proxy or (ep.connect_host, ep.port)
-            sock = socket.create_connection(target, timeout=self.timeout)
+            try:
+                sock = socket.create_connection(target, timeout=self.connect_timeout)
+            except OSError as exc:
+                err = network_error(exc, ep.name, waited=f"connecting, {self.connect_timeout:g} s")
+                if err is None:
+                    raise
+                raise err from exc
+            sock.settimeout(self.timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if ep.proxy and ssl_ctx is not None:
                 _tunnel(sock, ep)
@@ -83,6 +99,7 @@ class SocketClient:
             self._local.sock = sock
             self._local.ep = ep
             self._newest = sock
+            self._open.add(sock)
             if self._aborted:       # abort() ran while this connection was being made
                 _shut(sock)
         return sock
@@ -93,6 +110,14 @@ class SocketClient:
         self._aborted = True
         sock = self._newest
         if sock is not None:
+            _shut(sock)
+
+    def interrupt(self) -> None:
+        """From another thread: every request of this client in flight now fails at once (their
+        connections are shut down; later requests make new ones).  A run that stopped uses it, so
+        that no thread of it waits for a read timeout."""
+        self._interrupts += 1
+        for sock in list(self._open):
             _shut(sock)
 
     def _buffer(self) -> bytearray:
@@ -131,12 +156,13 @@ class SocketClient:
         self._local.signed = signed
         request = request_head(method, request_target(ep, path, query), signed)
         reused = getattr(self._local, "sock", None) is not None
+        interrupts = self._interrupts
         sock = self._conn(ep)
         try:
             sock.sendall(request)
             head, rest = self._read_head(sock)
         except (_Closed, ConnectionError):
-            if not reused:
+            if not reused or interrupts != self._interrupts:
                 raise
             # the server closed an idle keep-alive connection: not a failure, just reconnect
             self._drop()
@@ -144,6 +170,9 @@ class SocketClient:
             sock.sendall(request)
             head, rest = self._read_head(sock)
         status, headers = parse_head(head)
+        if not self._answered:
+            self._answered = True
+            answered(ep.name)
         return sock, status, headers, rest
 
     def _error(self, sock, status: int, headers: dict, rest: bytes, method: str) -> TransferError:
@@ -234,7 +263,10 @@ class SocketClient:
         non-2xx answer.  The connection is closed with the response.  ``on_client`` is given the
         client that sends the request, before it does: its :meth:`abort` ends the wait for the
         answer from another thread."""
-        own = SocketClient(self.route, self.timeout, checksum_mode=self.checksum_mode)
+        own = SocketClient(self.route, self.timeout, checksum_mode=self.checksum_mode,
+                           connect_timeout=self.connect_timeout)
+        own._answered = self._answered
+        own._open = self._open          # its connection is this client's to interrupt()
         if on_client is not None:
             on_client(own)
         try:
@@ -243,11 +275,11 @@ class SocketClient:
                 raise own._error(sock, status, headers, rest, method)
         except BaseException as exc:
             own._drop()
-            err = self._classify(exc)
+            err = own._classify(exc)
             raise err from cause_of(err, exc)
         flags = own._local.flags
         own._local.sock = None      # the response owns the socket now
-        return Response(sock, flags, status, headers, rest, method == "HEAD")
+        return Response(sock, flags, status, headers, rest, method == "HEAD", client=own)
 
     # -- one GET --------------------------------------------------------------------------
     def get(self, bucket: str, job: Job, target, start: int | None = None, end: int | None = None, *,
@@ -308,14 +340,14 @@ class SocketClient:
             result = n if ranged else write.finish(length)
         except BaseException as exc:
             self._drop()
-            err = self._classify(exc)
+            err = self._classify(exc, answered=status != 0)
             _trace(bucket, job.key, ranged, start or 0, n, t0, err.status or status or -1)
             raise err from cause_of(err, exc)
         _trace(bucket, job.key, ranged, start or 0, n, t0, status)
         return result
 
-    @staticmethod
-    def _classify(exc: BaseException) -> TransferError:
+    def _classify(self, exc: BaseException, answered: bool = False) -> TransferError:
+        """The TransferError of a request that failed (``answered``: its response had begun)."""
         if isinstance(exc, _LocalError):
             return classify(exc.__cause__)
         if isinstance(exc, TransferError):
@@ -323,10 +355,15 @@ class SocketClient:
         refused = tls_refusal(exc)
         if refused is not None:
             return refused
-        if isinstance(exc, (socket.timeout, BlockingIOError)):
-            return TransferError("timed out", retryable=True)
-        if isinstance(exc, OSError):   # any socket error: worth another connection
-            return TransferError(f"{type(exc).__name__}: {exc.strerror or exc}", retryable=True)
+        where = self.route.ep.name
+        waited = f"no data for {self.timeout:g} s" if answered else f"no answer in {self.timeout:g} s"
+        if isinstance(exc, BlockingIOError):    # SO_RCVTIMEO / SO_SNDTIMEO ran out
+            exc = TimeoutError(exc.errno, "timed out")
+        err = network_error(exc, where, answered=answered, waited=waited)
+        if err is not None:
+            return err
+        if isinstance(exc, OSError):   # any other socket error: worth another connection
+            return TransferError(f"{where}: {exc.strerror or exc}", retryable=True)
         return classify(exc)
 
     def _read_head(self, sock: socket.socket) -> tuple[bytes, bytes]:
@@ -352,8 +389,9 @@ class Response:
     retryable TransferErrors."""
 
     def __init__(self, sock, flags: int, status: int, headers: dict[str, str], rest: bytes,
-                 head_only: bool = False) -> None:
+                 head_only: bool = False, *, client: SocketClient) -> None:
         self.sock, self.flags, self.status, self.headers = sock, flags, status, headers
+        self._client = client
         self.length = int(headers.get("content-length", "-1")) if not head_only else 0
         if self.length < 0:
             self.close()
@@ -381,7 +419,7 @@ class Response:
                 n += got
         except BaseException as exc:
             self.close()
-            err = SocketClient._classify(exc)
+            err = self._client._classify(exc, answered=True)
             raise err from cause_of(err, exc)
         self.remaining -= n
         return n

@@ -80,7 +80,7 @@ class ThreadsEngine(Engine):
             # the object layer's client for the configuration and credentials of this pull
             self.lean = lean = objects.transport(opts.settings, opts.bucket, checksum_mode=opts.checksum_mode)
             self.objects = ObjectClient(opts.settings, retry=opts.retry, verify=opts.verify,
-                                        checksum_mode=opts.checksum_mode, transport=lean)
+                                        checksum_mode=opts.checksum_mode, transport=lean, cancel=ctx.cancel)
 
             def whole(job, target, hint=None) -> Fetched:
                 layout = None
@@ -134,6 +134,8 @@ class ThreadsEngine(Engine):
 
     def kill(self) -> None:
         self.ctx.cancel.set()
+        if self.lean is not None:
+            self.lean.interrupt()       # no thread waits for a read timeout (a stalled run)
         self.close()
 
     # -- worker threads -----------------------------------------------------------
@@ -161,7 +163,8 @@ class ThreadsEngine(Engine):
 
     def _retrying(self, fn, job: Job, reset=None):
         return retrying(fn, self.ctx.options.retry, classify=classify,
-                        on_retry=lambda err: self.ctx.retried(job, str(err)), reset=reset)
+                        on_retry=lambda err: self.ctx.retried(job, str(err)), reset=reset,
+                        cancel=self.ctx.cancel)
 
     def _whole(self, job: Job, hint: str | None = None) -> None:
         ctx = self.ctx
