@@ -33,7 +33,6 @@ The exit codes of every command (docs/cli.md has the table): :data:`EXIT_OK`, :d
 from __future__ import annotations
 
 import errno as _errno
-import socket as _socket
 from collections.abc import Iterable
 
 EXIT_OK = 0
@@ -278,34 +277,3 @@ class FailureLines:
             if line is not None:
                 out.append(line)
         return out + self.rest()
-
-
-_REFUSED_ERRNOS = frozenset({_errno.ECONNREFUSED, _errno.ENETUNREACH, _errno.EHOSTUNREACH, _errno.EHOSTDOWN,
-                             _errno.ENETDOWN, _errno.ETIMEDOUT})
-# the connection-level failures of botocore/urllib3 (by name: neither is imported here)
-_UNREACHABLE_NAMES = frozenset({"EndpointConnectionError", "NewConnectionError", "NameResolutionError",
-                                "ConnectTimeoutError", "ReadTimeoutError", "ConnectTimeout"})
-
-
-def origin_unreachable(exc: BaseException, where: str) -> OriginUnreachable | None:
-    """The :class:`OriginUnreachable` (or :class:`OriginTimeout`) that ``exc`` means, with ``where``
-    in its message, or None when ``exc`` is not a failure to reach the origin.  Looks through the
-    chain of causes: every layer keeps the socket's error as the cause of its own."""
-    seen = 0
-    e: BaseException | None = exc
-    while e is not None and seen < 12:
-        if isinstance(e, OriginUnreachable):
-            return e
-        timed_out = isinstance(e, (TimeoutError, _socket.timeout)) or "Timeout" in type(e).__name__
-        if (timed_out or isinstance(e, (ConnectionRefusedError, _socket.gaierror))
-                or (isinstance(e, OSError) and e.errno in _REFUSED_ERRNOS)
-                or type(e).__name__ in _UNREACHABLE_NAMES):
-            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
-            what = "did not answer in time" if timed_out else "cannot be reached"
-            cls = OriginTimeout if timed_out else OriginUnreachable
-            err = cls(f"{where}: the S3 endpoint {what} ({reason})")
-            err.__cause__ = exc
-            return err
-        seen += 1
-        e = e.__cause__ or e.__context__
-    return None

@@ -33,9 +33,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from manyfiles._core.retry import RetryPolicy
-from manyfiles.errors import OfflineMiss, OfflineWarning, OriginUnreachable, UsageError, origin_unreachable
-
-unreachable = origin_unreachable
+from manyfiles.errors import OfflineMiss, OfflineWarning, OriginUnreachable, UsageError
 
 T = TypeVar("T")
 
@@ -196,6 +194,14 @@ def ask_anyway(where: str, endpoint: str, reason: str, retried: Callable[[], T],
         raise missing(reason) from err
     REACH.mark_up(endpoint)
     return got
+
+
+def unreachable(exc: BaseException, where: str) -> OriginUnreachable | None:
+    """Does ``exc`` say that the endpoint cannot be reached?  (``manyfiles.s3.retry``'s answer,
+    imported here: only a failure pays for importing the S3 package.)"""
+    from manyfiles.s3.retry import origin_unreachable
+
+    return origin_unreachable(exc, where)
 
 
 def probing(first: Callable[[], T], rest: Callable[[], T], where: str) -> T:

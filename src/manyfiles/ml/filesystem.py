@@ -45,7 +45,6 @@ from manyfiles.errors import (
     ObjectChanged,
     OfflineMiss,
     UsageError,
-    origin_unreachable,
 )
 from manyfiles.ml._source import CacheRef
 
@@ -72,6 +71,8 @@ def fsspec_error(exc: BaseException, where: str) -> BaseException:
     text = str(exc) if where in str(exc) else f"{where}: {exc}"
     if isinstance(exc, (NotFound, FileNotFoundError)):
         return FileNotFoundError(errno.ENOENT, text)
+    from manyfiles.s3.retry import origin_unreachable  # (on an error's path: S3's import paid only here)
+
     gone = origin_unreachable(exc, where)
     if gone is not None:
         return gone
