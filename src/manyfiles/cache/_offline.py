@@ -18,7 +18,11 @@ no listing of) is asked with the usual retries (the cache's ``retry`` policy), s
 cache is ridden out; only when they fail too is it an :class:`~manyfiles.errors.OfflineMiss`, and
 other misses of the next :data:`RECHECK` seconds are then refused at once (that endpoint was
 given up on after the full retries: waiting them out again for each object would add nothing).
-Any other error worth retrying (throttling, 5xx, a reset) is retried as usual.
+The usual retries of a request that heard nothing from the endpoint are the policy's time budget
+(:mod:`manyfiles._core.retry`), so an outage shorter than the stall timeout is ridden out there too.
+A command whose job is to fetch (``cache warm``: ``fetching``) asks for every miss, and reports the
+network error itself, not an offline miss.  Any other error worth retrying (throttling, 5xx, a
+reset) is retried as usual.
 """
 
 from __future__ import annotations
