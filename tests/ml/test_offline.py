@@ -20,7 +20,7 @@ import uuid
 import pytest
 
 SCRIPT = textwrap.dedent("""
-    import io, json, logging, os, sys, threading, time, warnings
+    import hashlib, io, json, logging, os, sys, threading, time, warnings
     sys.path.insert(0, sys.argv[2])
     from s3util import CREDS
     os.environ.update(CREDS)
@@ -58,9 +58,20 @@ SCRIPT = textwrap.dedent("""
                       ("one.bin", b"one"), ("blip.bin", b"blip")]:
         store.put_object("offline-data", key, data)
 
-    # online: one epoch fills the cache; the filesystem and mf.open read too
-    ds = mf.Dataset("s3://offline-data/train/", cache=cache_dir, settings=settings)
-    assert [s.data for s in ds] == list(objs.values())
+    # online: the listing a Dataset makes is kept, and the cache filled as a Dataset's epoch fills it
+    # (cache.fill of each object, checked whole against its ETag: 2,000 GETs over HTTP would be most
+    # of this test's time; tests/ml/test_dataset.py reads epochs over HTTP); the filesystem and
+    # mf.open read too
+    filler = mf.Cache(cache_dir, settings=settings)
+    listing = filler.list_objects("s3://offline-data/train/")
+    assert [o.key for o in listing.objects] == list(objs)
+    for o in listing.objects:
+        data = objs[o.key]
+        assert hashlib.md5(data).hexdigest() == o.etag.strip('"')
+        filler.fill(f"s3://offline-data/{o.key}", data, etag=o.etag, checked="md5",
+                    listed_at=listing.listed_at)
+    filler.flush()
+    assert filler.stats().entries == 2000
     fs = fsspec.filesystem("manyfiles", cache=cache_dir, endpoint_url=endpoint, region="us-east-1",
                            skip_instance_cache=True)
     assert pq.read_table("offline-data/t/", filesystem=fs).equals(table)
