@@ -145,3 +145,39 @@ def test_a_flipping_link_never_reaches_pyarrow_or_cat(s3, cache_dir):
     s3.proxy.random_faults = None
     clean = _fs(s3, cache_dir)
     assert all(clean.cat_file(f"s3://{s3.bucket}/{k}") == d for k, d in objs.items()), "wrong bytes kept"
+
+
+def test_an_endpoint_that_cannot_be_reached_is_a_connection_error_naming_the_url(tmp_path, monkeypatch):
+    """The fsspec boundary's family for network failures (``offline=False``: no fallback): a refused
+    connection is a ConnectionError, an endpoint that never answers a TimeoutError (also a
+    ConnectionError), each with the path in a one-line message."""
+    import socket
+
+    from s3util import CREDS
+
+    import manyfiles as mf
+    from manyfiles.s3 import ClientSettings, RetryPolicy
+
+    for name, value in CREDS.items():
+        monkeypatch.setenv(name, value)
+
+    class Quick(RetryPolicy):       # a test's budget: unanswered requests retried for 0.5 s, no grace
+        GRACE = 0.0
+
+    with socket.socket() as refusing, socket.socket() as silent:
+        refusing.bind(("127.0.0.1", 0))                 # bound, never listening: connections refused
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)                               # connections queued, never accepted nor answered
+        for sock, family, other in ((refusing, ConnectionError, TimeoutError), (silent, TimeoutError, None)):
+            settings = ClientSettings(endpoint_url=f"http://127.0.0.1:{sock.getsockname()[1]}",
+                                      region="us-east-1", connect_timeout=0.3, read_timeout=0.3)
+            cache = mf.Cache(tmp_path / family.__name__, settings=settings, offline=False,
+                             retry=Quick(attempts=2, base=0.01, cap=0.02, stall_timeout=0.5))
+            fs = fsspec.filesystem("manyfiles", cache=cache, settings=settings, skip_instance_cache=True)
+            for call in (fs.cat_file, fs.info, fs.ls, fs.open):
+                with pytest.raises(family) as info:
+                    call("bkt/some key.bin")
+                assert isinstance(info.value, ConnectionError), (call, info.value)
+                assert other is None or not isinstance(info.value, other), (call, info.value)
+                assert "bkt/some key.bin" in str(info.value) and "\n" not in str(info.value), str(info.value)
+            cache.close()
