@@ -323,20 +323,27 @@ def _first_line(cmd: Command, text: str, since: float, until: float) -> float | 
     return None
 
 
-def s3_outage(stage: Stage) -> None:
-    """Both workers cut off from S3 (every packet they send it vanishes) for a minute mid-job, then
-    back: the client's progress says the job stalled, with the last error, within 15 s of the cut;
-    the job rides the outage out (the stall timeout is 120 s): exit 0, DEST exact, one run."""
+def _cut_workers_from_s3_mid_pull(stage: Stage, extra: tuple[str, ...] = ()) -> tuple:
+    """Start a pull of 400 objects (GETs answered 0.1 s late) and, once the first worker downloads,
+    cut every worker off from S3 (a silent drop); returns ``(site, client, env, cmd)``."""
     stage.seed(400)
     env = stage.env(MANYFILES_CLUSTER_LEASE=str(LEASE))
     site = stage.site(env)
     client = stage.lab.host(f"{stage.name}c")
     stage.s3.delay(stage.bucket, 0.1)
     start = stage.s3.served()
-    cmd = stage.pull(client, site, env)
+    cmd = stage.pull(client, site, env, extra=extra)
     wait_until(_busy(stage, site.worker_hosts[0], start), 120, f"{stage.name}: downloads going")
     for worker in site.worker_hosts:
         worker.drop([stage.s3.host])
+    return site, client, env, cmd
+
+
+def s3_outage(stage: Stage) -> None:
+    """Both workers cut off from S3 (every packet they send it vanishes) for a minute mid-job, then
+    back: the client's progress says the job stalled, with the last error, within 15 s of the cut;
+    the job rides the outage out (the stall timeout is 120 s): exit 0, DEST exact, one run."""
+    site, _client, _env, cmd = _cut_workers_from_s3_mid_pull(stage)
     cut = stage.mark("cut")
     stage.open_gate()
     seen = _first_line(cmd, "stalled", cut, cut + S3_CUT)
@@ -354,16 +361,8 @@ def s3_lost(stage: Stage) -> None:
     """Both workers cut off from S3 for good mid-job (``--stall-timeout 20``): the job ends with one
     line naming the endpoint and the cause, exit 1, within the stall timeout and the retry budget;
     nothing half-written; S3 back, a rerun completes DEST exactly."""
-    stage.seed(400)
-    env = stage.env(MANYFILES_CLUSTER_LEASE=str(LEASE))
-    site = stage.site(env)
-    client = stage.lab.host(f"{stage.name}c")
-    stage.s3.delay(stage.bucket, 0.1)
-    start = stage.s3.served()
-    cmd = stage.pull(client, site, env, extra=("--stall-timeout", f"{STALL_TIMEOUT:g}"))
-    wait_until(_busy(stage, site.worker_hosts[0], start), 120, f"{stage.name}: downloads going")
-    for worker in site.worker_hosts:
-        worker.drop([stage.s3.host])
+    site, client, env, cmd = _cut_workers_from_s3_mid_pull(
+        stage, extra=("--stall-timeout", f"{STALL_TIMEOUT:g}"))
     stage.mark("cut")
     stage.finish(cmd, timeout=120)
     stage.mark("client ended")

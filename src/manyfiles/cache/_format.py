@@ -49,7 +49,7 @@ BLOCKS = "blocks"
 PACKS = "packs"
 TMP = "tmp"
 OWN_NAMES = frozenset({DESCRIPTOR, INDEX, INDEX + "-wal", INDEX + "-shm", INDEX + "-journal", BLOCKS, PACKS,
-                       TMP})
+                       TMP, "listings.sqlite", "listings.sqlite-wal", "listings.sqlite-shm"})   # (_kept.py)
 
 SIZE_ONLY = "size-only"        # the whole-object check of an object with nothing to check against
 

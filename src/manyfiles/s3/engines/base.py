@@ -233,6 +233,14 @@ class LoopThreadEngine(Engine):
         except asyncio.CancelledError:      # kill()
             pass
         finally:
+            # a worker still pending when _main ended (gather ends at the first worker's error) is
+            # cancelled and run to its end here, while the sink is open: closed later by the garbage
+            # collector, it would clean up against a closed sink and print a traceback
+            pending = asyncio.all_tasks(self.loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self.loop.close()
 
     async def _main(self) -> None:

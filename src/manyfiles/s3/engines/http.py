@@ -165,7 +165,7 @@ async def ahead_lean(conn: _Conn, job: Job, part_number: int | None, timeout: fl
             conn.close()
     except BaseException as exc:
         conn.close()
-        if isinstance(exc, asyncio.CancelledError):
+        if not isinstance(exc, Exception):     # cancelled, or the coroutine closed
             raise
         err = _classified(exc, conn, timeout)
         raise err from cause_of(err, exc)
@@ -212,7 +212,7 @@ async def aget_lean(conn: _Conn, bucket: str, job: Job, target, *, verify: bool,
         fetched = body.finish(length)
     except BaseException as exc:
         conn.close()
-        if isinstance(exc, asyncio.CancelledError):
+        if not isinstance(exc, Exception):     # cancelled, or the coroutine closed
             raise
         err = _classified(exc, conn, timeout, answered=status != 0)
         tr = iotrace.TRACER
