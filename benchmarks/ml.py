@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("ML_BENCH_DATA", ROOT / "benchmarks" / "_data" / "ml"))
 BUCKET = "mlbench"
 BATCH = 32
+PEERS = ("mf.Dataset", "mf.IterableDataset", "boto3 loop", "s3fs + filecache", "local disk")
 
 
 def env() -> None:
@@ -121,15 +122,19 @@ def _shard(worker: tuple[int, int]) -> int:
     return sum(nbytes(x) for x in _DS.worker(*worker))
 
 
-def epochs(ds, workers: int, n: int, iterable: bool = False) -> list[tuple[float, int, tuple | None]]:
-    """(seconds, bytes, counts) of ``n`` epochs of ``ds`` in a persistent pool of ``workers``
-    processes; counts, for the manyfiles datasets only (taken after the epoch, off the clock, once
-    the workers' fills of that epoch are written: the next epoch is a reread): the objects read from
-    the origin in that epoch (the cache's ``object_misses``) and the blocks whose fill was dropped
-    (``fills_dropped``: read again from the origin in the next epoch)."""
+def epochs(ds, workers: int, n: int, iterable: bool = False
+           ) -> list[tuple[float, int, list[dict], tuple | None]]:
+    """(seconds, bytes, counters per worker, counts) of ``n`` epochs of ``ds`` in a persistent pool of
+    ``workers`` processes.  Counters per worker: ``Dataset.worker_stats()`` in that epoch, for the
+    datasets that have it.  Counts, for the manyfiles datasets only (taken after the epoch, off the
+    clock, once the workers' fills of that epoch are written: the next epoch is a reread): the objects
+    read from the origin in that epoch (the cache's ``object_misses``) and the blocks whose fill was
+    dropped (``fills_dropped``: read again from the origin in the next epoch)."""
     ctx = mp.get_context("fork")
     out = []
-    before = (0, 0)
+    gather = getattr(ds, "worker_stats", lambda: [])
+    before: dict[int, dict] = {}
+    counted = (0, 0)
     with ctx.Pool(workers, initializer=_init, initargs=(ds,)) as pool:
         pool.map(len, [[0]] * workers)        # the workers are up before the clock starts
         for _ in range(n):
@@ -140,13 +145,30 @@ def epochs(ds, workers: int, n: int, iterable: bool = False) -> list[tuple[float
                 batches = [list(range(i, min(i + BATCH, len(ds)))) for i in range(0, len(ds), BATCH)]
                 got = sum(pool.imap_unordered(_batch, batches, chunksize=1))
             secs = time.perf_counter() - t0
+            now = {s["pid"]: s for s in gather()}
+            delta = [{k: v - before.get(pid, {}).get(k, 0) if k != "pid" else v for k, v in s.items()}
+                     for pid, s in now.items()]
+            before = now
             if hasattr(ds, "cache"):
                 total = settled_counts(ds)
-                out.append((secs, got, (total[0] - before[0], total[1] - before[1])))
-                before = total
+                out.append((secs, got, delta, (total[0] - counted[0], total[1] - counted[1])))
+                counted = total
             else:
-                out.append((secs, got, None))
+                out.append((secs, got, delta, None))
     return out
+
+
+def counters_line(epoch: int, stats: list[dict]) -> str:
+    """One epoch's counters, summed over the workers (and the spread of their hit-path time)."""
+    if not stats:
+        return ""
+    tot = {k: sum(s[k] for s in stats) for k in stats[0] if k != "pid"}
+    per_hit = tot["hit_ns"] / max(1, tot["samples"]) / 1e3
+    spread = ", ".join(f"{s['hit_ns'] / 1e9:.2f}" for s in sorted(stats, key=lambda s: s["pid"]))
+    return (f"      epoch {epoch}: {tot['samples']:,} samples, {tot['hits']:,} hits ({tot['packed_hits']:,} "
+            f"packed), {tot['fetched']:,} fetched; hit path {tot['hit_ns'] / 1e9:.2f} s "
+            f"({per_hit:.1f} us/sample; per worker {spread}); fills queued {tot['fills_queued']:,}, "
+            f"done {tot['fills_done']:,}, accounted {tot['fills']:,}, dropped {tot['fills_dropped']:,}")
 
 
 def settled_counts(ds) -> tuple[int, int]:
@@ -166,12 +188,17 @@ def settled_counts(ds) -> tuple[int, int]:
 
 # -- data -------------------------------------------------------------------------------------------
 
+def prefix(n: int, size: int) -> str:
+    """The keys of one shape (a shape of its own per prefix: the local copies never mix shapes)."""
+    return f"train/{n}x{size}/"
+
+
 def seed(endpoint: str, n: int, size: int) -> tuple[list[str], list[str]]:
     import boto3
 
-    keys = [f"train/{i // 1000:03d}/{i:06d}.bin" for i in range(n)]
+    keys = [f"{prefix(n, size)}{i // 1000:03d}/{i:06d}.bin" for i in range(n)]
     local = DATA / "local"
-    marker = DATA / f".seeded-{n}-{size}"
+    marker = DATA / f".seeded-{n}x{size}"
     if marker.exists():
         return keys, [str(local / k) for k in keys]
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
@@ -226,11 +253,12 @@ def main() -> None:
     ap.add_argument("--filecache-objects", type=int, default=1_000,
                     help="objects s3fs+filecache reads (its cost per object grows with the files it holds)")
     ap.add_argument("--boto3-objects", type=int, default=4_000, help="objects the boto3 loop reads")
+    ap.add_argument("--peers", default=",".join(PEERS),
+                    help=f"comma-separated subset of: {', '.join(PEERS)} (local disk is always run)")
+    ap.add_argument("--no-parquet", action="store_true", help="skip the Parquet scan")
     ap.add_argument("--latency", type=int, default=0, metavar="MS",
                     help="toxiproxy in front of the server adds MS to every response (S3's first-byte "
                          "latency; the readers go through it, the seeding does not)")
-    ap.add_argument("--peers", default=",".join(PEERS),
-                    help=f"the readers to run, comma-separated (default all: {', '.join(PEERS)})")
     args = ap.parse_args()
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     unknown = set(args.peers) - set(PEERS)
@@ -267,6 +295,7 @@ def run(args, size: int, seeding: str, endpoint: str) -> None:
     print(f"seeded {len(keys):,} x {size:,} B in {time.perf_counter() - t0:.1f} s")
     settings = ClientSettings(endpoint_url=endpoint, region="us-east-1")
     scratch = DATA / "scratch"
+    train = prefix(args.objects, size)
     results: dict[str, dict[str, list[float]]] = {}
 
     def fresh(name: str) -> str:
@@ -280,16 +309,16 @@ def run(args, size: int, seeding: str, endpoint: str) -> None:
     # open: one removed under it would count, and read, through a deleted index)
     rep = 0
     peers = {
-        "mf.Dataset": lambda: mf.Dataset(f"s3://{BUCKET}/train/", cache=fresh(f"mf-{rep}"),
+        "mf.Dataset": lambda: mf.Dataset(f"s3://{BUCKET}/{train}", cache=fresh(f"mf-{rep}"),
                                          settings=settings),
-        "mf.IterableDataset": lambda: mf.IterableDataset(f"s3://{BUCKET}/train/", cache=fresh(f"mfi-{rep}"),
+        "mf.IterableDataset": lambda: mf.IterableDataset(f"s3://{BUCKET}/{train}", cache=fresh(f"mfi-{rep}"),
                                                          settings=settings),
         "boto3 loop": lambda: Boto3Reader(endpoint, keys[:args.boto3_objects]),
         "s3fs + filecache": lambda: FilecacheReader(endpoint, keys[:args.filecache_objects],
                                                     fresh("filecache")),
         "local disk": lambda: LocalReader(paths),
     }
-    peers = {name: make for name, make in peers.items() if name in args.peers}
+    peers = {name: make for name, make in peers.items() if name in args.peers or name == "local disk"}
     try:
         import s3torchconnector  # noqa: F401
         print("s3torchconnector is installed but not wired in this run")
@@ -304,37 +333,51 @@ def run(args, size: int, seeding: str, endpoint: str) -> None:
             listing = time.perf_counter() - t1
             runs = epochs(ds, args.workers, 2, iterable=name == "mf.IterableDataset")
             n = len(ds) if hasattr(ds, "__len__") else len(keys)
-            for (_secs, got, _reads) in runs:
+            for (_secs, got, _stats, _reads) in runs:
                 assert got == n * size, (name, got)
             r = results.setdefault(name, {"e1": [], "e2": [], "list": [], "reads2": [], "n": n})
             r["e1"].append(n / runs[0][0])
             r["e2"].append(n / runs[1][0])
             r["list"].append(listing)
-            r["reads2"].append(None if runs[1][2] is None else runs[1][2][0])
-            reads = "" if runs[1][2] is None else (
-                f", origin reads {runs[0][2][0]:,} then {runs[1][2][0]:,}, fills dropped "
-                f"{runs[0][2][1]:,} then {runs[1][2][1]:,}")
+            r["reads2"].append(None if runs[1][3] is None else runs[1][3][0])
+            reads = "" if runs[1][3] is None else (
+                f", origin reads {runs[0][3][0]:,} then {runs[1][3][0]:,}, fills dropped "
+                f"{runs[0][3][1]:,} then {runs[1][3][1]:,}")
             print(f"  rep {rep + 1} {name:20s} {n:,} objects: epoch 1 {runs[0][0]:7.2f} s  epoch 2 "
                   f"{runs[1][0]:7.2f} s  (construct {listing:.2f} s{reads})", flush=True)
+            for e, (_secs, _got, stats, _reads) in enumerate(runs, 1):
+                if stats:
+                    print(counters_line(e, stats), flush=True)
     print()
     print(f"## {args.objects:,} x {args.size} objects, {args.workers} worker processes, +{args.latency} ms "
           f"per response, medians of {args.repeat}; load {os.getloadavg()[0]:.2f}; {machine_line()}")
     print()
     fc = median(results["s3fs + filecache"]["e1"]) if "s3fs + filecache" in results else None
-    local = median(results["local disk"]["e2"]) if "local disk" in results else None
+    local = median(results["local disk"]["e2"])
+    # (on a shared machine the load changes between repetitions: a ratio within one repetition, where
+    # the readers ran one after the other, is steadier than a ratio of medians taken across them)
+    local_e2 = results["local disk"]["e2"]
 
     def ratio(a: float, b: float | None) -> str:
         return "-" if b is None else f"{a / b:.2f}x"
 
     print("| reader | objects | construct s | epoch 1 obj/s | epoch 2 obj/s | epoch 2 / epoch 1 "
-          "| epoch 1 vs s3fs+filecache | epoch 2 vs local disk | epoch 2 origin reads |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| epoch 1 vs s3fs+filecache | epoch 2 vs local disk | same, median of the repetitions' ratios "
+          "| epoch 2 origin reads |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in results.items():
         e1, e2 = median(r["e1"]), median(r["e2"])
+        per_rep = median([a / b for a, b in zip(r["e2"], local_e2, strict=True)])
         reads = "-" if r["reads2"][0] is None else " / ".join(f"{x:,}" for x in r["reads2"])
         print(f"| {name} | {r['n']:,} | {median(r['list']):.2f} | {e1:,.0f} | {e2:,.0f} | {e2 / e1:.1f}x "
-              f"| {ratio(e1, fc)} | {ratio(e2, local)} | {reads} |")
-    parquet(args, seeding, endpoint, settings)
+              f"| {ratio(e1, fc)} | {ratio(e2, local)} | {per_rep:.2f}x | {reads} |")
+    if "mf.Dataset" in results and "mf.IterableDataset" in results:
+        it, ds = results["mf.IterableDataset"]["e2"], results["mf.Dataset"]["e2"]
+        ratio_it = median([a / b for a, b in zip(it, ds, strict=True)])
+        print(f"\nepoch 2, mf.IterableDataset / mf.Dataset, median of the repetitions' ratios: "
+              f"{ratio_it:.2f}x")
+    if not args.no_parquet:
+        parquet(args, seeding, endpoint, settings)
 
 
 def parquet(args, seeding: str, endpoint: str, settings) -> None:

@@ -67,6 +67,10 @@ def kill_at(point: str, n: int = 1) -> Fault:
             if point == "journal":
                 fd, record = context
                 os.write(fd, record[: len(record) // 2])  # a torn record, then the crash
+            elif point == "pack-append":
+                fd, views, offset = context
+                record = b"".join(bytes(v) for v in views)
+                os.pwrite(fd, record[: len(record) // 2], offset)   # a torn append, then the crash
             die()
 
     checkpoints.add(point, hook)

@@ -33,3 +33,19 @@ def cli(*args: str, env: dict | None = None, input: bytes | None = None, timeout
     exe = os.path.join(os.path.dirname(sys.executable), "manyfiles")
     return subprocess.run([exe, *args], capture_output=True, env={**os.environ, **(env or {})},
                           input=input, timeout=timeout)
+
+
+def held(cache) -> list[str]:
+    """What ``cache`` holds on disk, by name: its files under blocks/ (``<objid>.w`` whole files,
+    ``<objid>.<n>`` blocks) and ``<objid>.pack`` for each object the index names a record of in a
+    pack (objects up to 1 MiB are held whole that way)."""
+    files = [f for _, _, names in os.walk(os.path.join(cache.dir, "blocks")) for f in names]
+    conn = cache._store.index._conn()
+    return sorted(files + [row[0].hex() + ".pack" for row in conn.execute("SELECT objid FROM packed")])
+
+
+def whole_name(objid: bytes, size: int) -> str:
+    """The name :func:`held` gives an object held whole: a record in a pack up to 1 MiB, else a file."""
+    from manyfiles.cache._packs import PACK_MAX_OBJECT
+
+    return objid.hex() + (".pack" if size <= PACK_MAX_OBJECT else ".w")

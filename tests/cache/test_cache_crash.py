@@ -16,7 +16,7 @@ import pytest
 from cachekit import blob
 
 from manyfiles.cache import Cache
-from manyfiles.cache._format import HEADER_SIZE, block_relpath, object_id
+from manyfiles.cache._format import HEADER_SIZE, RECORD_HEADER_SIZE, block_relpath, object_id
 
 BS = 256 << 10
 
@@ -115,10 +115,16 @@ def test_two_processes_filling_the_same_entries(tmp_path: Path, s3):
     _check_all(cache_dir, s3, objs)
     with Cache(cache_dir) as cache:
         s = cache.stats()
-        on_disk = sum(os.path.getsize(os.path.join(d, f))
-                      for d, _, files in os.walk(os.path.join(cache_dir, "blocks")) for f in files)
-    assert s.entries == len(objs)
-    assert s.bytes == on_disk == sum(len(d) for d in objs.values()), "each object held whole, once"
+        files = sum(os.path.getsize(os.path.join(d, f))
+                    for d, _, files in os.walk(os.path.join(cache_dir, "blocks")) for f in files)
+        packs = cache._store.index.packs()
+        records = sum(r.records for r in packs)
+        live = sum(r.live for r in packs)
+    on_disk = files + sum(os.path.getsize(p) for p in Path(cache_dir, "packs").glob("*.pack"))
+    assert s.entries == len(objs) and records == 34, "the objects up to 1 MiB are packed, the other is a file"
+    assert s.bytes == on_disk, "the counter is what the files take"
+    assert files + live == sum(len(d) for d in objs.values()) + RECORD_HEADER_SIZE * records, \
+        "each object held whole, once (a record two processes appended at once is dead bytes)"
 
 
 def _large_file_in_blocks(tmp_path: Path, blocks: list[int]) -> tuple[Path, bytes, Cache]:

@@ -22,8 +22,8 @@ def _blocks(cache: Cache) -> list[str]:
 def test_dry_runs_pick_what_the_real_run_removes_and_keep_everything(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
-    for i in range(6):
-        (src / f"f{i}").write_bytes(blob(BS * (i + 1), str(i)))
+    for i in range(6):     # (over 1 MiB: each in a whole file of its own, not packed together)
+        (src / f"f{i}").write_bytes(blob(BS * 20 * (i + 1), str(i)))
     with Cache(tmp_path / "cache", block_size=BS) as cache:
         assert cache.warm([str(src / f"f{i}") for i in range(6)]).ok
         time.sleep(0.05)

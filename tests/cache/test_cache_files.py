@@ -137,7 +137,9 @@ def test_a_changed_file_is_a_miss_with_the_new_bytes(tmp_path: Path, cache: Cach
     assert cache.get_bytes(path) == new
     s = cache.stats()
     assert s.entries == 1, "the old version was not dropped"
-    assert _block_files(cache) == [_whole_name(cache, path)]
+    assert _block_files(cache) == [], "a small file is packed, not a file of its own"
+    assert [row[0] for row in cache._store.index._conn().execute("SELECT objid FROM packed")] == \
+        [bytes.fromhex(_whole_name(cache, path)[:-2])], "the new version is the one packed"
 
 
 def test_write_through_replaces_the_file_and_invalidates(tmp_path: Path):

@@ -10,6 +10,7 @@ reading everything with the faults off).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -22,8 +23,9 @@ from cachekit import blob, cli, run_python
 
 import manyfiles as mf
 from manyfiles.cache import Cache
-from manyfiles.cache._format import HEADER_SIZE, object_id, unpack_header
+from manyfiles.cache._format import HEADER_SIZE, RECORD_HEADER_SIZE, object_id, unpack_header
 from manyfiles.cache._origin import S3Origin
+from manyfiles.cache._packs import PACK_MAX_OBJECT
 from manyfiles.s3 import RetryPolicy
 
 BS = 64 << 10
@@ -98,8 +100,18 @@ def _truth_by_objid(s3, objs: dict[str, bytes]) -> dict[bytes, bytes]:
 
 
 def _kept_wrong(cache_dir: Path, truth: dict[bytes, bytes]) -> list[str]:
-    """Files in the cache whose bytes are not those of the object version they name."""
+    """Files in the cache whose bytes are not those of the object version they name, and records
+    the index names in packs whose bytes are not those of their object."""
+    import sqlite3
+
     wrong = []
+    with contextlib.closing(sqlite3.connect(cache_dir / "index.sqlite")) as db:
+        records = db.execute("SELECT objid, pack, offset, length FROM packed").fetchall()
+    for objid, pack, offset, length in records:
+        with open(cache_dir / "packs" / f"{pack:016x}.pack", "rb") as f:
+            f.seek(offset + RECORD_HEADER_SIZE)
+            if f.read(length) != truth.get(objid):
+                wrong.append(f"{objid.hex()}: record in pack {pack:016x} differs")
     for folder, _, files in os.walk(cache_dir / "blocks"):
         for name in files:
             hexid, _, n = name.partition(".")
@@ -397,23 +409,43 @@ def _flip_byte(path: Path, at: int) -> None:
         f.write(bytes([byte ^ 0x10]))
 
 
-def test_a_whole_file_changed_on_disk_is_found_by_verify(tmp_path: Path, s3):
+def _held_at(cache_dir: Path, objid: bytes) -> tuple[Path, int]:
+    """(file, offset of the object's first byte in it) of an object held whole: its record in a
+    pack, else its whole file."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(cache_dir / "index.sqlite")) as db:
+        row = db.execute("SELECT pack, offset FROM packed WHERE objid=?", (objid,)).fetchone()
+    if row is not None:
+        return cache_dir / "packs" / f"{row[0]:016x}.pack", row[1] + RECORD_HEADER_SIZE
+    return next(Path(cache_dir / "blocks").rglob(objid.hex() + ".w")), 0
+
+
+@pytest.mark.parametrize("store", ["packed", "whole file"])
+def test_a_whole_object_changed_on_disk_is_found_by_verify(tmp_path: Path, s3, store: str):
     objs = _seed(s3, "small")
+    key = "small-md5.bin"
+    if store == "whole file":           # over PACK_MAX_OBJECT: a file of its own (streamed in)
+        key = "big-md5.bin"
+        objs[key] = blob(PACK_MAX_OBJECT + 3 * BS, "big")
+        _plain_client(s3).put_object(Bucket=s3.bucket, Key=key, Body=objs[key])
     truth = _truth_by_objid(s3, objs)
     with _cache(tmp_path, s3) as cache:
-        for key in objs:
-            cache.get_bytes(s3.url(key))
+        for k in objs:
+            cache.get_bytes(s3.url(k))
         cache.flush()
-    key = "small-md5.bin"
     objid = next(iter(_truth_by_objid(s3, {key: objs[key]})))
-    whole = lambda: next(Path(tmp_path / "cache" / "blocks").rglob(objid.hex() + ".w"))  # noqa: E731
-    _flip_byte(whole(), 1000)
+    _flip_byte(*_at(_held_at(tmp_path / "cache", objid), 1000))
     with _cache(tmp_path, s3, verify=True) as cache:   # verify=True: re-checked before its first use
-        with pytest.warns(RuntimeWarning, match="corrupt cache file"):
+        with pytest.warns(RuntimeWarning, match="corrupt cache (file|record)"):
             assert cache.get_bytes(s3.url(key)) == objs[key]
         cache.flush()
-    _flip_byte(whole(), 7)
+    _flip_byte(*_at(_held_at(tmp_path / "cache", objid), 7))
     r = cli("cache", "verify", "--dir", str(tmp_path / "cache"), "--json", env=s3.env)
     assert r.returncode == 1
-    assert (json.loads(r.stdout)["wrong"], json.loads(r.stdout)["verified"]) == (1, 1)
+    assert (json.loads(r.stdout)["wrong"], json.loads(r.stdout)["verified"]) == (1, len(objs) - 1)
     assert _kept_wrong(tmp_path / "cache", truth) == []
+
+
+def _at(where: tuple[Path, int], at: int) -> tuple[Path, int]:
+    return where[0], where[1] + at

@@ -15,7 +15,8 @@ import manyfiles as mf
 from manyfiles.cache import Cache
 
 BS = 64 << 10
-ENTRY = 2 * BS                      # disk bytes of one two-block file (held whole: no header)
+ENTRY = 2 * BS                      # one two-block file (packed: a record of its own in a small cache)
+WHOLE = 17 * BS                     # a file over PACK_MAX_OBJECT: held whole in a file of its own
 
 
 def _files(folder: Path, n: int, size: int = 2 * BS) -> dict[Path, bytes]:
@@ -49,14 +50,14 @@ def test_max_size_evicts_least_recently_used_and_reads_never_fail(tmp_path: Path
 
 
 def test_evict_by_source_size_and_age(tmp_path: Path):
-    files = _files(tmp_path / "src", 8)
+    files = _files(tmp_path / "src", 8, size=WHOLE)
     with Cache(tmp_path / "c", block_size=BS) as cache:
         assert cache.warm([tmp_path / "src"]).fetched == 8
         first, second = list(files)[:2]
         r = cache.evict([first, second])
-        assert (r.entries, r.bytes) == (2, 2 * ENTRY)
-        r = cache.evict(to_size=3 * ENTRY)
-        assert r.entries == 3 and cache.stats().bytes == 3 * ENTRY
+        assert (r.entries, r.bytes) == (2, 2 * WHOLE)
+        r = cache.evict(to_size=3 * WHOLE)
+        assert r.entries == 3 and cache.stats().bytes == 3 * WHOLE
         assert cache.evict(older_than=3600).entries == 0
         assert cache.evict(older_than=0).entries == 3
         s = cache.stats()
@@ -114,7 +115,8 @@ def test_a_full_cache_disk_degrades_to_pass_through_with_one_warning(tmp_path: P
 
 def test_min_free_keeps_room_on_the_cache_filesystem(tmp_path: Path):
     files = _files(tmp_path / "src", 40, size=2 * BS)
-    with _tmpfs(tmp_path / "small", "8m") as mnt, warnings.catch_warnings():
+    # (12 MiB: the index takes ~2 MiB of it, and 5 MiB / low_water are kept free: room for ~20 entries)
+    with _tmpfs(tmp_path / "small", "12m") as mnt, warnings.catch_warnings():
         warnings.simplefilter("error")            # no "disk full": eviction comes first
         with Cache(mnt / "c", block_size=BS, min_free=5 << 20) as cache:
             for p, data in files.items():

@@ -4,6 +4,8 @@ directory."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,3 +22,18 @@ def s3(moto_direct):
 @pytest.fixture
 def cache_dir(tmp_path: Path) -> str:
     return str(tmp_path / "cache")
+
+
+@pytest.fixture
+def local_files(tmp_path: Path) -> Callable[[int, int], tuple[Path, dict[str, bytes]]]:
+    """make(n, dirs): ``n`` small files of random bytes (100 + i bytes) under ``dirs`` folders of
+    ``tmp_path/data``; returns (the root, path -> content)."""
+    def make(n: int, dirs: int) -> tuple[Path, dict[str, bytes]]:
+        root, files = tmp_path / "data", {}
+        for i in range(n):
+            p = root / f"d{i % dirs}" / f"f{i:03d}.bin"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(os.urandom(100 + i))
+            files[str(p)] = p.read_bytes()
+        return root, files
+    return make

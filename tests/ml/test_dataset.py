@@ -113,16 +113,10 @@ def test_dataset_is_byte_exact_in_key_order_and_epoch_2_sends_no_request(s3, cac
     assert ds[0].data == new
 
 
-def test_dataset_over_a_local_folder(tmp_path, cache_dir):
-    root = tmp_path / "data"
-    files = {}
-    for i in range(7):
-        p = root / f"d{i % 2}" / f"f{i}.bin"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(os.urandom(100 + i))
-        files[str(p)] = p.read_bytes()
-    ds = mf.Dataset(root, cache=cache_dir, exclude=["f6.bin"])
-    assert ds.keys == sorted(k for k in files if not k.endswith("f6.bin"))
+def test_dataset_over_a_local_folder(tmp_path, local_files, cache_dir):
+    root, files = local_files(7, 2)
+    ds = mf.Dataset(root, cache=cache_dir, exclude=["f006.bin"])
+    assert ds.keys == sorted(k for k in files if not k.endswith("f006.bin"))
     assert all(s.data == files[s.key] for s in ds)
     with pytest.raises(mf.NotFound):
         mf.Dataset(tmp_path / "missing", cache=cache_dir)

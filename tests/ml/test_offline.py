@@ -122,6 +122,7 @@ SCRIPT = textwrap.dedent("""
         warnings.simplefilter("always")
         ds = mf.Dataset("s3://offline-data/train/", cache=cache_dir, settings=settings)
         out["epoch"] = [s.data for s in ds] == list(objs.values())
+        out["packed_hits"] = sum(s["packed_hits"] for s in ds.worker_stats())   # (records of packs)
         out["opens_after_epoch"] = attempts_since(opens)
         fs = fsspec.filesystem("manyfiles", cache=quick, settings=settings, skip_instance_cache=True)
         out["pyarrow"] = pq.read_table("offline-data/t/", filesystem=fs).equals(table)
@@ -185,6 +186,7 @@ def test_with_s3_stopped_everything_cached_is_served_and_nothing_is_asked_again(
         tries, got = out[what]
         assert tries >= 2 and got == expected, f"{what}: a blip on a cold cache was not ridden out: {got}"
     assert out["epoch"], "the offline epoch did not read every object exactly"
+    assert out["packed_hits"] == 2000, "the offline epoch did not read the objects from their packs"
     assert out["opens_after_epoch"] == 1, "more than the first failed request went to the stopped server"
     assert out["opens_after_cached"] == 1, "the reads after the first failure asked the server again"
     assert out["pyarrow"] and out["mf_open"] == "one"

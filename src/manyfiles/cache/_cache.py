@@ -28,9 +28,9 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from manyfiles._core.progress import ProgressArg, check_progress, progress_for
 from manyfiles._core.retry import RetryPolicy
@@ -47,9 +47,15 @@ from manyfiles.cache._versions import Source, Versions, listed
 from manyfiles.cache._write import WriteThrough
 from manyfiles.errors import ManyfilesError, OfflineMiss, UsageError, from_oserror
 
+if TYPE_CHECKING:
+    from manyfiles.cache._hits import HitTable
+
 DEFAULT_BUFFER = io.DEFAULT_BUFFER_SIZE     # as open(): small random reads stay cheap
 VERIFY_WHOLE_MAX = 64 << 20
 MODES = ("rb", "wb")
+PROCESS_COUNTERS = ("hits", "misses", "hit_bytes", "miss_bytes", "object_hits", "object_misses", "fills",
+                    "fill_bytes", "fills_dropped", "fills_queued", "fill_bytes_queued", "fills_done",
+                    "fill_bytes_done")
 
 
 class Cache:
@@ -234,6 +240,37 @@ class Cache:
             return data
         finally:
             raw.close()
+
+    # -- the hit path of datasets (_hits.py) ----------------------------------------------------------
+
+    def object_ids(self, sources: Sequence[Source], *, etags: Sequence[str] | None = None,
+                   sizes: Sequence[int] | None = None, stats: Sequence[os.stat_result] | None = None,
+                   settings: Any = None) -> bytes:
+        """The ids of these object versions (16 bytes each, concatenated, in order): ``s3://`` URLs
+        at the ``etags`` and ``sizes`` a listing gave (``settings``: their endpoint), or local/NFS
+        paths as their ``stats`` (``os.stat``) give them.  For :meth:`hit_table`."""
+        from manyfiles.cache._origin import file_validator
+
+        if stats is not None:
+            return b"".join(fmt.object_id(FileOrigin(p).source, file_validator(st))
+                            for p, st in zip(sources, stats, strict=True))
+        if etags is None or sizes is None:
+            raise UsageError("object_ids: give etags= and sizes= (S3 URLs) or stats= (files)")
+        if not sources:
+            return b""
+        first = self.origin(sources[0], settings)
+        prefix = first.source[:len(first.source) - len(f"{first.bucket}/{first.key}".encode())]
+        return b"".join(fmt.object_id(prefix + os.fspath(u)[5:].encode(), S3Origin.validator(e, n))
+                        for u, e, n in zip(sources, etags, sizes, strict=True))
+
+    def hit_table(self, ids: bytes) -> HitTable:
+        """For one thread: where the packs hold each of the versions ``ids`` (:meth:`object_ids`), read
+        with one ``pread`` each (``table.get(i)``: bytes, or None when not packed: read it with
+        :meth:`get_bytes`), no SQLite per read.  Call ``table.refresh()`` before a batch of reads and
+        ``table.settle()`` after (its hits then count in :meth:`stats`)."""
+        from manyfiles.cache._hits import HitTable
+
+        return HitTable(self._store, ids, packed_max=self.verify_whole_max)
 
     # -- listings, kept for offline reads (_kept.py) ------------------------------------------------
 
@@ -424,6 +461,17 @@ class Cache:
         return CacheStats(self.dir, c.get("entries", 0), c.get("bytes", 0), self.block_size, space.max_size,
                           space.min_free, free, **{n: c.get(n, 0) for n in names})
 
+    def process_stats(self) -> dict[str, int]:
+        """This process's own counters since it started (a forked worker: since the fork), read
+        from memory: ``hits``, ``misses``, ``hit_bytes``, ``miss_bytes``, ``object_hits``,
+        ``object_misses``, ``fills`` (accounted), ``fill_bytes``, ``fills_dropped``, and the
+        write-behind's ``fills_queued``/``fill_bytes_queued`` and ``fills_done``/``fill_bytes_done``
+        (written, or given up at the disk).  :meth:`stats` sums every process's, from the index."""
+        out = dict.fromkeys(PROCESS_COUNTERS, 0)
+        out.update(self._store.counters.totals)
+        out.update(self._store.fills.tally())
+        return out
+
     def invalidate(self, src: Source | FileOrigin | S3Origin) -> int:
         """Forget every cached version of ``src`` (done after a write-through); returns entries removed."""
         origin = self.origin(src)
@@ -443,7 +491,7 @@ class Cache:
         victims = self._store.space.evict(sources, to_size=to_size, older_than=older_than, dry_run=dry_run)
         if sources is not None:
             self._versions.forget()
-        return EvictReport(entries=len(victims), bytes=sum(v.disk_bytes for v in victims),
+        return EvictReport(entries=sum(v.entries for v in victims), bytes=sum(v.frees for v in victims),
                            seconds=time.monotonic() - t0, dry_run=dry_run)
 
     def clear(self, *, dry_run: bool = False) -> EvictReport:

@@ -133,7 +133,7 @@ class Completions:
     def _run(self, origin: Any, version: Version) -> None:
         store = self._store
         try:
-            if not store.has_whole(version.objid):
+            if not store.held_whole(version.objid, version.size):
                 done = complete(store, origin, version, self._policy(), cancel=self._cancel,
                                 opened=lambda s: self._opened(version.objid, s))
                 if done.wrong_blocks:

@@ -36,14 +36,18 @@ class Counters:
         do not exist): the lock and the batch."""
         self._lock = threading.Lock()
         self._accesses: dict[bytes, tuple[float, float]] = {}
+        self._pack_accesses: dict[int, float] = {}
         self._counts: dict[str, int] = {}
+        #: everything this process counted since it started (or forked): never reset, never shared
+        self.totals: dict[str, int] = {}
         self.last_flush = self.last_count = time.monotonic()
 
     def count(self, **counts: int) -> None:
         with self._lock:
-            c = self._counts
+            c, t = self._counts, self.totals
             for k, n in counts.items():
                 c[k] = c.get(k, 0) + n
+                t[k] = t.get(k, 0) + n
             self.last_count = time.monotonic()
         self._wake()
 
@@ -53,18 +57,24 @@ class Counters:
             old = self._accesses.get(objid)
             self._accesses[objid] = (t, validated_at if old is None else max(old[1], validated_at))
 
+    def note_pack_access(self, pack: int, t: float) -> None:
+        """A record of ``pack`` was read by a reader that knew where it was (the LRU order of packs)."""
+        with self._lock:
+            self._pack_accesses[pack] = t
+
     def pending(self) -> bool:
-        return bool(self._counts or self._accesses)
+        return bool(self._counts or self._accesses or self._pack_accesses)
 
     def flush(self) -> None:
         """Write batched accesses and counters to the index (the accounting thread does it every second)."""
         with self._lock:
             accesses, self._accesses = self._accesses, {}
+            packs, self._pack_accesses = self._pack_accesses, {}
             counts, self._counts = self._counts, {}
             self.last_flush = time.monotonic()
-        if not accesses and not any(counts.values()):
+        if not accesses and not packs and not any(counts.values()):
             return
         try:
-            self._index.touch(accesses, counts)
+            self._index.touch(accesses, counts, packs)
         except sqlite3.Error as exc:
             self._degrade(exc)

@@ -1,10 +1,11 @@
 """Exchange with ``s3pull --cache``: hand out what the cache holds checked, take in what s3pull fetched.
 
-Only checked bytes leave: :func:`export` hands out an object held whole (or every block of it
-checked per part), never unverified blocks.  :func:`import_file` installs a downloaded file as
-the object's whole file only after hashing it again against the object's claim (nothing is
-cached when there is none to hash it against); :func:`fill` keeps bytes a reader fetched itself,
-whole when it checked them, else as unverified blocks checked whole in the background.
+Only checked bytes leave: :func:`export` hands out an object held whole (its file, or its record
+in a pack, or every block of it checked per part), never unverified blocks.  :func:`import_file`
+installs a downloaded file as the object's whole file only after hashing it again against the
+object's claim (nothing is cached when there is none to hash it against); :func:`fill` keeps
+bytes a reader fetched itself, whole when it checked them, else as unverified blocks checked whole
+in the background.
 """
 
 from __future__ import annotations
@@ -39,9 +40,12 @@ def export(store: BlockStore, origin: Any, v: Version, write: Callable[[bytes], 
         finally:
             os.close(fd)
     else:
-        queued = store.fills.queued_whole(v.objid)         # checked, not on disk yet
-        if queued is not None:
-            write(bytes(queued))
+        # (in this order: a queued object leaves the queue only once its record is findable)
+        data = store.fills.queued_whole(v.objid)         # checked, not on disk yet
+        if data is None:
+            data = store.read_packed(v.objid, size)
+        if data is not None:
+            write(bytes(data))
         elif not _export_blocks(store, origin, v, write):
             return False
     store.counters.note_access(v.objid, v.validated_at)

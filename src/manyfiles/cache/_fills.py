@@ -11,7 +11,9 @@ its check); one accounting thread records them in the index in batches, flushes 
 accesses and counters about once a second and evicts past the watermarks.
 
 A whole file is written into a temp file preallocated to the object's size (one extent, large
-``pwrite`` s), which costs the kernel less than one new file per block.
+``pwrite`` s), which costs the kernel less than one new file per block.  A small object (up to
+``PACK_MAX_OBJECT``) is appended to this process's pack instead, as one record (_packs.py): its
+parts are gathered in memory, and the record is written once the object passed its check.
 
 The writers run at a lower priority, so they must never hold anything a reader waits for: they
 take no lock that readers take.  Items reach them through a ``queue.SimpleQueue`` (a put never
@@ -35,7 +37,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from manyfiles.cache._format import trace, write_all
-from manyfiles.cache._index import Fill, Version, Whole
+from manyfiles.cache._index import Fill, Packed, Version, Whole
+from manyfiles.cache._packs import PACK_MAX_OBJECT
 
 if TYPE_CHECKING:
     from manyfiles.cache._store import BlockStore
@@ -131,6 +134,7 @@ class WholeWriter:
 
     Parts come queued (:meth:`part`: write-behind, from one reader's stream) or are written at
     once (:meth:`write`: warm and background completions, which are background work already).
+    A small object's parts go into memory instead, and it is appended to a pack once sealed.
     No lock is shared with the stream: parts queued are counted by the stream's thread, parts
     written in a list the writers append to, and whoever sees the last of them finishes, once.
     """
@@ -141,6 +145,8 @@ class WholeWriter:
         self._once = threading.Lock()       # taken once, never released: _finish runs once
         self._fd: int | None = None
         self._tmp: str | None = None
+        self.packed = version.size <= PACK_MAX_OBJECT
+        self._buf: bytes | bytearray | None = None      # a packed object's bytes
         self.seq = next(fills._seq)         # a rejection of the object after this gives the file up
         self.queued = 0                     # parts queued (the stream's thread only)
         self._written: list[bool] = []      # one entry per queued part written, failed or dropped
@@ -166,7 +172,20 @@ class WholeWriter:
 
     def write(self, offset: int, data: bytes | memoryview) -> None:
         """Write ``data`` at ``offset`` now (raises OSError: the caller aborts)."""
-        write_all(self._file(), data, offset)
+        if not self.packed:
+            write_all(self._file(), data, offset)
+            return
+        with self._lock:
+            if self._buf is None:
+                self._buf = bytearray(self.version.size)
+        self._buf[offset:offset + len(data)] = data      # (a copy: stream buffers are recycled)
+
+    def hold(self, data: bytes) -> None:
+        """The whole (immutable) object at once: kept by reference, no copy."""
+        if self.packed:
+            self._buf = data
+        else:
+            self.write(0, data)
 
     def part(self, offset: int, data: Any) -> bool:
         """Queue ``data`` for ``offset``; False when it was dropped (the whole file is then given up)."""
@@ -210,6 +229,11 @@ class WholeWriter:
                    and not self.fills.rejected(v.objid, self.seq))
         fd, tmp = self._fd, self._tmp
         self._fd = None
+        if self.packed:
+            data, self._buf = self._buf, None
+            if install:
+                self._append(data if data is not None else b"")
+            return
         try:
             if not install:
                 return
@@ -233,6 +257,22 @@ class WholeWriter:
             if tmp is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
+
+
+    def _append(self, data: bytes | bytearray) -> None:
+        """Append the sealed small object to this process's pack, and account the record."""
+        store, v = self.fills.store, self.version
+        method, claim = self.sealed
+        t0 = time.monotonic_ns()
+        try:
+            rec = store.packs.append(v, data, method, json.dumps(claim, sort_keys=True),
+                                     store.nblocks(v.size))
+        except OSError as exc:
+            self.fills.count_dropped(1)
+            store.degrade(exc)
+            return
+        trace("cache.fill", v.source, 0, v.size, t0)
+        self.fills.account(rec)
 
 
 class Fills:
@@ -297,7 +337,13 @@ class Fills:
         """Bytes queued and not yet written (an estimate while writers run: never below the truth)."""
         return self._enqueued_bytes - sum(self._written_bytes)
 
-    def account(self, fill: Fill | Whole) -> None:
+    def tally(self) -> dict[str, int]:
+        """This process's fills so far: queued (items, bytes), and done by the writers (written, or
+        given up at the disk)."""
+        return {"fills_queued": self._enqueued, "fill_bytes_queued": self._enqueued_bytes,
+                "fills_done": sum(self._written), "fill_bytes_done": sum(self._written_bytes)}
+
+    def account(self, fill: Fill | Whole | Packed) -> None:
         """Queue the accounting of a file already renamed into place."""
         self.start()
         self._accounting.put([(fill, next(self._seq))])
@@ -436,7 +482,7 @@ class Fills:
             self._write_whole(target, data, seq)
             return None
         v = target
-        if store.has_whole(v.objid):        # held whole already: the block adds nothing
+        if store.held_whole(v.objid, v.size):      # held whole already: the block adds nothing
             return None
         if store.degraded() or self.rejected(v.objid, seq):
             self.count_dropped(1)
@@ -463,10 +509,11 @@ class Fills:
     def _write_whole(self, w: WholeWriter, data: bytes, seq: int) -> None:
         try:
             store = self.store
-            if store.degraded() or self.rejected(w.version.objid, seq) or store.has_whole(w.version.objid):
+            v = w.version
+            if store.degraded() or self.rejected(v.objid, seq) or store.held_whole(v.objid, v.size):
                 w.abort()
                 return
-            w.write(0, data)
+            w.hold(data)
         except OSError as exc:
             self.count_dropped(1)
             self.store.degrade(exc)
@@ -501,28 +548,34 @@ class Fills:
             if items and items[-1] is None:
                 return
 
-    def _record(self, items: list[tuple[Fill | Whole, int]]) -> None:
+    def _record(self, items: list[tuple[Fill | Whole | Packed, int]]) -> None:
         store = self.store
         fills = [f for f, _ in items]
         if fills:
+            packed = [f for f in fills if isinstance(f, Packed)]
             try:
                 done = store.index.record_fills(fills, time.time())
             except sqlite3.Error as exc:
-                # Not accounted means not evictable: take the files back out.
+                # Not accounted means not evictable: take the files back out (records stay dead).
                 for f in fills:
                     if isinstance(f, Whole):
                         store.unlink_files(f.version.objid, 0)
-                    else:
+                    elif isinstance(f, Fill):
                         store.unlink_block(f.version.objid, f.index)
+                store.packs.accounted(packed, set(), set())
                 self.count_dropped(len(fills))
                 store.degrade(exc)
                 return
+            if packed:
+                store.packs.accounted(packed, done.packs_seen, done.lost_packs)
+            lost = done.lost + sum(f.pack in done.lost_packs for f in packed)
+            if lost:
+                self.count_dropped(lost)
             store.counters.count(fills=done.new, fill_bytes=done.new_bytes)
             for objid, index in (*done.stale_blocks, *done.replaced):
                 store.unlink_block(objid, index)
             for objid in done.stale_wholes:
                 store.unlink_files(objid, 0)
-            store.unlink_victims(done.superseded)
             # a whole-object check that failed while these were being written: take them back out
             for objid, size in {(f.version.objid, f.version.size) for f, seq in items
                                 if self.rejected(f.version.objid, seq)}:
@@ -530,6 +583,7 @@ class Fills:
         now = time.monotonic()
         if len(self.buffers) > IDLE_BUFFERS:
             self.buffers.trim()
+        store.packs.sync()          # descriptors of packs removed meanwhile: closed, their space freed
         counters = store.counters
         if fills or now - counters.last_flush >= FLUSH_INTERVAL or (counters.pending()
                                                                    and now - counters.last_count >= QUIET):

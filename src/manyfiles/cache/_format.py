@@ -1,15 +1,23 @@
-"""The cache directory's on-disk format: descriptor, block files, names.  No threads, no SQLite.
+"""The cache directory's on-disk format: descriptor, block files, pack records, names.  No threads,
+no SQLite.
 
     DIR/
       manyfiles-cache.json     descriptor: format version, block size (written last, by link)
       index.sqlite             metadata (WAL): entries, LRU times, counters (see _index.py)
       blocks/ab/cd/<objid>.w   one object version whole: exactly its bytes, nothing else
       blocks/ab/cd/<objid>.<n> block n of a partly cached version (shard layout, key = objid's hex)
+      packs/<id>.pack          small object versions whole, one record each, appended (see _packs.py)
+      packs/generation         two counters readers compare: records accounted, packs removed
       tmp/<pid>-<tid>-<n>      a fill in progress; renamed into blocks/ once complete (and checked)
 
 A *whole file* holds an object version that passed its whole-object check (the S3 checksum,
 MD5 or multipart ETag, or, for a local file, one read of the whole file): a reader reads it as
 a plain file.  What it passed, and what ``cache verify`` re-hashes it against, is in the index.
+
+A *pack* is a 64-byte header (magic, its id) followed by records: a 64-byte record header (magic,
+the object id, the payload's length and CRC-32, the record's own offset in the pack) and the
+payload, exactly the object's bytes.  A record is written whole before the index names it, and a
+pack is only ever appended to, never rewritten: an offset the index names always holds that record.
 
 A *block file* is a 64-byte header followed by the payload.  The header names the object
 version (``objid``) and the block's place in it, carries the CRC-32 of the payload, so every
@@ -33,13 +41,15 @@ from manyfiles.errors import UsageError
 from manyfiles.shard.layout import Layout
 from manyfiles.trace import iotrace
 
-FORMAT = "manyfiles-cache/1"
+FORMAT = "manyfiles-cache/2"
+OLD_FORMATS = ("manyfiles-cache/1",)     # read by this version after an upgrade in place (open_dir)
 DESCRIPTOR = "manyfiles-cache.json"
 INDEX = "index.sqlite"
 BLOCKS = "blocks"
+PACKS = "packs"
 TMP = "tmp"
-OWN_NAMES = frozenset({DESCRIPTOR, INDEX, INDEX + "-wal", INDEX + "-shm", INDEX + "-journal", BLOCKS, TMP,
-                       "listings.sqlite", "listings.sqlite-wal", "listings.sqlite-shm"})   # _kept.py
+OWN_NAMES = frozenset({DESCRIPTOR, INDEX, INDEX + "-wal", INDEX + "-shm", INDEX + "-journal", BLOCKS, PACKS,
+                       TMP, "listings.sqlite", "listings.sqlite-wal", "listings.sqlite-shm"})   # (_kept.py)
 
 SIZE_ONLY = "size-only"        # the whole-object check of an object with nothing to check against
 
@@ -56,6 +66,13 @@ _VERSION = 1
 
 # objid hex -> ab/cd/<name>: the first characters of the (uniform) hex id pick the folders
 LAYOUT = Layout(levels=(2, 2), key="prefix")
+
+PACK_MAGIC = b"MFCPACK1"
+RECORD_MAGIC = b"MFCREC01"
+_PACK_HEADER = struct.Struct("<8sHH4xQd32x")        # magic, version, flags, pack id, created at
+_RECORD = struct.Struct("<8sHHIQQ16s16x")           # magic, version, flags, crc, length, offset, objid
+PACK_HEADER_SIZE = _PACK_HEADER.size                # 64
+RECORD_HEADER_SIZE = _RECORD.size                   # 64
 
 
 def object_id(source: bytes, validator: bytes) -> bytes:
@@ -107,6 +124,71 @@ def crc_ok(header: BlockHeader, payload: bytes | memoryview) -> bool:
     return len(payload) == header.length and zlib.crc32(payload) == header.crc
 
 
+# -- packs -----------------------------------------------------------------------------------------
+
+def pack_relpath(pack: int) -> str:
+    """``packs/<16 hex>.pack`` relative to the cache dir."""
+    return f"{PACKS}/{pack:016x}.pack"
+
+
+def pack_id_of(name: str) -> int | None:
+    """The id of a pack file named ``name`` (``<16 hex>.pack``), else None."""
+    stem, _, ext = name.partition(".")
+    if ext != "pack" or len(stem) != 16:
+        return None
+    try:
+        return int(stem, 16)
+    except ValueError:
+        return None
+
+
+def pack_file_header(pack: int) -> bytes:
+    return _PACK_HEADER.pack(PACK_MAGIC, _VERSION, 0, pack, time.time())
+
+
+def pack_file_id(raw: bytes) -> int | None:
+    """The id a pack's header names, or None if ``raw`` is not a pack header."""
+    if len(raw) < PACK_HEADER_SIZE:
+        return None
+    magic, version, _, pack, _ = _PACK_HEADER.unpack_from(raw)
+    return pack if magic == PACK_MAGIC and version == _VERSION else None
+
+
+class RecordHeader(NamedTuple):
+    crc: int
+    length: int
+    offset: int
+    objid: bytes
+    flags: int
+
+
+def record_header(objid: bytes, offset: int, payload: bytes | memoryview, crc: int | None = None,
+                  flags: int = FLAG_CHECKED) -> bytes:
+    """The header of a record at ``offset`` of its pack holding ``payload`` (``crc``: its CRC-32,
+    if the caller has it)."""
+    return _RECORD.pack(RECORD_MAGIC, _VERSION, flags, zlib.crc32(payload) if crc is None else crc,
+                        len(payload), offset, objid)
+
+
+def unpack_record(raw: bytes | memoryview) -> RecordHeader | None:
+    """A record's header, or None if ``raw`` does not start with one."""
+    if len(raw) < RECORD_HEADER_SIZE:
+        return None
+    magic, version, flags, crc, length, offset, objid = _RECORD.unpack_from(raw)
+    if magic != RECORD_MAGIC or version != _VERSION:
+        return None
+    return RecordHeader(crc, length, offset, objid, flags)
+
+
+def record_sound(raw: bytes | memoryview, objid: bytes, offset: int, length: int) -> bool:
+    """Is ``raw`` (a record's header and payload, as read at ``offset``) the record of ``objid``,
+    ``length`` bytes, whose payload passes its CRC-32?"""
+    h = unpack_record(raw)
+    return (h is not None and h.objid == objid and h.offset == offset and h.length == length
+            and len(raw) == RECORD_HEADER_SIZE + length
+            and zlib.crc32(memoryview(raw)[RECORD_HEADER_SIZE:]) == h.crc)
+
+
 # -- descriptor ------------------------------------------------------------------------------------
 
 def check_block_size(block_size: int) -> int:
@@ -129,9 +211,22 @@ def read_descriptor(root: str) -> dict | None:
         doc = None
     if not isinstance(doc, dict) or not str(doc.get("format", "")).startswith("manyfiles-cache/"):
         raise UsageError(f"{root}: {DESCRIPTOR} is not a manyfiles cache descriptor; refusing to use it")
-    if doc["format"] != FORMAT:
+    if doc["format"] != FORMAT and doc["format"] not in OLD_FORMATS:
         raise UsageError(f"{root}: cache format {doc['format']} is not supported by this version "
                          f"(which reads {FORMAT}); use another directory, or delete this one")
+    return doc
+
+
+def upgrade_descriptor(root: str, doc: dict) -> dict:
+    """Name this format in the descriptor of a cache of an older one, once its index was migrated
+    (an older version then refuses the directory instead of misreading it).  Atomic (rename)."""
+    if doc["format"] == FORMAT:
+        return doc
+    doc = {**doc, "format": FORMAT}
+    tmp = os.path.join(root, TMP, f"{os.getpid()}-{os.urandom(4).hex()}-descriptor")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(doc, sort_keys=True) + "\n")
+    os.replace(tmp, os.path.join(root, DESCRIPTOR))
     return doc
 
 
@@ -170,11 +265,13 @@ def open_dir(root: str, block_size: int | None) -> dict:
             raise UsageError(f"{root}: not a manyfiles cache and not empty ({shown}); refusing to use it")
         os.makedirs(os.path.join(root, TMP), exist_ok=True)
         os.makedirs(os.path.join(root, BLOCKS), exist_ok=True)
+        os.makedirs(os.path.join(root, PACKS), exist_ok=True)
         desc = create_descriptor(root, check_block_size(block_size or DEFAULT_BLOCK_SIZE))
     if block_size is not None and block_size != desc["block_size"]:
         raise UsageError(f"{root}: the cache was created with block size {desc['block_size']}, "
                          f"not {block_size}")
     os.makedirs(os.path.join(root, TMP), exist_ok=True)
+    os.makedirs(os.path.join(root, PACKS), exist_ok=True)
     return desc
 
 

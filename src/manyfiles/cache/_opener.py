@@ -3,7 +3,8 @@
 How an open is served (docs/cache.md, "Integrity" and "Reading"), once the version is known
 (_versions.py):
 
-1. held whole (checked): the stdlib file object on its whole file (``io.FileIO``);
+1. held whole (checked): the stdlib file object on its whole file (``io.FileIO``), or a small
+   object's record in a pack, read with one ``pread`` (:class:`MemoryFile`);
 2. up to ``verify_whole_max``: fetched whole and checked before any byte reaches the reader
    (:class:`MemoryFile`), written behind;
 3. larger: :class:`CachedReader` (a stream read ahead and checked at its end, cached blocks,
@@ -82,7 +83,7 @@ class Opener:
     def holds_checked(self, v: Version) -> bool:
         """Does the store hold ``v`` whole and checked (its whole file, or every block checked)?"""
         store = self._store
-        if store.has_whole(v.objid):
+        if store.held_whole(v.objid, v.size):
             return True
         if v.size <= self.verify_whole_max:
             return False
@@ -106,12 +107,15 @@ class Opener:
                 stream.close()
             return self._whole_file(origin, v, fd)
         if v.size <= self.verify_whole_max:
-            queued = store.fills.queued_whole(v.objid)          # checked, on its way to the disk
-            if queued is not None:
+            # (in this order: a queued object leaves the queue only once its record is findable)
+            data = store.fills.queued_whole(v.objid)            # checked, on its way to the disk
+            if data is None:
+                data = store.read_packed(v.objid, v.size)
+            if data is not None:
                 if stream is not None:
                     stream.close()
-                store.counters.count(hits=store.nblocks(v.size), hit_bytes=v.size, object_hits=1)
-                return MemoryFile(queued, origin.display)
+                self._count_whole_hit(v)
+                return MemoryFile(data, origin.display)
             return MemoryFile(self._read_whole(origin, v, stream), origin.display)
         open_stream = None
         if stream is None and isinstance(origin, FileOrigin) and store.index.entry(v.objid) is None:
@@ -132,13 +136,16 @@ class Opener:
 
     def _whole_file(self, origin: FileOrigin | S3Origin, v: Version, fd: int) -> io.FileIO:
         """A hit on a whole file: accounted (and traced) once, at the open; its reads are the stdlib's."""
+        self._count_whole_hit(v)
+        return whole_file(fd, origin.display, v.size)
+
+    def _count_whole_hit(self, v: Version) -> None:
         store = self._store
         counters = store.counters
         counters.note_access(v.objid, v.validated_at)
         counters.count(hits=store.nblocks(v.size) if v.size else 0, hit_bytes=v.size, object_hits=1)
         if iotrace.TRACER is not None:
             iotrace.TRACER.record("cache.hit", v.source, 0, v.size, time.monotonic_ns(), 0, 0)
-        return whole_file(fd, origin.display, v.size)
 
     def _read_whole(self, origin: FileOrigin | S3Origin, v: Version, stream: WholeRead | None) -> bytes:
         """The whole object, checked (a failed check fetches it again); queued for its whole file."""

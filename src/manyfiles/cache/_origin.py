@@ -92,10 +92,7 @@ class FileOrigin:
     def validator_of(self, st: os.stat_result) -> bytes:
         if not _stat.S_ISREG(st.st_mode):
             raise UsageError(f"{self.display}: not a regular file")
-        # st_dev is left out on purpose: NFS and FUSE mounts get a new anonymous device
-        # number at every mount, which would make every reboot a full miss.  ctime catches
-        # what mtime alone misses: `cp -p`/`touch -r` in place, replacement by rename.
-        return b"ino=%d;size=%d;mtime=%d;ctime=%d" % (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        return file_validator(st)
 
     def reader(self, head: Head | None) -> _FileReader:
         """Reads of one version through one descriptor (``head`` None: the version there now)."""
@@ -103,6 +100,14 @@ class FileOrigin:
 
     def open_whole(self, head: Head | None) -> WholeRead:
         return _FileWhole(self.reader(head))
+
+
+def file_validator(st: os.stat_result) -> bytes:
+    """The version of a file as its ``stat`` gives it.  ``st_dev`` is left out on purpose: NFS and
+    FUSE mounts get a new anonymous device number at every mount, which would make every reboot a
+    full miss.  ctime catches what mtime alone misses: ``cp -p``/``touch -r`` in place,
+    replacement by rename."""
+    return b"ino=%d;size=%d;mtime=%d;ctime=%d" % (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class _FileReader:

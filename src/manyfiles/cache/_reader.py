@@ -27,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future, InvalidStateError
 from typing import Any
 
-from manyfiles.cache._format import HEADER_SIZE
+from manyfiles.cache._format import HEADER_SIZE, RECORD_HEADER_SIZE
 from manyfiles.cache._index import Version
 from manyfiles.cache._store import BlockStore
 from manyfiles.errors import IntegrityError, ManyfilesError
@@ -95,6 +95,8 @@ class CachedReader(io.RawIOBase):
         self._pos = 0
         self._fds: OrderedDict[int, int] = OrderedDict()    # block index -> open block file
         self._whole_fd: int | None = None
+        self._whole_base = 0          # where the object starts in that file (in a pack: its record's payload)
+        self._whole_owned = True      # ours to close (a pack's descriptor is the store's)
         self._fetched: OrderedDict[int, bytes] = OrderedDict()
         self._pending: dict[int, Future] = {}
         self._seq_end = 0           # where the previous read ended
@@ -237,7 +239,7 @@ class CachedReader(io.RawIOBase):
         if fd is None:
             wfd = self._whole()
             if wfd is not None:
-                fd, base = wfd, index * self._bs
+                fd, base = wfd, self._whole_base + index * self._bs
             else:
                 got = store.open_block(self._v.objid, index, length)
                 if got is not None and not got[1] and self._strict:
@@ -276,9 +278,17 @@ class CachedReader(io.RawIOBase):
         return False
 
     def _whole(self) -> int | None:
-        """A descriptor on the object's whole file, once it exists (a completion installed it)."""
+        """A descriptor on the object held whole, once it is (a completion installed it): its whole
+        file, or the pack holding its record."""
         if self._whole_fd is None:
-            self._whole_fd = self._store.open_whole(self._v.objid, self.size)
+            store = self._store
+            self._whole_fd = store.open_whole(self._v.objid, self.size)
+            if self._whole_fd is None and store.held_whole(self._v.objid, self.size):
+                loc = store.packs.locate(self._v.objid)
+                fd = store.packs.fd(loc.pack) if loc is not None and loc.length == self.size else None
+                if fd is not None:
+                    self._whole_fd, self._whole_owned = fd, False
+                    self._whole_base = loc.offset + RECORD_HEADER_SIZE
             if self._whole_fd is not None:
                 self._close_block_fds()
         return self._whole_fd
@@ -295,7 +305,8 @@ class CachedReader(io.RawIOBase):
     def _close_fds(self) -> None:
         self._close_block_fds()
         if self._whole_fd is not None:
-            os.close(self._whole_fd)
+            if self._whole_owned:
+                os.close(self._whole_fd)
             self._whole_fd = None
 
     def _from_origin(self, index: int, length: int) -> bytes:
@@ -397,11 +408,13 @@ class CachedReader(io.RawIOBase):
         if first >= last:
             return
         store = self._store
+        if store is not None and self._whole() is not None:
+            return
         for j in range(first, last):
             if j in self._pending or j in self._fetched:
                 continue
             if store is not None and (store.fills.queued(self._v.objid, j) is not None
-                                      or store.has_block(self._v.objid, j) or store.has_whole(self._v.objid)):
+                                      or store.has_block(self._v.objid, j)):
                 continue
             length = min(self._bs, self.size - j * self._bs)
             self._pending[j] = self._pool.submit(self._fetch, j, length)

@@ -2,9 +2,11 @@
 
 The accounting thread (_fills.py) calls :meth:`Space.to_watermarks` after each batch of fills it
 recorded; ``Cache.evict`` and ``Cache.clear`` call :meth:`Space.evict` and :meth:`Space.clear`.
-The index chooses the victims and forgets them in the same transaction (``pop_lru``); their files
-are unlinked afterwards, and a reader holding one open reads on (an unlinked file's data lives
-until its last descriptor is closed).
+The index chooses the victims and forgets them in the same transaction (``pop_lru``), which also
+unlinks their files before it commits (``Index.on_removed``): a fill of the same version that
+another process accounts after it finds its file gone, instead of naming a file the eviction then
+removes.  A reader holding a file open reads on (an unlinked file's data lives until its last
+descriptor is closed).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from manyfiles.cache import _format as fmt
 from manyfiles.cache._index import Victim
+from manyfiles.cache._packs import MIN_PACK_BYTES, PACK_BYTES
 from manyfiles.errors import UsageError, from_oserror
 
 if TYPE_CHECKING:
@@ -64,6 +67,18 @@ class Space:
     def after_fork(self) -> None:
         self._evicting = threading.Lock()
 
+    def pack_bytes(self) -> int:
+        """How large this process lets a pack grow: 1/32 of the space the cache may take (``max_size``,
+        or the filesystem less ``min_free``), between 64 KiB and ``PACK_BYTES``.  Packs are the unit
+        of eviction: a small cache gets small packs, so that evicting one frees a small part."""
+        budget = self.max_size
+        with contextlib.suppress(OSError):
+            room = _fs_bytes(self.store.root) - self.min_free
+            budget = room if budget is None else min(budget, room)
+        if budget is None:
+            return PACK_BYTES
+        return max(MIN_PACK_BYTES, min(PACK_BYTES, budget // 32))
+
     def used_bytes(self) -> int:
         return self.store.index.counters().get("bytes", 0)
 
@@ -100,16 +115,13 @@ class Space:
         except (OSError, sqlite3.Error) as exc:
             store.degrade(exc)
             return []
-        store.unlink_victims(victims)
         if self.min_free and not victims and free_bytes(store.root) < self.min_free:
             store.degrade(OSError(errno.ENOSPC, f"less than {self.min_free} bytes free and nothing to evict"))
         return victims
 
     def remove_sources(self, sources: Iterable[bytes]) -> list[Victim]:
         """Every entry of ``sources``, out of the index and off the disk."""
-        victims = self.store.index.remove_sources(sources)
-        self.store.unlink_victims(victims)
-        return victims
+        return self.store.index.remove_sources(sources)      # (its files unlinked in its transaction)
 
     def evict(self, sources: list[bytes] | None = None, *, to_size: int | None = None,
               older_than: float | None = None, dry_run: bool = False) -> list[Victim]:
@@ -129,20 +141,25 @@ class Space:
                 if dry_run:
                     return index.pop_lru(need, older_than=cutoff)
                 store.counters.flush()      # our own recent accesses count for the LRU order
-                victims = index.pop_lru(need, older_than=cutoff)
-                store.unlink_victims(victims)
-                return victims
+                return index.pop_lru(need, older_than=cutoff)      # (files unlinked in its transaction)
             if dry_run:
                 need = self.need()
                 return index.pop_lru(need) if need > 0 else []
             return self.to_watermarks()
 
     def clear(self) -> None:
-        """Forget every entry and remove every block file; the directory stays a cache (the old
-        blocks/ is renamed into tmp/ first, so a kill part way leaves a trash folder that the next
-        open of the cache removes, never a half-emptied blocks/)."""
+        """Forget every entry and remove every block file and pack; the directory stays a cache (the
+        old blocks/ is renamed into tmp/ first, so a kill part way leaves a trash folder that the
+        next open of the cache removes, never a half-emptied blocks/; packs left by a kill are
+        orphans that ``verify`` removes).  Other processes' packs are theirs no more: the index
+        counts clears, and their records taken before this one are never accounted."""
         store = self.store
+        store.packs.close()
         store.index.clear()
+        packs = store.packs.files()
+        for pack in packs:
+            store.packs.unlink(pack)
+        store.packs.removed(len(packs) or 1)
         blocks = os.path.join(store.root, fmt.BLOCKS)
         trash = os.path.join(store.root, fmt.TMP, f"{os.getpid()}-trash-{os.urandom(4).hex()}")
         try:

@@ -1,11 +1,19 @@
-"""One cache directory: its files (whole files, block files, temp files) and what looks after them.
+"""One cache directory: its files (whole files, packs, block files, temp files) and what looks after them.
 
-Readers call :meth:`BlockStore.open_whole` (a hit on an object held whole: one ``open``) or
-:meth:`BlockStore.open_block` (one ``open`` and one ``pread`` of the header) and hand what they
-fetched from the origin to the write-behind (:attr:`BlockStore.fills`, _fills.py), which never
-blocks them.  The store holds the directory's other parts too: its index (:attr:`BlockStore.index`,
-_index.py), this process's batched counters (:attr:`BlockStore.counters`, _counters.py) and its
-space, the watermarks and LRU eviction (:attr:`BlockStore.space`, _space.py).
+Readers call :meth:`BlockStore.open_whole` (a hit on an object held whole in its own file: one
+``open``), :meth:`BlockStore.read_packed` (a small object held whole as a record of a pack: one
+``pread``, _packs.py) or :meth:`BlockStore.open_block` (one ``open`` and one ``pread`` of the
+header) and hand what they fetched from the origin to the write-behind (:attr:`BlockStore.fills`,
+_fills.py), which never blocks them.
+
+An object held whole and checked is in one of two stores that answer the same questions (is it
+held, read it, write it, remove it): its own *whole file* (larger objects) or a *record* in a pack
+(objects up to ``PACK_MAX_OBJECT``: :attr:`BlockStore.packs`).  Everything above this module asks
+:meth:`BlockStore.held_whole` and reads through the one that holds it.
+
+The store holds the directory's other parts too: its index (:attr:`BlockStore.index`, _index.py),
+this process's batched counters (:attr:`BlockStore.counters`, _counters.py) and its space, the
+watermarks and LRU eviction (:attr:`BlockStore.space`, _space.py).
 
 A file being read is never taken away from its reader: readers hold an open descriptor, and
 an unlinked file's data lives until its last descriptor is closed.
@@ -23,11 +31,14 @@ import sqlite3
 import threading
 import time
 import warnings
+from collections.abc import Callable
 
+from manyfiles._core.procs import pid_alive
 from manyfiles.cache import _format as fmt
 from manyfiles.cache._counters import Counters
 from manyfiles.cache._format import trace
-from manyfiles.cache._index import Fill, Index, Version, Victim, bits_set, block_disk_bytes
+from manyfiles.cache._index import Fill, Index, Version, Victim, Whole, bits_set, block_disk_bytes
+from manyfiles.cache._packs import PACK_MAX_OBJECT, Location, Packs
 from manyfiles.cache._space import Space, check_low_water
 from manyfiles.errors import IntegrityError, ManyfilesError, from_oserror
 
@@ -49,13 +60,19 @@ class BlockStore:
         self.verify = verify
         check_low_water(low_water)          # before the directory is made
         try:
-            self.block_size = int(fmt.open_dir(self.root, block_size)["block_size"])
+            desc = fmt.open_dir(self.root, block_size)
+            self.block_size = int(desc["block_size"])
             self.index = Index(os.path.join(self.root, fmt.INDEX), self.block_size)
+            fmt.upgrade_descriptor(self.root, desc)       # (after the index: it is migrated first)
+            self.packs = Packs(self.root, self.index)
+            self.index.on_removed = self.unlink_victims
+            self.index.on_disk = self._on_disk
         except OSError as exc:
             raise from_oserror(exc, self.root) from exc
         except sqlite3.DatabaseError as exc:
             raise ManyfilesError(f"{self.root}: cannot use the cache index: {exc}") from exc
         self.space = Space(self, max_size=max_size, min_free=min_free, low_water=low_water)
+        self.packs.pack_bytes = self.space.pack_bytes()
         self.tmp = os.path.join(self.root, fmt.TMP)
         self._temp_names = itertools.count()
         self._degraded_until = 0.0
@@ -67,6 +84,7 @@ class BlockStore:
 
     def after_fork(self) -> None:
         """A forked child (a DataLoader worker) has none of the parent's threads: fresh locks and batches."""
+        self.packs.after_fork()
         self.counters.after_fork()
         self.space.after_fork()
         self.fills.after_fork()
@@ -83,7 +101,19 @@ class BlockStore:
         return os.path.exists(self.block_path(objid, index))
 
     def has_whole(self, objid: bytes) -> bool:
+        """Is ``objid`` held in its own whole file?"""
         return os.path.exists(self.whole_path(objid))
+
+    def held_whole(self, objid: bytes, size: int) -> bool:
+        """Is ``objid`` held whole and checked: its whole file, or a record in a pack?"""
+        if self.has_whole(objid):
+            return True
+        if size > PACK_MAX_OBJECT:
+            return False
+        try:
+            return self.packs.locate(objid) is not None
+        except sqlite3.Error:
+            return False
 
     def nblocks(self, size: int) -> int:
         return max(1, -(-size // self.block_size))
@@ -105,6 +135,11 @@ class BlockStore:
             st = os.fstat(fd)
             ok = st.st_size == size
             if ok and self.verify and (objid, -1, st.st_ino) not in self._checked:
+                if not self._has_check(objid):
+                    # installed, not accounted yet (the write-behind is a moment behind): nothing to
+                    # re-hash it against yet, so not used now; not discarded either
+                    os.close(fd)
+                    return None
                 ok = self.whole_sound(objid, fd, size)
                 if ok:
                     self._remember_checked((objid, -1, st.st_ino))
@@ -116,15 +151,90 @@ class BlockStore:
             return None
         return fd
 
+    def _has_check(self, objid: bytes) -> bool:
+        try:
+            return self.index.verification(objid) is not None
+        except sqlite3.Error:
+            return False
+
+    def read_packed(self, objid: bytes, size: int) -> bytes | None:
+        """The object if it is held as a record of a pack (one ``pread``), else None.  With
+        ``verify``, the record's header and CRC-32 are checked once per record and process first
+        (a record that fails is dropped: a miss)."""
+        if size > PACK_MAX_OBJECT:
+            return None
+        try:
+            loc = self.packs.locate(objid)
+        except sqlite3.Error:
+            return None
+        if loc is None or loc.length != size:
+            return None
+        try:
+            key = (objid, -2 - loc.offset, loc.pack)
+            if self.verify and key not in self._checked:
+                data = self.packs.read_record(loc, objid)
+                if data is None:
+                    named, data = self.reread_record(objid, loc)
+                    if data is None:
+                        if named:
+                            self.discard_packed(objid, loc)
+                        return None
+                self._remember_checked(key)
+                return data
+            return self.packs.read(loc)
+        except OSError:
+            return None
+
+    def reread_record(self, objid: bytes, loc: Location) -> tuple[bool, bytes | None]:
+        """A record that failed its check, read again on a descriptor of its own while this holds the
+        index's write lock: a removal of its pack (another thread's or process's eviction) unlinks
+        the file and empties descriptors before its transaction commits, and none is in flight then.
+        Returns (the index still names it there, its payload if its record is sound now)."""
+        try:
+            with self.index.write():
+                if self.index.packed(objid) != tuple(loc):
+                    return False, None
+                try:
+                    return True, self.packs.read_record(loc, objid, fresh=True)
+                except OSError:
+                    return True, None
+        except sqlite3.Error:
+            return False, None
+
+    def discard_packed(self, objid: bytes, loc: Location) -> None:
+        """Forget a packed object whose record failed its check (its bytes stay dead in the pack)."""
+        self.packs.pending.pop(objid, None)
+        with contextlib.suppress(sqlite3.Error):
+            self.index.remove_objects([objid])
+        self.counters.count(corrupt=1)
+        warnings.warn(f"{self.root}: corrupt cache record {objid.hex()} in pack {loc.pack:016x} dropped; "
+                      "reading it from the origin", RuntimeWarning, stacklevel=3)
+
     def whole_sound(self, objid: bytes, fd: int, size: int) -> bool:
         """Does the whole file on ``fd`` still pass the check recorded for it?"""
-        from manyfiles.s3.integrity import Claim, rehash_file
+        from manyfiles.s3.integrity import rehash_file
+
+        return self._passes_check(objid, lambda claim: rehash_file(fd, size, claim))
+
+    def packed_sound(self, objid: bytes, data: bytes) -> bool:
+        """Do a packed object's bytes (its record's payload) still pass the check recorded for it?"""
+        from manyfiles.s3.integrity import digest_for
+
+        def rehash(claim: object) -> None:
+            d = digest_for(claim, len(data), lambda off, n: data[off:off + n])
+            d.stream(data)
+            d.check()
+
+        return self._passes_check(objid, rehash)
+
+    def _passes_check(self, objid: bytes, rehash: Callable[[object], object]) -> bool:
+        from manyfiles.s3.integrity import Claim
 
         check = self.index.verification(objid)
         if check is None or not check[1]:
             return False
         try:
-            rehash_file(fd, size, Claim.from_record(json.loads(check[1])))
+            rehash(Claim.from_record(json.loads(check[1])))
         except (IntegrityError, ValueError, KeyError, OSError):
             return False
         return True
@@ -250,13 +360,20 @@ class BlockStore:
         trace("cache.fill", version.source, index * self.block_size, len(data), t0)
         return self.fill_record(version, index)
 
+    def _on_disk(self, fill: Fill | Whole) -> bool:
+        objid = fill.version.objid
+        path = self.whole_path(objid) if isinstance(fill, Whole) else self.block_path(objid, fill.index)
+        return os.path.exists(path)
+
     def fill_record(self, version: Version, index: int) -> Fill:
         """The accounting record of block ``index`` of ``version`` (once it is in place)."""
         return Fill(version, index, block_disk_bytes(version.size, index, self.block_size),
                     self.nblocks(version.size))
 
     def remove_object(self, objid: bytes, size: int) -> None:
-        """Remove a version from the index and the disk (its whole file and every block)."""
+        """Remove a version from the index and the disk (its whole file and every block; a record
+        stays dead in its pack)."""
+        self.packs.pending.pop(objid, None)
         try:
             self.index.remove_objects([objid])
         except sqlite3.Error as exc:
@@ -299,19 +416,28 @@ class BlockStore:
 
     def close(self) -> None:
         self.fills.close()
+        self.packs.close()
         self.counters.flush()
         self.index.close()
 
     def unlink_victims(self, victims: list[Victim]) -> None:
-        """Remove the files of entries the index no longer lists (evicted, superseded)."""
+        """Remove the files of entries the index no longer lists (evicted, superseded): whole
+        files, blocks, whole packs (an object removed alone leaves its record dead in its pack)."""
+        packs = 0
         for v in victims:
             t0 = time.monotonic_ns()
-            if v.whole:
+            if v.is_pack:
+                self.packs.unlink(v.pack)
+                packs += 1
+            elif v.pack is not None:
+                self.packs.pending.pop(v.objid, None)
+            elif v.whole:
                 self._unlink(self.whole_path(v.objid))
             else:
                 for i in bits_set(v.present):
                     self.unlink_block(v.objid, i)
-            trace("cache.evict", v.objid.hex(), 0, v.disk_bytes, t0)
+            trace("cache.evict", v.objid.hex() if v.objid else f"pack:{v.pack:016x}", 0, v.disk_bytes, t0)
+        self.packs.removed(packs)
 
 
 def clean_stale_temps(tmp: str) -> int:
@@ -323,7 +449,7 @@ def clean_stale_temps(tmp: str) -> int:
         for e in it:
             pid = e.name.partition("-")[0]
             try:
-                dead = not pid.isdigit() or not _alive(int(pid))
+                dead = not pid.isdigit() or not pid_alive(int(pid))
                 old = now - e.stat(follow_symlinks=False).st_mtime > STALE_TEMP_AGE
                 if pid == me or not (dead or old):
                     continue
@@ -336,12 +462,3 @@ def clean_stale_temps(tmp: str) -> int:
                 pass
     return removed
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -2,6 +2,9 @@
 
 Per object:
 
+* packed (a small object held whole as a record of a pack): its record's header (this object,
+  this place, this length) and CRC-32 are checked, and its payload is re-hashed against the check
+  its object passed; a record that fails is dropped (its bytes stay dead in the pack);
 * held whole: its whole file is re-hashed against the check its object passed when it was
   written (the S3 checksum, MD5 or multipart ETag; the CRC-32 of a file or of an object with
   nothing to check against): *verified* (or *unverifiable*, when the origin gave nothing to
@@ -14,8 +17,14 @@ Per object:
   (the blocks that differ from the checked bytes are wrong data), or dropped when it cannot be
   checked.
 
+Objects removed or replaced while ``verify`` runs (by other processes: eviction, fills) are left
+to them: what fails a check is counted only if the index still names it as it did.
+
 Then files of no entry are removed (when older than ``ORPHAN_AGE``, so fills in flight are
-left alone), temporary files of dead processes too, and the counters are recomputed.  The
+left alone), packs the index does not account (unless a live process holds one to append to:
+its first records are not accounted yet), temporary files of dead processes too; the packs whose
+file is gone are forgotten with their objects, each pack's size is taken from its file (appends
+whose accounting a kill cut short are dead bytes in it) and the counters are recomputed.  The
 report is ``ok`` only when no wrong data was found and every object is verified or
 unverifiable (partial objects whose blocks are all checked are fine).
 """
@@ -60,9 +69,12 @@ def verify(cache: Any, report: Any, progress: Progress, *, complete: bool = Fals
     store.flush()
     index = store.index
     checks = index.verifications()
+    _verify_pack_files(store, report)
     for e in list(index.entries()):
         report.entries += 1
-        if e.whole:
+        if e.whole and e.pack is not None:
+            _verify_packed(store, e, checks.get(e.objid), report)
+        elif e.whole:
             _verify_whole(store, e, checks.get(e.objid), report)
         else:
             _verify_blocks(cache, e, checks.get(e.objid), report, complete)
@@ -95,17 +107,26 @@ def _verify_whole(store: BlockStore, e: Entry, check: tuple[str, str | None] | N
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        report.missing += 1
-        store.index.remove_objects([e.objid])
+        if store.index.entry(e.objid) is not None:      # (else: removed meanwhile, by another process)
+            report.missing += 1
+            store.index.remove_objects([e.objid])
         return
     try:
         sound = os.fstat(fd).st_size == e.size and store.whole_sound(e.objid, fd, e.size)
     finally:
         os.close(fd)
+    if sound or store.index.entry(e.objid) is not None:   # (else: removed meanwhile, by another process)
+        _count_whole(store, e, check, report, sound, "copy")
+
+
+def _count_whole(store: BlockStore, e: Entry, check: tuple[str, str | None] | None, report: Any, sound: bool,
+                 what: str) -> None:
+    """Count an object held whole by the check it passed (``sound``: its bytes at rest still pass
+    it), or drop it (wrong data)."""
     if not sound:
         report.corrupt += 1
         report.wrong += 1
-        report.add_failure(_shown(e), "its cached copy failed its check: dropped", "wrong")
+        report.add_failure(_shown(e), f"its cached {what} failed its check: dropped", "wrong")
         store.remove_object(e.objid, e.size)
         return
     report.blocks += 1
@@ -114,6 +135,68 @@ def _verify_whole(store: BlockStore, e: Entry, check: tuple[str, str | None] | N
         report.unverifiable += 1
     else:
         report.verified += 1
+
+
+def _verify_packed(store: BlockStore, e: Entry, check: tuple[str, str | None] | None, report: Any) -> None:
+    from manyfiles.cache._packs import Location
+
+    index = store.index
+    row = index.packed(e.objid)
+    if row is None:
+        if index.entry(e.objid) is not None:       # (else: removed meanwhile, by another process)
+            report.missing += 1
+            index.remove_objects([e.objid])
+        return
+    loc = Location(*row)
+    try:
+        data = store.packs.read_record(loc, e.objid)
+    except OSError:
+        data = None
+    sound = data is not None and len(data) == e.size and store.packed_sound(e.objid, data)
+    if not sound:
+        named, data = store.reread_record(e.objid, loc)
+        if not named:
+            return                                                   # removed meanwhile, elsewhere
+        sound = data is not None and len(data) == e.size and store.packed_sound(e.objid, data)
+    _count_whole(store, e, check, report, sound, "record")
+
+
+def _verify_pack_files(store: BlockStore, report: Any) -> None:
+    """Packs against their files: a pack whose file is gone (or is not that pack) is forgotten with
+    its objects; a pack file the index does not account is removed once old and free (no live
+    process appends to it); each accounted pack's size is its file's."""
+    packs = store.packs
+    files = packs.files()
+    accounted = {r.id: r for r in store.index.packs()}
+    gone, sizes = [], {}
+    for pack, row in accounted.items():
+        path = files.get(pack)
+        try:
+            with open(path, "rb") as f:     # (path None: TypeError, caught below)
+                ok = fmt.pack_file_id(f.read(fmt.PACK_HEADER_SIZE)) == pack
+                size = os.fstat(f.fileno()).st_size
+        except (OSError, TypeError):
+            ok, size = False, 0
+        if not ok:
+            gone.append(pack)
+        elif size != row.size:
+            sizes[pack] = size
+    if gone:
+        victims = store.index.remove_packs(gone)
+        report.missing += sum(v.entries for v in victims)
+        for v in victims:
+            packs.forget(v.pack)
+        packs.removed(len(gone))
+    if sizes:
+        store.index.set_pack_sizes(sizes)
+    cutoff = time.time() - ORPHAN_AGE
+    for pack, path in files.items():
+        if pack in accounted:
+            continue
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_mtime < cutoff and not packs.held_by_a_live_process(path):
+                os.unlink(path)
+                report.orphans += 1
 
 
 def _verify_blocks(cache: Any, e: Entry, check: tuple[str, str | None] | None, report: Any,

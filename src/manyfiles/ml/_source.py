@@ -45,6 +45,12 @@ class Listing:
     bucket: str | None = None             # S3 sources
     settings: Any = None                  # ClientSettings (resolved) for S3 sources
     offline: str | None = None            # served from the cache's kept listing: why
+    stats: list | None = None             # files: each one's lstat (None: gone), in order (see take_stats)
+
+    def take_stats(self) -> list:
+        """The files' stats, once (they are the versions the listing saw; not kept, not pickled)."""
+        stats, self.stats = self.stats or [], None
+        return stats
 
 
 def list_source(source: str | os.PathLike, *, settings: Any = None, include: Iterable[str] = (),
@@ -84,24 +90,24 @@ def list_source(source: str | os.PathLike, *, settings: Any = None, include: Ite
         return Listing(source, items, at, url.bucket, settings, why)
     root = os.path.abspath(os.fspath(source))
     if os.path.isfile(root):
-        return Listing(root, [Item(root, root, os.path.getsize(root), None)], at)
+        return Listing(root, [Item(root, root, os.path.getsize(root), None)], at, stats=[os.stat(root)])
     if not os.path.isdir(root):
         raise NotFound(f"{root}: no such file or directory")
     from manyfiles.listing import walk
 
-    paths = []
-    for d in walk(root):
+    found = []
+    for d in walk(root, stat=True):       # (the stats: the versions the dataset's hit path expects)
         if d.error is not None:
             raise ManyfilesError(f"{os.fsdecode(d.path)}: {d.error.strerror or d.error}")
-        for e in d.entries:
+        for e, st in zip(d.entries, d.stats, strict=True):
             if e.type in ("f", "?"):
                 path = os.path.join(os.fsdecode(d.path), os.fsdecode(e.name))
                 if keep is None or keep(os.path.relpath(path, root)):
-                    paths.append(path)
-    if not paths:
+                    found.append((path, st))
+    if not found:
         raise NotFound(f"{root}: no files there")
-    paths.sort()
-    return Listing(root, [Item(p, p, None, None) for p in paths], at)
+    found.sort(key=lambda f: f[0])
+    return Listing(root, [Item(p, p, None, None) for p, _ in found], at, stats=[st for _, st in found])
 
 
 # -- the cache, per process --------------------------------------------------------------------------

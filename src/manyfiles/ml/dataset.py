@@ -27,13 +27,16 @@ from __future__ import annotations
 import os
 import random
 import sys
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from manyfiles.cache import Cache
 from manyfiles.errors import ObjectChanged, UsageError
+from manyfiles.ml._hitpath import HitPath
 from manyfiles.ml._source import PREFETCH_MAX_BYTES, CacheRef, Item, Listing, ObjectFetcher, list_source
+from manyfiles.ml._workers import Board, Slot
 
 Source = str | os.PathLike
 CacheArg = Cache | str | os.PathLike
@@ -73,6 +76,8 @@ class _Base:
         self.offline = offline
         self._listing: Listing = self._list()
         self._fetcher: ObjectFetcher | None = None
+        self._board = Board()
+        self._hits = self._hit_path()
 
     def _list(self) -> Listing:
         include, exclude = self._filters
@@ -112,6 +117,7 @@ class _Base:
     def refresh(self) -> None:
         """List the source again: new and removed objects, and changed ETags (fetched again)."""
         self._listing = self._list()
+        self._hits = self._hit_path()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.source!r}, {len(self):,} objects, cache={self._cache_ref.dir!r})"
@@ -122,7 +128,7 @@ class _Base:
         sample = Sample(item.key, data)
         return self.transform(sample) if self.transform is not None else sample
 
-    def _cached(self, cache: Cache, item: Item) -> bytes | None:
+    def _cached_export(self, cache: Cache, item: Item) -> bytes | None:
         """The object from the cache at its listed version, or None (no request is made)."""
         if item.etag is None or item.size is None or item.size > PREFETCH_MAX_BYTES:
             return None
@@ -169,6 +175,7 @@ class _Base:
         if got.error is None and got.data is not None:
             cache.fill(item.url, got.data, etag=item.etag, checked=got.checked,
                        listed_at=self._listing.listed_at, settings=self._listing.settings)
+            self._fetched(got.data)
             return got.data
         if isinstance(got.error, ObjectChanged):
             return self._read(cache, item)
@@ -178,6 +185,9 @@ class _Base:
         """(item, bytes) in the order of ``indexes``; misses fetched ``ahead`` objects in advance."""
         items = self._listing.items
         cache = self._cache_ref.get()
+        table = self._hits.table(cache)
+        table.refresh()
+        read, elsewhere, counts = self._hits.reader(table), self._hits.elsewhere(table), self._slot().values
         window: deque[tuple[Item, bytes | None]] = deque()
         fetcher: ObjectFetcher | None = None
         submitted: set[str] = set()
@@ -192,7 +202,10 @@ class _Base:
                         more = False
                         break
                     item = items[i]
-                    data = self._cached(cache, item)
+                    data = self._cached(cache, item, i, read, elsewhere, counts)
+                    if data is not None and not window:
+                        yield item, data        # a hit with nothing before it: straight out
+                        continue
                     if data is None and self._fetchable(item) and not offline:
                         fetcher = fetcher or self._fetcher_for()
                         if fetcher is not None:
@@ -207,13 +220,92 @@ class _Base:
                         submitted.discard(item.key)
                         data = self._finish(cache, fetcher, item)
                     else:
-                        data = self._read(cache, item)
+                        data = self._read_counted(cache, item)
                 yield item, data
         finally:            # a reader that stopped early: its fetches ahead are not waited for
+            table.settle()
             if fetcher is not None:
                 for item, data in window:
                     if data is None and item.key in submitted:
                         fetcher.abandon(item)
+
+    def _samples(self, indexes: Iterable[int]) -> Iterator[Any]:
+        """Iteration: the samples of ``indexes``, ``prefetch`` ahead; counters published as it goes."""
+        slot = self._slot()
+        table = self._hits.table(self._cache_ref.get())
+        for n, (item, data) in enumerate(self._stream(indexes, self.prefetch), 1):
+            if n & 255 == 0:
+                table.refresh()
+                table.settle()
+                slot.publish()
+            yield self._sample(item, data)
+        slot.publish()
+
+    # -- the hit path and the per-worker counters (ml/_workers.py) -----------------------------------
+
+    def worker_stats(self) -> list[dict[str, int]]:
+        """The counters of every process that read through this dataset (this one and its
+        ``DataLoader`` workers, each since it started), one dict per process, as each one last
+        published them (at the end of each batch, every 256 samples of an iteration and at its end):
+        ``pid``, ``samples``, ``packed_hits`` (hits read by one ``pread`` from a pack), ``hits``
+        (all hits), ``fetched`` (misses), ``hit_ns`` (time in the hit path), ``hit_bytes``,
+        ``fetched_bytes``, and the cache's write-behind of that process (``fills_queued``,
+        ``fill_bytes_queued``, ``fills_done``, ``fill_bytes_done``, ``fills`` accounted,
+        ``fills_dropped``)."""
+        return self._board.gather()
+
+    def _slot(self) -> Slot:
+        slot = self._board.slot()
+        if slot.cache_stats is None:
+            slot.cache_stats = self._cache_ref.get().process_stats
+        return slot
+
+    def _hit_path(self) -> HitPath:
+        """The object ids of the listing's versions (for the hit path: ml/_hitpath.py)."""
+        listing = self._listing
+        cache = self._cache_ref.get()
+        items = listing.items
+        if listing.bucket is not None:
+            ids = cache.object_ids([it.url for it in items], etags=[it.etag for it in items],
+                                   sizes=[it.size for it in items], settings=listing.settings)
+            return HitPath(ids, files=False)
+        stats = listing.take_stats()
+        there = [k for k, st in enumerate(stats) if st is not None]
+        found = cache.object_ids([items[k].url for k in there], stats=[stats[k] for k in there])
+        ids = bytearray(16 * len(items))        # (a file gone since it was listed: all zeros, never found)
+        for n, k in enumerate(there):
+            ids[16 * k:16 * k + 16] = found[16 * n:16 * n + 16]
+        return HitPath(bytes(ids), files=True)
+
+    def _cached(self, cache: Cache, item: Item, index: int, read: Callable, elsewhere: Any,
+                values: list[int]) -> bytes | None:
+        """The object from the cache at its listed version, or None; counted and timed (``read``:
+        this thread's hit path; ``elsewhere``: its table when what it does not hold may be held
+        elsewhere in this process only, else None; ``values``: this process's counters)."""
+        t0 = time.perf_counter_ns()
+        data = read(index, item.url)
+        if data is not None:
+            values[1] += 1                          # packed_hits
+        elif elsewhere is not None and item.size is not None and item.size <= elsewhere.packed_max:
+            data = elsewhere.get_elsewhere(index, item.size)
+        else:
+            data = self._cached_export(cache, item)     # (held in blocks, perhaps: the general path)
+        values[0] += 1                              # samples
+        if data is not None:
+            values[2] += 1                          # hits
+            values[5] += len(data)                  # hit_bytes
+        values[4] += time.perf_counter_ns() - t0    # hit_ns
+        return data
+
+    def _fetched(self, data: bytes) -> None:
+        values = self._slot().values
+        values[3] += 1
+        values[6] += len(data)
+
+    def _read_counted(self, cache: Cache, item: Item) -> bytes:
+        data = self._read(cache, item)
+        self._fetched(data)
+        return data
 
 
 class Dataset(_Base):
@@ -249,20 +341,29 @@ class Dataset(_Base):
             raise TypeError(f"dataset indices must be integers, not {type(index).__name__}")
         item = items[index]             # IndexError past the end, as a list
         cache = self._cache_ref.get()
-        data = self._cached(cache, item)
+        table = self._hits.table(cache)
+        slot = self._slot()
+        if slot.values[0] & 63 == 0:
+            table.refresh()
+        data = self._cached(cache, item, index % len(items), self._hits.reader(table),
+                            self._hits.elsewhere(table), slot.values)
         if data is None:
-            data = self._read(cache, item)
+            data = self._read_counted(cache, item)
+        table.settle()
+        if slot.values[0] & 63 == 0:
+            slot.publish()
         return self._sample(item, data)
 
     def __getitems__(self, indexes: list[int]) -> list[Any]:
         """A batch (what ``DataLoader`` asks for): every miss of it fetched at once."""
         n = len(self._listing.items)
         indexes = [i + n if i < 0 else i for i in indexes]
-        return [self._sample(item, data) for item, data in self._stream(indexes, len(indexes))]
+        out = [self._sample(item, data) for item, data in self._stream(indexes, len(indexes))]
+        self._slot().publish()
+        return out
 
     def __iter__(self) -> Iterator[Any]:
-        for item, data in self._stream(range(len(self)), self.prefetch):
-            yield self._sample(item, data)
+        yield from self._samples(range(len(self)))
 
 
 class IterableDataset(_Base):
@@ -346,5 +447,4 @@ class IterableDataset(_Base):
     def __iter__(self) -> Iterator[Any]:
         order = self.order()
         self.epoch += 1          # the next pass is the next epoch (set_epoch sets it explicitly)
-        for item, data in self._stream(order, self.prefetch):
-            yield self._sample(item, data)
+        yield from self._samples(order)
