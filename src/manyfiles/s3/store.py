@@ -896,7 +896,9 @@ def _algorithm(name: str) -> str:
 def _checked(checksum: tuple[str, str] | None, content_md5: bytes | None) -> list[tuple[str, str]]:
     extra = []
     if checksum is not None:
-        extra.append((f"x-amz-checksum-{_algorithm(checksum[0])}", checksum[1]))
+        alg = _algorithm(checksum[0])
+        # (the algorithm named too, as the SDKs send it: some servers store the checksum only then)
+        extra += [(f"x-amz-checksum-{alg}", checksum[1]), ("x-amz-sdk-checksum-algorithm", alg.upper())]
     if content_md5 is not None:
         digest = content_md5 if len(content_md5) == 16 else base64.b64decode(content_md5)
         extra.append(("content-md5", base64.b64encode(digest).decode()))
