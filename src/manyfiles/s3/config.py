@@ -313,6 +313,8 @@ def known_region(settings: Settings, bucket: str) -> str | None:
 
 def proxy_for(scheme: str, host: str) -> tuple[str, int] | None:
     """The HTTP proxy of the environment for ``scheme://host`` (None: direct)."""
+    if not any(k.lower().endswith("_proxy") for k in os.environ):
+        return None     # (the usual case: no urllib.request to import, ~6 ms of start-up)
     import urllib.request
 
     proxies = urllib.request.getproxies_environment()

@@ -27,10 +27,7 @@ returns the answer's status and headers, or raises the answer's error.  A shell 
 
 from __future__ import annotations
 
-import calendar
-import email.utils
 import re
-import time
 from collections.abc import Generator, Iterable
 from typing import NamedTuple
 
@@ -161,6 +158,10 @@ class ClockSkewed(TransferError):
 
 
 def _skewed(date: str | None, amzdate: str | None) -> bool:
+    import calendar
+    import email.utils
+    import time
+
     parsed = email.utils.parsedate(date) if date else None
     if not parsed or not amzdate:
         return False

@@ -10,8 +10,6 @@ is ``UNSIGNED-PAYLOAD`` (bodies are checked by their checksum or Content-MD5 hea
 
 from __future__ import annotations
 
-import calendar
-import email.utils
 import hashlib
 import hmac
 import threading
@@ -34,6 +32,9 @@ class ServerClock:
 
     def take(self, server_date: str | None) -> None:
         """Take the server's clock (its Date header)."""
+        import calendar
+        import email.utils
+
         parsed = email.utils.parsedate(server_date) if server_date else None
         if parsed:
             self.offset = calendar.timegm(parsed) - time.time()

@@ -51,7 +51,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 from urllib.parse import unquote_plus
-from xml.sax.saxutils import escape
 
 from manyfiles._core.progress import StallWatch
 from manyfiles._core.retry import RetryPolicy, aretrying, retrying
@@ -770,8 +769,8 @@ class S3Store:
             sums = ""
             if p.checksum is not None:
                 name = _XML_NAME[_algorithm(p.checksum[0])]
-                sums = f"<Checksum{name}>{escape(p.checksum[1])}</Checksum{name}>"
-            items.append(f"<Part><PartNumber>{p.number}</PartNumber><ETag>\"{escape(p.etag)}\"</ETag>{sums}</Part>")
+                sums = f"<Checksum{name}>{_escape(p.checksum[1])}</Checksum{name}>"
+            items.append(f"<Part><PartNumber>{p.number}</PartNumber><ETag>\"{_escape(p.etag)}\"</ETag>{sums}</Part>")
         doc = ('<CompleteMultipartUpload xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
                + "".join(items) + "</CompleteMultipartUpload>").encode()
         extra = _checked(checksum, None)
@@ -863,7 +862,7 @@ class S3Store:
         path = self.route.ep.path_prefix or "/"
 
         def send(batch: list[str]) -> None:
-            objects = "".join(f"<Object><Key>{escape(k)}</Key></Object>" for k in batch)
+            objects = "".join(f"<Object><Key>{_escape(k)}</Key></Object>" for k in batch)
             doc = f"<Delete><Quiet>true</Quiet>{objects}</Delete>".encode()
             extra = [("content-md5", base64.b64encode(hashlib.md5(doc).digest()).decode())]
             t0 = time.monotonic_ns()
@@ -921,6 +920,11 @@ def _put_result(headers: Mapping[str, str]) -> PutResult:
 
 def _unquoted(etag: str | None) -> str | None:
     return etag.strip('"') if etag else None
+
+
+def _escape(text: str) -> str:
+    """``text`` as XML character data (xml.sax.saxutils.escape, without its import of urllib.request)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _xml(body: bytes) -> tuple[ET.Element, str]:

@@ -20,7 +20,6 @@ at once: a run that stopped).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import socket
@@ -28,13 +27,16 @@ import struct
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from manyfiles.errors import TransferError
 from manyfiles.s3 import http1
 from manyfiles.s3.config import Endpoint, Route
 from manyfiles.s3.http1 import ErrorBody, FileBody, Headers, Send
 from manyfiles.s3.retry import cause_of, classify
+
+if TYPE_CHECKING:
+    import asyncio
 
 CHUNK = 1 << 20      # the receive buffer of a thread, and the largest block of a body handed on
 
@@ -55,6 +57,12 @@ class BodyWriteError(Exception):
 # Begins a fetched body: (status, headers, Content-Length) -> its writer (``write(view)``); raises to refuse
 # the answer (a Content-Range that is not the one asked, a size the listing contradicts).
 BodyStart = Callable[[int, Headers, int], Any]
+
+
+def _host(name: str) -> bytes | str:
+    """A host name for getaddrinfo: an ASCII one as bytes (a str goes through the idna codec, whose
+    import, stringprep included, is ~3 ms of start-up)."""
+    return name.encode() if name.isascii() else name
 
 
 def _shut(sock: socket.socket) -> None:
@@ -335,9 +343,9 @@ class Transport:
             sock = None
         if sock is None:
             ssl_ctx = self.route.ssl_ctx if ep.scheme == "https" else None
-            target = ep.proxy or (ep.connect_host, ep.port)
+            host, port = ep.proxy or (ep.connect_host, ep.port)
             try:
-                sock = socket.create_connection(target, timeout=self.connect_timeout)
+                sock = socket.create_connection((_host(host), port), timeout=self.connect_timeout)
             except OSError as exc:
                 err = http1.connect_error(exc, ep.name, self.connect_timeout)
                 raise err from cause_of(err, exc)
@@ -450,7 +458,8 @@ class Response:
 class AsyncConnection:
     """One keep-alive connection on a :class:`~manyfiles.s3.config.Route`, for one coroutine at a
     time; reopened after any error, a ``Connection: close``, or when the route moved.  The twin of
-    :class:`Transport`: ``request`` and ``fetch``, awaited."""
+    :class:`Transport`: ``request`` and ``fetch``, awaited.  (Its methods import asyncio: a pull on
+    threads never loads it, ~10 ms of start-up.)"""
 
     def __init__(self, route: Route, timeout: float, *, connect_timeout: float | None = None) -> None:
         self.route, self.timeout = route, timeout
@@ -463,6 +472,8 @@ class AsyncConnection:
     async def request(self, method: str, path: str, query: str = "", extra: list[tuple[str, str]] = (), *,
                       body: bytes | None = None, ok: tuple[int, ...] = (200,)) -> Answer:
         """One request whose answer is read whole (Content-Length bodies); raises TransferError."""
+        import asyncio
+
         try:
             status, headers, rest = await self._drive(http1.exchange(self.route, method, path, list(extra),
                                                                      query, body, ok))
@@ -488,6 +499,8 @@ class AsyncConnection:
                     ok: tuple[int, ...] = (200, 206), begin: BodyStart,
                     on_bytes: Callable[[int], None] | None = None) -> tuple[int, Headers, int, Any]:
         """The twin of :meth:`Transport.fetch`."""
+        import asyncio
+
         status = n = 0
         try:
             status, headers, rest = await self._drive(http1.exchange(self.route, "GET", path, extra, query,
@@ -539,6 +552,8 @@ class AsyncConnection:
             reply = await (self._send(op) if op.__class__ is Send else self._error_body(op))
 
     async def _send(self, op: Send) -> tuple[bytes, bytes] | None:
+        import asyncio
+
         if op.fresh or (self.writer is not None and self.ep is not op.ep):
             self.close()
         reused = self.writer is not None
@@ -559,6 +574,8 @@ class AsyncConnection:
         return head, b""
 
     async def _error_body(self, op: ErrorBody) -> bytes:
+        import asyncio
+
         body = b""
         if op.want:
             with contextlib.suppress(asyncio.IncompleteReadError, asyncio.TimeoutError, OSError):
@@ -571,6 +588,8 @@ class AsyncConnection:
 
     async def _connect(self, ep: Endpoint) -> None:
         """:meth:`_open`, within the connect timeout (a NetworkError otherwise)."""
+        import asyncio
+
         try:
             await asyncio.wait_for(self._open(ep), self.connect_timeout)
         except (OSError, asyncio.TimeoutError) as exc:
@@ -579,6 +598,8 @@ class AsyncConnection:
             raise err from cause_of(err, exc)
 
     async def _open(self, ep: Endpoint) -> None:
+        import asyncio
+
         self.ep = ep
         ssl_ctx = self.route.ssl_ctx if ep.scheme == "https" else None
         if ep.proxy:
