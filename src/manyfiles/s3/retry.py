@@ -325,30 +325,21 @@ def classify(exc: BaseException, *, answered: bool = False) -> TransferError:
     response had begun, for a network error)."""
     if isinstance(exc, TransferError):
         return exc
-    from manyfiles._core.extras import require
-    from manyfiles.s3.config import S3_FEATURE
-
-    require("s3", "botocore.exceptions", S3_FEATURE)
-    from botocore.exceptions import (
-        ClientError,
-        FlexibleChecksumError,
-        NoCredentialsError,
-        NoRegionError,
-        ParamValidationError,
-    )
-
-    if isinstance(exc, FlexibleChecksumError):
-        return IntegrityError(f"checksum of the body does not match the server's ({exc})")
-
-    if isinstance(exc, NoCredentialsError):
-        return coded(TransferError(str(exc), retryable=False), "NoCredentials")
-    if isinstance(exc, (NoRegionError, ParamValidationError)):
-        return TransferError(str(exc), retryable=False)
-    if isinstance(exc, ClientError):
-        err = exc.response.get("Error", {})
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        code = str(err.get("Code", ""))
-        return s3_error(status, code, err.get("Message") or "" if code else str(exc))
+    # botocore's errors come only from botocore: where it was never imported (every read path
+    # goes through the store), the exception is not one of them and it is not imported for it
+    boto = sys.modules.get("botocore.exceptions")
+    if boto is not None:
+        if isinstance(exc, boto.FlexibleChecksumError):
+            return IntegrityError(f"checksum of the body does not match the server's ({exc})")
+        if isinstance(exc, boto.NoCredentialsError):
+            return coded(TransferError(str(exc), retryable=False), "NoCredentials")
+        if isinstance(exc, (boto.NoRegionError, boto.ParamValidationError)):
+            return TransferError(str(exc), retryable=False)
+        if isinstance(exc, boto.ClientError):
+            err = exc.response.get("Error", {})
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+            code = str(err.get("Code", ""))
+            return s3_error(status, code, err.get("Message") or "" if code else str(exc))
     refused = tls_refusal(exc)
     if refused is not None:
         return refused
@@ -361,9 +352,7 @@ def classify(exc: BaseException, *, answered: bool = False) -> TransferError:
     if isinstance(exc, OSError) and exc.errno is not None:
         # local disk errors (ENOSPC, EIO...): retrying would just fail again
         return LocalError(exc)
-    from botocore.exceptions import BotoCoreError
-
-    if isinstance(exc, BotoCoreError):
+    if boto is not None and isinstance(exc, boto.BotoCoreError):
         # ResponseStreamingError, IncompleteRead...: botocore's own words, no class name
         return TransferError(str(exc), retryable=True)
     # urllib3 ProtocolError, aiohttp ClientPayloadError, asyncio's IncompleteReadError...
