@@ -122,8 +122,8 @@ def test_errors_are_classified_without_botocore(moto_server, tmp_path):
     """A full disk, a reset, a short read: classified in words without importing botocore (which
     once was imported for every error that was not already ours)."""
     code = ("import errno\nfrom manyfiles.s3.retry import classify\n"
-            "for exc in (OSError(errno.ENOSPC, 'No space left on device'), ConnectionResetError(104, 'reset'),\n"
-            "            ValueError('short')):\n"
+            "for exc in (OSError(errno.ENOSPC, 'No space left on device'),\n"
+            "            ConnectionResetError(104, 'reset'), ValueError('short')):\n"
             "    err = classify(exc)\n"
             "    print(type(err).__name__, err.retryable)\n"
             "import sys; print('botocore' in sys.modules)\n")
