@@ -233,6 +233,14 @@ class LoopThreadEngine(Engine):
         except asyncio.CancelledError:      # kill()
             pass
         finally:
+            # a gather ends at its first cancelled worker: the others still hold temp files and
+            # connections, and must run their cleanup on a live loop (as asyncio.run does), not
+            # when the process exits and their coroutines are collected on a closed one
+            left = asyncio.all_tasks(self.loop)
+            for task in left:
+                task.cancel()
+            if left:
+                self.loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
             self.loop.close()
 
     async def _main(self) -> None:
