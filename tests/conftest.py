@@ -24,10 +24,11 @@ XDIST_GROUPS = {
     "tests/scale/": "dask",                                   # dask_client
     "tests/s3/test_pull_cluster.py": "dask",
     "tests/packaging/test_install.py": "venvs",              # nocc_wheel, bare_venv, boto_venv
+    "tests/netns/": "netns",                                  # netfaults: the multi-host lab
 }
-GROUP_ORDER = ("notebooks", "dask", "venvs")
+GROUP_ORDER = ("notebooks", "netns", "dask", "venvs")
 GROUP_FIXTURES = {"all_venv": "notebooks", "dask_client": "dask", "nocc_wheel": "venvs", "bare_venv": "venvs",
-                  "boto_venv": "venvs"}
+                  "boto_venv": "venvs", "netfaults": "netns"}
 
 
 def xdist_group(nodeid: str) -> str | None:

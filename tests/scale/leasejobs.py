@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from manyfiles._core.report import Report
+from manyfiles.scale import lease
 from manyfiles.scale.executor import Job, ShardResult
 
 TICK = 0.05
@@ -37,3 +38,31 @@ class TickJob(Job):
             publish(k + 1, 0, 0)
             time.sleep(TICK)
         return ShardResult(report=Report(), items=self.ticks)
+
+
+@dataclass(frozen=True)
+class LapseJob(Job):
+    """Shard i registers and notes its attempt number; its first ``lapses`` attempts then stop as
+    a shard whose worker lost the lease does (LeaseLapsed); the next one writes the notes of the
+    attempts before it to ``folder/<i>`` and counts one item."""
+
+    folder: str
+    n: int = 3
+    lapses: int = 1
+    name = "lapses"
+
+    def shards(self):
+        return range(self.n)
+
+    def new_report(self) -> Report:
+        return Report()
+
+    def run(self, shard: int, publish) -> ShardResult:
+        attempt = lease.current()
+        earlier = [str(v) for v in attempt.earlier.values()]
+        attempt.note(f"attempt {len(earlier)}")
+        publish(0, 0, 0)
+        if len(earlier) < self.lapses:
+            raise lease.LeaseLapsed("the job's lease lapsed (here: on purpose): shard stopped")
+        Path(self.folder, str(shard)).write_text("\n".join(earlier))
+        return ShardResult(report=Report(), items=1)

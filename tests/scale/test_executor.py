@@ -169,6 +169,53 @@ def test_a_worker_killed_mid_shard_is_rerun_elsewhere_and_counted_once(tmp_path:
     assert starts.count(str(killed[0])) == 2                           # the killed shard ran again
 
 
+@dataclass(frozen=True)
+class DieOnceJob(Job):
+    """The first attempt of shard 0 SIGKILLs its worker process; every shard then takes ``sleep`` s
+    and counts one item."""
+
+    folder: str
+    n: int = 8
+    sleep: float = 1.0
+    name = "die-once"
+
+    def shards(self):
+        return range(self.n)
+
+    def new_report(self) -> CountReport:
+        return CountReport()
+
+    def run(self, shard: int, publish) -> ShardResult:
+        marker = Path(self.folder, f"{shard}.died")
+        if shard == 0 and not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        deadline = time.monotonic() + self.sleep
+        while time.monotonic() < deadline:
+            publish(0, 0, 0)
+            time.sleep(0.05)
+        return ShardResult(report=CountReport(done=1), items=1)
+
+
+def test_a_local_cluster_is_back_at_its_size_after_dask_closes_a_lost_workers_nanny(tmp_path: Path) -> None:
+    """Dask's LocalCluster closes a lost worker's nanny for good when no worker of that name is up
+    ``lost-worker-timeout`` (15 s) after the loss: a worker killed twice within 15 s left
+    ``--cluster local:N`` one worker short for the rest of the job.  A timeout shorter than a
+    restart makes that instant certain; the executor starts the missing worker again."""
+    import dask
+
+    # set once distributed is imported (connect imports it): a dask.config.set of a "distributed."
+    # key made before removes all of distributed's settings when it ends
+    with connect("local:2") as ex, dask.config.set({"distributed.deploy.lost-worker-timeout": "0.1s"}):
+        report = ex.run(DieOnceJob(folder=str(tmp_path)))
+        ex.client.wait_for_workers(2, timeout=60)
+        # the worker started again has our spawn environment too (and left none in this process)
+        assert set(ex.client.run(_environ_get, "MALLOC_TRIM_THRESHOLD_").values()) == {None}
+    assert "MALLOC_TRIM_THRESHOLD_" not in os.environ
+    assert (report.items, report.done, report.shards) == (8, 8, 8)
+    assert report.reruns >= 1
+
+
 def test_cluster_argument_forms() -> None:
     assert parse_cluster("local:3") == ("local", 3)
     assert parse_cluster("tcp://10.0.0.5:8786") == ("address", "tcp://10.0.0.5:8786")
@@ -257,3 +304,43 @@ def test_a_progress_callback_may_ask_dask_while_counters_arrive(tmp_path: Path, 
     runner.join(120)
     assert not runner.is_alive(), "the job hung"
     assert outcome and outcome[0].items == sum(range(8)) and asked
+
+
+def test_the_job_shows_a_stall_only_while_every_running_shard_has_stalled() -> None:
+    """Workers publish their shard's stall (seconds, last error) with its counters; the client's
+    progress says ``stalled Ns: last error: ...`` when nothing moves anywhere (every running shard
+    stalled: the shortest stall, aged since heard, the newest error), and stops saying it as soon
+    as one shard moves."""
+    from manyfiles._core.progress import progress_for
+    from manyfiles.scale._jobs import LiveCounts
+
+    seen = []
+    with progress_for(seen.append, "s3pull", unit="objects") as p:
+        live = LiveCounts(p)
+        live.update(0, "a", 5, 50, 0)
+        live.update(1, "b", 3, 30, 0, (6.0, "http://10.0.0.2:9000: host unreachable"))
+        p.tick(force=True)
+        assert seen[-1].stall is None                                    # shard 0 still moves
+        live.update(0, "a", 5, 50, 0, [11.0, None])                      # (msgpack sends a list)
+        p.tick(force=True)
+        stall = seen[-1].stall
+        assert 6.0 <= stall.seconds < 60 and stall.error == "http://10.0.0.2:9000: host unreachable"
+        assert "stalled 6s: last error: http://10.0.0.2:9000: host unreachable" in str(seen[-1])
+        assert seen[-1].done == 8
+        live.update(1, "b", 4, 40, 0)                                    # it moves again
+        p.tick(force=True)
+        assert seen[-1].stall is None and seen[-1].done == 9
+
+
+def test_a_shard_publishes_at_once_when_its_stall_starts_or_ends() -> None:
+    from manyfiles._core.progress import Stall
+    from manyfiles.scale._jobs import Throttle
+
+    sent = []
+    publish = Throttle(lambda *args: sent.append(args), interval=60.0)
+    publish(1)
+    publish(2)                                       # throttled
+    publish(2, 0, 0, Stall(5.0, "refused"))          # a stall: news
+    publish(2, 0, 0, Stall(10.0, "refused"))         # throttled
+    publish(3)                                       # moving again: news
+    assert sent == [(1, 0, 0, None), (2, 0, 0, Stall(5.0, "refused")), (3, 0, 0, None)]

@@ -10,8 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cloudpickle
+import leasejobs
 import pytest
-from leasejobs import TickJob
+from leasejobs import LapseJob, TickJob
 
 from clusterutil import shards_running, wait_for
 from manyfiles.errors import UsageError
@@ -75,8 +77,35 @@ def test_the_shards_of_a_frozen_client_stop_when_its_lease_lapses(tmp_path: Path
         client.kill()
         client.wait()
     assert client.returncode == 1, err
-    assert err.strip().startswith("error: the job's lease lapsed"), err      # no class name (issue 26)
+    assert err.strip().startswith("error: the job's lease lapsed: this client could not renew it"), err
+    assert "$MANYFILES_CLUSTER_LEASE" in err and "rerun to resume" in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_shard_whose_worker_lost_the_lease_runs_again_and_carries_its_notes(tmp_path: Path,
+                                                                              dask_client) -> None:
+    """A shard that stopped on a lapsed lease while its client kept renewing was on a worker cut off
+    from the scheduler: the client runs it again (a new task), the job goes on, and the new attempt
+    knows what the stopped ones noted (their work is counted once).  Before: the job failed with
+    ``LeaseLapsed: ...`` (the multi-host form: tests/netns, a worker cut off from the scheduler)."""
+    cloudpickle.register_pickle_by_value(leasejobs)
+    report = run_job(LapseJob(folder=str(tmp_path), n=3, lapses=2), dask_client)
+    assert (report.items, report.shards, report.reruns) == (3, 3, 6)
+    for shard in range(3):
+        assert (tmp_path / str(shard)).read_text().splitlines() == ["attempt 0", "attempt 1"]
+
+
+def test_a_shard_that_keeps_losing_the_lease_ends_the_job_with_one_line(tmp_path: Path, dask_client) -> None:
+    from manyfiles.scale._dask import MAX_LAPSES
+
+    cloudpickle.register_pickle_by_value(leasejobs)
+    with pytest.raises(lease.LeaseLapsed) as caught:
+        run_job(LapseJob(folder=str(tmp_path), n=1, lapses=MAX_LAPSES), dask_client)
+    message = str(caught.value)
+    assert message.startswith(f"shard 0 stopped {MAX_LAPSES} times, its worker each time cut off from the "
+                              "Dask scheduler at tcp://"), message
+    assert "$MANYFILES_CLUSTER_LEASE" in message and message.endswith("rerun to resume")
+    assert "\n" not in message and os.listdir(tmp_path) == []
 
 
 def test_in_process_nothing_lapses_and_no_attempt_came_before(tmp_path: Path) -> None:

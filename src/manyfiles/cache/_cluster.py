@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from manyfiles._core.progress import ProgressArg
+from manyfiles.scale import lease
 from manyfiles.scale.executor import ClusterArg, ClusterReport, Job, Publish, ShardResult, run_job
 
 OBJECTS_PER_SHARD = 1_000
@@ -48,10 +50,26 @@ class WarmJob(Job):
         return self.report_type()
 
     def run(self, sources: tuple[str, ...], publish: Publish) -> ShardResult:
+        from manyfiles.cache._warm import warm
+
         cache = _worker_cache(self.cache_type, self.dir, self.options)
-        report = cache.warm(list(sources), jobs=self.jobs,
-                            progress=lambda snap: publish(snap.done, snap.bytes, snap.failures))
+        report = warm(cache, list(sources), jobs=self.jobs, fetched_since=_lost_attempts_since(cache.dir),
+                      progress=lambda snap: publish(snap.done, snap.bytes, snap.failures, snap.stall))
         return ShardResult(report=report, items=report.objects, bytes=report.bytes)
+
+
+def _lost_attempts_since(directory: str) -> float | None:
+    """When the first lost attempt of this shard on this node's cache started (a time.time()), if
+    one did: what this attempt finds complete and written since was fetched by this run.  Each
+    attempt notes its node's cache and start before it works (two scheduler requests)."""
+    attempt = lease.current()
+    if not attempt.rerun_possible:
+        return None
+    st = os.stat(directory)
+    here = f"{os.uname().nodename}:{st.st_dev}:{st.st_ino}"
+    attempt.note({"cache": here, "at": time.time()})
+    ours = [n["at"] for n in attempt.earlier.values() if isinstance(n, dict) and n.get("cache") == here]
+    return min(ours) if ours else None
 
 
 def _worker_cache(cache_type: type, directory: str, options: tuple) -> Any:

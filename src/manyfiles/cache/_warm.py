@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from manyfiles._core.checkpoints import reached as checkpoint
 from manyfiles._core.pool import Pool
 from manyfiles._core.progress import ProgressArg, StallWatch, iter_ticking, progress_for
 from manyfiles.cache._complete import complete
@@ -31,8 +32,11 @@ from manyfiles.cache._reports import WarmReport
 from manyfiles.errors import ManyfilesError, NotFound, from_oserror
 
 
-def warm(cache: Any, srcs: Iterable[Any], *, jobs: int, progress: ProgressArg) -> WarmReport:
-    """What :meth:`Cache.warm` does on this machine."""
+def warm(cache: Any, srcs: Iterable[Any], *, jobs: int, progress: ProgressArg,
+         fetched_since: float | None = None) -> WarmReport:
+    """What :meth:`Cache.warm` does on this machine.  ``fetched_since`` (a time.time()): objects
+    found complete whose files were written since then count as fetched, not cached -- a cluster
+    shard run again on the node where its lost attempt fetched them (cache/_cluster.py)."""
     report = WarmReport()
     lock = threading.Lock()
     t0 = time.monotonic()
@@ -59,7 +63,7 @@ def warm(cache: Any, srcs: Iterable[Any], *, jobs: int, progress: ProgressArg) -
 
         def work(item: tuple) -> None:
             try:
-                kind, n = warm_one(cache, item, run.stop)
+                kind, n = warm_one(cache, item, run.stop, fetched_since)
             except ManyfilesError as exc:
                 failed(item[0].display, exc)
                 return
@@ -72,6 +76,7 @@ def warm(cache: Any, srcs: Iterable[Any], *, jobs: int, progress: ProgressArg) -
                 else:
                     report.fetched += 1
             p.add(1, bytes=n)
+            checkpoint("warm")
 
         def tick() -> None:
             run.tick(p)
@@ -185,9 +190,10 @@ def _expand_s3(cache: Any, url: str, run: _Run) -> Iterator[tuple]:
         raise NotFound(f"{url}: no such object or prefix")
 
 
-def warm_one(cache: Any, item: tuple, stop: threading.Event | None = None) -> tuple[str, int]:
-    """("cached", 0) when the cache holds the object checked, else ("fetched", bytes) once it does
-    (``stop``: set when the warm stopped, which ends the fill)."""
+def warm_one(cache: Any, item: tuple, stop: threading.Event | None = None,
+             fetched_since: float | None = None) -> tuple[str, int]:
+    """("cached", 0) when the cache holds the object checked (and did before ``fetched_since``),
+    else ("fetched", bytes) once it does (``stop``: set when the warm stopped, which ends the fill)."""
     origin, known = item
     stream = None
     if known is None:
@@ -197,6 +203,8 @@ def warm_one(cache: Any, item: tuple, stop: threading.Event | None = None) -> tu
         v = cache.validated(origin, known)
         if cache.holds_checked(v):
             cache._store.counters.note_access(v.objid, v.validated_at)
+            if fetched_since is not None and _written_since(cache._store, v, fetched_since):
+                return "fetched", v.size
             return "cached", 0
         complete(cache._store, origin, v, cache.retry, stream=stream, cancel=stop)
         stream = None
@@ -206,6 +214,21 @@ def warm_one(cache: Any, item: tuple, stop: threading.Event | None = None) -> tu
         if stream is not None:
             stream.close()
     return "fetched", v.size
+
+
+MTIME_SLACK = 0.05     # seconds: file times come from the kernel's coarse clock, behind time.time()
+
+
+def _written_since(store: Any, v: Any, since: float) -> bool:
+    """Were the files holding ``v`` (its whole file, else its blocks) written at or after ``since``?"""
+    if store.has_whole(v.objid):
+        paths = [store.whole_path(v.objid)]
+    else:
+        paths = [store.block_path(v.objid, i) for i in range(store.nblocks(v.size))]
+    try:
+        return max(os.stat(p).st_mtime for p in paths) >= since - MTIME_SLACK
+    except FileNotFoundError:         # evicted meanwhile: it was there, not ours to count
+        return False
 
 
 def _code(exc: BaseException) -> str:

@@ -18,6 +18,7 @@ import contextlib
 import errno
 import functools
 import json
+import logging
 import math
 import os
 import sys
@@ -358,6 +359,7 @@ def _first_line(text: str) -> str:
 def run_main(command: click.Command, prog: str) -> None:
     """Run a click command as a standalone script: its exit code, or one ``prog: message`` line on
     stderr and the code of :func:`exit_code` (a usage error: 2, with no usage block)."""
+    quiet_library_logs()
     try:
         # click's main() without its error handling (which prints usage blocks, and a blank line
         # before an Abort): the callback's value is our commands' exit code
@@ -380,6 +382,15 @@ def run_main(command: click.Command, prog: str) -> None:
     except BrokenPipeError:
         exit_closed_output()
     sys.exit(code if isinstance(code, int) else EXIT_OK)
+
+
+def quiet_library_logs() -> None:
+    """Log records of the libraries we call go nowhere: a command's stderr is its own lines (one
+    per error).  Without this, a Dask client that loses its scheduler logs a traceback there
+    (``distributed`` adds its stderr handler only when the root logger has none)."""
+    root = logging.getLogger()
+    if not root.handlers:
+        root.addHandler(logging.NullHandler())
 
 
 def _exit_with(prog: str, exc: BaseException) -> None:

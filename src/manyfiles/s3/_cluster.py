@@ -25,6 +25,7 @@ keys), so a rerun finds its slices' records; after changes, shifted slices fetch
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 from collections.abc import Iterable, Iterator
@@ -45,7 +46,39 @@ from manyfiles.scale import executor, lease
 from manyfiles.scale.executor import ClusterArg, ClusterReport, Publish, ShardResult, run_job
 from manyfiles.scale.keyranges import KeyRange, take
 
-SLICE_KEYS = 10_000       # keys per download shard and per listing shard (10 pages of 1000)
+SLICE_KEYS = 10_000       # keys per listing shard (10 pages of 1000), and per download slice at most
+SLICES_PER_WORKER = 4     # a whole job that one lister read is cut into this many slices per worker...
+MIN_SLICE_KEYS = 100      # ...of this many keys at least (a task costs the scheduler ~3 ms)...
+MIN_SLICE_BYTES = 64 << 20  # ...or this many bytes (a slice ends at its share of the bytes);
+MAX_SLICES_PER_BATCH = 16   # a lister's keys when more follow: at most this many (10^8 keys: ~10^5 tasks)
+MOVING = frozenset({"done", "skip", "bytes"})    # the run's events that end a stall
+
+
+def cut_slices(objects: list[tuple], workers: int, max_keys: int = SLICE_KEYS, *,
+               whole: bool = False) -> list[Slice]:
+    """``objects`` (``(key, size, etag...)`` in key order) cut into slices for ``workers`` shards at
+    once: ``SLICES_PER_WORKER`` per worker (at most ``MAX_SLICES_PER_BATCH`` unless they are the
+    ``whole`` job), by key count and by bytes -- a slice ends at its share of either (but holds at
+    least ``MIN_SLICE_KEYS`` keys or ``MIN_SLICE_BYTES``), and at ``max_keys`` keys.  The cuts follow
+    the keys: the same listing on as many workers cuts the same."""
+    want = SLICES_PER_WORKER * max(1, workers)
+    if not whole:
+        want = min(want, MAX_SLICES_PER_BATCH)
+    keys = min(max_keys, max(MIN_SLICE_KEYS, -(-len(objects) // want)))
+    budget = max(MIN_SLICE_BYTES, -(-sum(o[1] or 0 for o in objects) // want))
+    out: list[Slice] = []
+    batch: list[tuple] = []
+    held = 0
+    for o in objects:
+        size = o[1] or 0
+        if batch and (len(batch) >= keys or held + size > budget):
+            out.append(Slice(tuple(batch)))
+            batch, held = [], 0
+        batch.append(tuple(o))
+        held += size
+    if batch:
+        out.append(Slice(tuple(batch)))
+    return out
 
 
 class Slice(NamedTuple):
@@ -94,21 +127,26 @@ class PullJob(executor.Job):
     exclude: tuple[str, ...] = ()
     manifest: str | None = None
     slice_keys: int = SLICE_KEYS
+    workers: int = 1                   # shards the cluster runs at once (sized_for)
     name = "s3pull"
     unit = "objects"
+
+    def sized_for(self, workers: int) -> PullJob:
+        return dataclasses.replace(self, workers=workers)
 
     def shards(self) -> Iterator[Any]:
         if self.manifest is None:
             yield KeyRange(None, None)
             return
         batch: list[tuple] = []
+        first = True
         for info in read_manifest(self.manifest, parse_url(self.source)):
             batch.append(tuple(info))
             if len(batch) >= self.slice_keys:
-                yield Slice(tuple(batch))
-                batch = []
+                yield from cut_slices(batch, self.workers, self.slice_keys)
+                batch, first = [], False
         if batch:
-            yield Slice(tuple(batch))
+            yield from cut_slices(batch, self.workers, self.slice_keys, whole=first)
 
     def priority(self, shard: Any) -> int:
         return 0 if isinstance(shard, Slice) else 1      # downloads before more listing
@@ -132,7 +170,8 @@ class PullJob(executor.Job):
         listing = list_objects_lean(self.settings, everything, retry=self._cfg().retry, start_after=rng.after)
         keep = None if url.pattern is None else (lambda info: url.matches(info.key))
         found, rest = take(listing, rng, self.slice_keys, url.prefix, keep=keep)
-        more: list[Any] = [Slice(tuple(tuple(info) for info in found))] if found else []
+        whole = rng.after is None and rng.upto is None and not rest     # the job is these keys
+        more: list[Any] = cut_slices(found, self.workers, self.slice_keys, whole=whole)
         return ShardResult(report=self.new_report(), more=more + rest)
 
     def _download(self, url: Any, sl: Slice, publish: Publish) -> ShardResult:
@@ -147,6 +186,7 @@ class PullJob(executor.Job):
         # closing(): a lapsed lease (publish raises) ends the engines here, as Ctrl-C does
         events = run(url, objects, self.dest, settings=self.settings, cfg=self._cfg(), keep=keep,
                      report=report, state_slice=sl.id)
+        stall = None      # the run's stall, from its "stall" events until something moves again
         with contextlib.closing(events):
             for ev in events:
                 if ev.kind == "done":
@@ -155,7 +195,12 @@ class PullJob(executor.Job):
                     report.skipped -= 1
                     report.add_done("lost worker", ev.size, Claim.from_record(theirs[ev.key]).kind)
                     installed += ev.size
-                publish(report.done + report.skipped + len(report.failures), installed, len(report.failures))
+                if ev.kind == "stall":
+                    stall = ev.value
+                elif ev.kind in MOVING:
+                    stall = None
+                publish(report.done + report.skipped + len(report.failures), installed, len(report.failures),
+                        stall)
         report.bytes = installed
         handled = report.done + report.skipped + len(report.failures)
         return ShardResult(report=report, items=handled, bytes=installed)

@@ -26,6 +26,7 @@ from __future__ import annotations
 from manyfiles._core.lazy import lazy_exports
 
 _EXPORTS = {
+    "ClusterLost": ".executor",
     "ClusterReport": ".executor",
     "Executor": ".executor",
     "InProcessExecutor": ".executor",

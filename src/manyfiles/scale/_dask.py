@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -28,8 +29,8 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 from manyfiles._core.extras import require
 from manyfiles.errors import ManyfilesError, UsageError
@@ -37,6 +38,7 @@ from manyfiles.scale._jobs import (
     CLUSTER_FEATURE,
     IN_FLIGHT_EXTRA,
     IN_FLIGHT_PER_THREAD,
+    ClusterLost,
     ClusterReport,
     Executor,
     Job,
@@ -49,7 +51,7 @@ from manyfiles.scale._jobs import (
     raise_shard_error,
     worker_name,
 )
-from manyfiles.scale.lease import LeasedAttempt, LeaseLapsed, LeaseTerms, LeaseWatch, lease_seconds
+from manyfiles.scale.lease import LEASE_ENV, LeasedAttempt, LeaseLapsed, LeaseTerms, LeaseWatch, lease_seconds
 from manyfiles.trace import iotrace
 
 distributed = require("dask", "distributed", CLUSTER_FEATURE)
@@ -86,6 +88,7 @@ class DaskExecutor(Executor):
         self.lease = lease_seconds(lease)
         self._workers = 0
         self._seen = float("-inf")
+        self._spawn_env: Any = None       # our LocalCluster's worker environment (dask.config.set)
 
     @classmethod
     def open(cls, cluster: Any) -> DaskExecutor:
@@ -110,31 +113,61 @@ class DaskExecutor(Executor):
     @classmethod
     def _local(cls, n: int, lease: float) -> DaskExecutor:
         # One thread per worker process: our shards bring their own threads (s3 engines, the
-        # tree walker), and one shard at a time per process keeps their budgets as tuned.
-        with dask.config.set({SPAWN_ENV: worker_environ()}):
+        # tree walker), and one shard at a time per process keeps their budgets as tuned.  The
+        # spawn environment stays set while the cluster lives: a nanny started later (a worker
+        # started again, _restore_local) reads it too, and puts what it reads into this
+        # process's os.environ for good (Dask's Nanny does), where every later spawn finds it.
+        spawn = dask.config.set({SPAWN_ENV: worker_environ()})
+        lc = None
+        try:
             lc = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                                           silence_logs=logging.ERROR, **LOCAL_QUIET)
-        try:
-            return cls(distributed.Client(lc), owns_client=True, local_cluster=lc, lease=lease)
+            executor = cls(distributed.Client(lc), owns_client=True, local_cluster=lc, lease=lease)
         except BaseException:
-            lc.close()
+            if lc is not None:
+                lc.close()
+            spawn.__exit__(None, None, None)
             raise
+        executor._spawn_env = spawn
+        return executor
 
     @property
     def workers(self) -> int:
         now = time.monotonic()
         if now - self._seen > WORKERS_REFRESH:
-            self._workers = sum(self.client.nthreads().values())
             self._seen = now
+            if self.local_cluster is not None:
+                self._restore_local()
+            try:     # bounded: a client cut off from the scheduler keeps its loop (and its lease check)
+                self._workers = sum(self.client.nthreads(callback_timeout=WORKERS_REFRESH).values())
+            except Exception:
+                if not self._workers:
+                    raise
+                # the last count stands; the job's own checks decide whether the cluster is lost
         return self._workers
+
+    def _restore_local(self) -> None:
+        """Our LocalCluster back at its size.  A worker killed twice within Dask's
+        ``lost-worker-timeout`` (15 s) makes the cluster close that worker's nanny for good (it
+        looks for a worker of that name only at that instant); ``scale`` starts the missing one,
+        once no worker of that name is registered any more (a new one would be refused)."""
+        lc = self.local_cluster
+        missing = set(lc.worker_spec) - set(lc.workers)
+        registered = {w.get("name") for w in lc.scheduler_info.get("workers", {}).values()}
+        if missing and not missing & registered:
+            lc.scale(len(lc.worker_spec))
 
     def close(self) -> None:
         try:
             if self.owns_client:
                 self.client.close()
         finally:
-            if self.local_cluster is not None:
-                self.local_cluster.close()
+            try:
+                if self.local_cluster is not None:
+                    self.local_cluster.close()
+            finally:
+                if self._spawn_env is not None:
+                    self._spawn_env.__exit__(None, None, None)
 
     def _run(self, job: Job, shards: ShardQueue, report: ClusterReport, live: LiveCounts) -> None:
         client = self.client
@@ -144,50 +177,107 @@ class DaskExecutor(Executor):
         topic = f"manyfiles-{job.name}-{token}"
         client.subscribe_topic(topic, lambda event: live.update(*event[1]))
         finished: queue.SimpleQueue = queue.SimpleQueue()
-        in_flight: dict[Any, int] = {}
+        in_flight: dict[Any, Pending] = {}
+
+        def where() -> str:
+            known = report.shards + len(in_flight) + len(shards.found)
+            return (f"{report.shards:,} of {'' if shards.exhausted else 'at least '}{known:,} shards done; "
+                    "rerun to resume")
+
         try:
             with ClientLease(client, self.lease) as lease, worker_traces(client):
+
+                def submit(p: Pending) -> None:
+                    key = f"{job.name}-{token}-{p.sid}" + (f"-{p.lapses}" if p.lapses else "")
+                    fut = client.submit(run_on_worker, job, p.sid, p.shard, topic, lease.terms, key, p.notes,
+                                        key=key, pure=False)
+                    in_flight[fut] = p
+                    fut.add_done_callback(finished.put)
+
                 while True:
                     limit = IN_FLIGHT_PER_THREAD * max(1, self.workers) + IN_FLIGHT_EXTRA
                     while len(in_flight) < limit and (item := shards.next()) is not None:
-                        sid, shard = item
-                        key = f"{job.name}-{token}-{sid}"
-                        fut = client.submit(run_on_worker, job, sid, shard, topic, lease.terms, key,
-                                            key=key, pure=False)
-                        in_flight[fut] = sid
-                        fut.add_done_callback(finished.put)
+                        submit(Pending(*item))
                     if not in_flight:
                         break
                     try:
                         done = [finished.get(timeout=TICK)]
                     except queue.Empty:
+                        lease.check_reach(self.address, where)
+                        live.show_stall()
                         live.progress.tick()
                         continue
                     while not finished.empty():          # whatever else finished: one gather for all
                         done.append(finished.get())
                     for fut, result in zip(done, _results(client, done, in_flight), strict=True):
-                        sid = in_flight.pop(fut)
+                        p = in_flight.pop(fut)
+                        if result.lapsed:
+                            # its worker was cut off from the scheduler (or could not confirm the
+                            # lease) and stopped; the job fails only if this client is the one cut off
+                            lease.check_reach(self.address, where)
+                            if p.lapses + 1 >= MAX_LAPSES:
+                                self._cancel(in_flight)
+                                raise LeaseLapsed(
+                                    f"shard {p.sid} stopped {MAX_LAPSES} times, its worker each time cut off "
+                                    f"from the Dask scheduler at {self.address} longer than the job's lease "
+                                    f"({self.lease:g} s, ${LEASE_ENV}); {where()}")
+                            submit(p._replace(lapses=p.lapses + 1, notes=result.notes))
+                            continue
                         raise_shard_error(result)
-                        live.finish(sid, result)
+                        live.finish(p.sid, result)
                         report.add(result)
                         shards.add(result.more)
                     live.progress.tick()
+        except (LeaseLapsed, ClusterLost):
+            raise            # cut off: no scheduler to ask (it forgets the tasks of a client it lost)
+        except Exception as exc:
+            if connection_lost(exc, client):
+                raise ClusterLost(f"lost the Dask scheduler at {self.address}: {where()}") from None
+            self._cancel(in_flight)
+            raise
         except BaseException:
-            if in_flight:
-                with contextlib.suppress(Exception):
-                    client.cancel(list(in_flight))
+            self._cancel(in_flight)
             raise
         finally:
             with contextlib.suppress(Exception):
                 client.unsubscribe_topic(topic)
 
+    def _cancel(self, in_flight: dict[Any, Pending]) -> None:
+        if in_flight:
+            with contextlib.suppress(Exception):
+                self.client.cancel(list(in_flight))
 
-def _results(client: Any, futures: list[Any], sids: dict[Any, int]) -> list[ShardResult]:
+
+MAX_LAPSES = 4       # times one shard may stop on a lapsed lease before the job gives up
+
+
+class Pending(NamedTuple):
+    """A shard submitted: its id, the shard, how often it stopped on a lapsed lease, and the notes
+    of its attempts so far (handed to the next task of the shard)."""
+
+    sid: int
+    shard: Any
+    lapses: int = 0
+    notes: dict | None = None
+
+
+def connection_lost(exc: BaseException, client: Any) -> bool:
+    """Is ``exc`` Dask telling ``client`` that its scheduler is gone (or unreachable)?  A timeout or
+    an OSError only when the client itself says it lost the scheduler (our own code raises those
+    too: a listing on the client, a progress line to a closed stderr)."""
+    if isinstance(exc, (distributed.client.FutureCancelledError, distributed.comm.CommClosedError)):
+        return True
+    if isinstance(exc, ManyfilesError) or not isinstance(exc, (OSError, TimeoutError, asyncio.TimeoutError)):
+        return False
+    return getattr(client, "status", "running") != "running"
+
+
+def _results(client: Any, futures: list[Any], pending: dict[Any, Pending]) -> list[ShardResult]:
     """The results of finished futures, fetched in one round trip (one by one to name a failure)."""
     try:
         results = client.gather(futures)
     except Exception:
-        results = [_result(fut, sids[fut]) for fut in futures]
+        results = [_result(fut, pending[fut].sid) for fut in futures]
     for fut in futures:
         fut.release()
     return results
@@ -200,21 +290,24 @@ def _result(fut: Any, sid: int) -> ShardResult:
         raise ManyfilesError(f"shard {sid}: every worker that ran it died ({exc})") from exc
 
 
-def run_on_worker(job: Job, sid: int, shard: Any, topic: str, lease: LeaseTerms, key: str) -> ShardResult:
+def run_on_worker(job: Job, sid: int, shard: Any, topic: str, lease: LeaseTerms, key: str,
+                  notes: dict | None = None) -> ShardResult:
     """The task: one shard under the job's lease, its counters published to ``topic`` as it goes
-    (``key``: the task's own, under which its attempts register)."""
+    (``key``: the task's own, under which its attempts register; ``notes``: those of the attempts
+    of the shard's earlier tasks, which stopped when their lease lapsed)."""
     worker = distributed.get_worker()
     attempt = f"{worker_name()}:{secrets.token_hex(4)}"
 
-    def send(done: int, nbytes: int, failures: int) -> None:
-        worker.log_event(topic, [sid, attempt, done, nbytes, failures])
+    def send(done: int, nbytes: int, failures: int, stall: Any = None) -> None:
+        stalled = None if stall is None else tuple(stall)      # (seconds, last error): plain values
+        worker.log_event(topic, [sid, attempt, done, nbytes, failures, stalled])
 
     publish = Throttle(send)
     publish(0, 0, 0)      # "started": the client learns which attempt runs the shard
     try:
-        leased = attempt_on_worker(lease, key, attempt)
-    except LeaseLapsed as exc:     # the client went away before this shard could start
-        return ShardResult(error=(type(exc).__name__, str(exc)), worker=worker_name())
+        leased = attempt_on_worker(lease, key, attempt, notes)
+    except LeaseLapsed as exc:     # the client went away, or this worker cannot reach the scheduler
+        return ShardResult(error=(type(exc).__name__, str(exc)), worker=worker_name(), notes=notes)
     with leased.watch.used():
         return execute_shard(job, shard, publish, leased)
 
@@ -223,7 +316,7 @@ _WATCHES: dict[str, LeaseWatch] = {}      # lease key -> this worker process's w
 _WATCHES_LOCK = threading.Lock()
 
 
-def attempt_on_worker(lease: LeaseTerms, key: str, attempt: str) -> LeasedAttempt:
+def attempt_on_worker(lease: LeaseTerms, key: str, attempt: str, notes: dict | None = None) -> LeasedAttempt:
     """This attempt, under the process's watch of the job's lease (the first attempt of the job on
     this process makes it: one request; the next ones only read its clocks).
 
@@ -234,18 +327,24 @@ def attempt_on_worker(lease: LeaseTerms, key: str, attempt: str) -> LeasedAttemp
     """
     try:
         client = distributed.get_client()
+
+        def read() -> Any:     # bounded: an answer lost in a cut must not hold the watch for Dask's 30 s
+            return client.sync(client.scheduler.get_metadata, keys=[lease.key], default=None,
+                               callback_timeout=max(1.0, lease.seconds / 2))
+
         with _WATCHES_LOCK:
             watch = _WATCHES.get(lease.key)
             if watch is None or not watch.alive:
                 for gone in [k for k, w in _WATCHES.items() if not w.alive]:
                     del _WATCHES[gone]
-                watch = _WATCHES[lease.key] = LeaseWatch(
-                    lease, read=lambda: client.get_metadata([lease.key], default=None))
+                watch = _WATCHES[lease.key] = LeaseWatch(lease, read=read)
     except Exception as exc:          # (a timeout of a loaded scheduler): do nothing unconfirmed
         raise LeaseLapsed(f"the scheduler could not confirm the job's lease ({exc}): shard not run") from exc
+    watch.refresh()
     watch.check()
     return LeasedAttempt(watch, attempts=lambda: client.get_metadata([key, "attempts"], default=None),
-                         write=lambda value: client.set_metadata([key, "attempts", attempt], value))
+                         write=lambda value: client.set_metadata([key, "attempts", attempt], value),
+                         name=attempt, carried=notes)
 
 
 def _anchor() -> None:
@@ -259,6 +358,11 @@ class ClientLease:
     Leaving the block releases the anchor: Dask forgets it and drops its metadata, so every
     shard still running stops at its next check.  A client that dies without leaving the block
     loses its connection, and the scheduler releases (forgets) the anchor the same way.
+
+    The thread also times its renewals: a client that could not renew for longer than the lease
+    (cut off from the scheduler, or frozen) knows that every shard of the job has stopped, and
+    :meth:`check_reach` ends the job; a shard that stopped while the client kept renewing was
+    on a worker cut off from the scheduler, and is run again.
     """
 
     def __init__(self, client: Any, seconds: float) -> None:
@@ -267,11 +371,14 @@ class ClientLease:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew, name="manyfiles-lease-renew", daemon=True)
         self.anchor: Any = None
+        self.renewed = time.monotonic()      # the last renewal the scheduler acknowledged
+        self.longest_gap = 0.0               # the longest time between two of them
 
     def __enter__(self) -> ClientLease:
         # the beat first: a shard started right after the submit must find it
         self.client.set_metadata([self.terms.key, "beat"], 0)
         self.anchor = self.client.submit(_anchor, key=self.terms.key, pure=False)
+        self.renewed = time.monotonic()
         self._thread.start()
         return self
 
@@ -279,12 +386,31 @@ class ClientLease:
         beat = 0
         while not self._stop.wait(self.terms.renew_every):
             beat += 1
-            with contextlib.suppress(Exception):      # the shards' clocks decide; we keep trying
-                self.client.set_metadata([self.terms.key, "beat"], beat)
+            try:      # bounded: a cut-off connection must not hold the thread (or the exit)
+                self.client.sync(self.client.scheduler.set_metadata, keys=[self.terms.key, "beat"],
+                                 value=beat, callback_timeout=self.terms.seconds / 2)
+            except Exception:
+                continue          # the shards' clocks decide; we keep trying
+            now = time.monotonic()
+            self.longest_gap = max(self.longest_gap, now - self.renewed)
+            self.renewed = now
+
+    def unrenewed(self) -> float:
+        """The longest time this client went without renewing the lease so far (seconds)."""
+        return max(self.longest_gap, time.monotonic() - self.renewed)
+
+    def check_reach(self, address: str, where: Callable[[], str]) -> None:
+        """Raise LeaseLapsed (one line: the scheduler, how long, the lease and its knob, ``where()``
+        the job stands) if this client went longer than the lease without renewing it."""
+        gap = self.unrenewed()
+        if gap > self.terms.seconds:
+            raise LeaseLapsed(f"the job's lease lapsed: this client could not renew it at the Dask scheduler "
+                              f"{address} for {gap:.1f} s (lease {self.terms.seconds:g} s: ${LEASE_ENV}), "
+                              f"so its shards stopped; {where()}")
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        self._thread.join(self.terms.seconds)
         with contextlib.suppress(Exception):
             self.anchor.release()
 
@@ -303,10 +429,18 @@ def worker_traces(client: Any) -> Iterator[None]:
     client.register_plugin(TracePlugin(run_id), name=name)
     try:
         yield
-    finally:
-        with contextlib.suppress(Exception):
-            client.unregister_worker_plugin(name)     # teardown closes every worker's file
-        gather_traces(client, run_id, tracer.path)
+    except BaseException as exc:
+        if isinstance(exc, (LeaseLapsed, ClusterLost)) or connection_lost(exc, client):
+            raise            # no scheduler to ask: the traces stay on the workers' hosts
+        _end_traces(client, run_id, name, tracer.path)
+        raise
+    _end_traces(client, run_id, name, tracer.path)
+
+
+def _end_traces(client: Any, run_id: str, name: str, path: str) -> None:
+    with contextlib.suppress(Exception):
+        client.unregister_worker_plugin(name)     # teardown closes every worker's file
+    gather_traces(client, run_id, path)
 
 
 def _trace_dir(run_id: str) -> str:

@@ -18,13 +18,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from manyfiles._core.progress import Progress, ProgressArg, check_progress, progress_for
+from manyfiles._core.progress import Progress, ProgressArg, Stall, check_progress, progress_for
 from manyfiles._core.report import Report
 from manyfiles.errors import ManyfilesError, UsageError
-from manyfiles.scale.lease import NO_LEASE, Attempt, guarded, running
+from manyfiles.scale.lease import NO_LEASE, Attempt, LeaseLapsed, guarded, running
 
-Publish = Callable[[int, int, int], None]
-"""``publish(done, bytes, failures)``: a shard's running totals (absolute, not deltas)."""
+Publish = Callable[..., None]
+"""``publish(done, bytes, failures, stall=None)``: a shard's running totals (absolute, not deltas),
+and while nothing moves in it its :class:`~manyfiles._core.progress.Stall` (seconds, last error)."""
 
 MAX_FAILURES_PER_SHARD = 10_000   # listed per shard; the rest are counted (a result stays small)
 IN_FLIGHT_PER_THREAD = 4          # shards submitted per worker thread (running + queued on it)...
@@ -86,6 +87,13 @@ class ShardResult:
     failures_not_listed: int = 0
     error: tuple[str, str] | None = None      # (exception class name, message): the job stops
     attempts: int = 1                         # runs of this shard known to this attempt (> 1: a worker died)
+    notes: dict | None = None                 # a stopped attempt's Attempt.chain(), for its re-run
+
+    @property
+    def lapsed(self) -> bool:
+        """Stopped because its worker lost the job's lease (cut off from the scheduler, or it
+        could not confirm the lease): the shard is run again, the job goes on."""
+        return self.error is not None and self.error[0] == LeaseLapsed.__name__
 
 
 @dataclass
@@ -113,7 +121,7 @@ class ClusterReport(Report):
     cluster: str = ""
     result: Report | None = None
     shards: int = 0
-    reruns: int = 0                  # shard runs again after their worker was lost (attempts - 1)
+    reruns: int = 0                  # shard runs again after their worker was lost or cut off (attempts - 1)
     items: int = 0
     bytes: int = 0
     workers: dict[str, WorkerStats] = field(default_factory=dict)
@@ -134,7 +142,7 @@ class ClusterReport(Report):
                  else f"{self.items:,} items, {self.bytes:,} bytes in {self.seconds:.2f} s")
         text = f"{inner} [{self.shards:,} shards on {len(self.workers)} workers"
         if self.reruns:
-            text += f", {self.reruns} re-run after a worker was lost"
+            text += f", {self.reruns} re-run after a worker was lost or cut off"
         return text + "]"
 
     def worker_lines(self) -> list[str]:
@@ -245,7 +253,7 @@ def execute_shard(job: Job, shard: Any, publish: Publish, attempt: Attempt = NO_
         with running(attempt):
             result = job.run(shard, guarded(publish, attempt))
     except Exception as exc:
-        result = ShardResult(error=(type(exc).__name__, str(exc) or "no message"))
+        result = ShardResult(error=(type(exc).__name__, str(exc) or "no message"), notes=attempt.chain())
     failures = getattr(result.report, "failures", None)
     if failures is not None and len(failures) > MAX_FAILURES_PER_SHARD:
         result.failures_not_listed = len(failures) - MAX_FAILURES_PER_SHARD
@@ -255,6 +263,11 @@ def execute_shard(job: Job, shard: Any, publish: Publish, attempt: Attempt = NO_
     if attempt.registered:          # else the client counts re-runs from their "started" events
         result.attempts = len(attempt.earlier) + 1
     return result
+
+
+class ClusterLost(ManyfilesError):
+    """The client lost its Dask scheduler (it died, or the network between them failed) before
+    the job ended: the shards done so far are kept, a rerun of the same command resumes."""
 
 
 def _our_error(name: str) -> type[ManyfilesError] | None:
@@ -284,23 +297,28 @@ def raise_shard_error(result: ShardResult) -> None:
 
 
 class Throttle:
-    """Calls ``send(done, bytes, failures)`` at most every ``interval`` seconds (and the first time)."""
+    """Calls ``send(done, bytes, failures, stall)`` at most every ``interval`` seconds (and the first
+    time), and at once when the stall starts or ends (a stall is news; a run that stalls publishes
+    little else)."""
 
-    def __init__(self, send: Callable[[int, int, int], None], interval: float = PUBLISH_INTERVAL) -> None:
+    def __init__(self, send: Callable[..., None], interval: float = PUBLISH_INTERVAL) -> None:
         self.send = send
         self.interval = interval
         self.last = float("-inf")
+        self.stalled = False
         self.lock = threading.Lock()
 
-    def __call__(self, done: int, nbytes: int = 0, failures: int = 0) -> None:
+    def __call__(self, done: int, nbytes: int = 0, failures: int = 0, stall: Stall | None = None) -> None:
         now = time.monotonic()
-        if now - self.last < self.interval:
+        changed = (stall is not None) != self.stalled
+        if now - self.last < self.interval and not changed:
             return
         with self.lock:
-            if now - self.last < self.interval:
+            if now - self.last < self.interval and (stall is not None) == self.stalled:
                 return
             self.last = now
-        self.send(done, nbytes, failures)
+            self.stalled = stall is not None
+        self.send(done, nbytes, failures, stall)
 
 
 # -- the client side: scheduling and live counters ----------------------------------------------------
@@ -314,6 +332,7 @@ class ShardQueue:
         self.source = iter(job.shards() if shards is None else shards)
         self.found: list[tuple[int, int, Any]] = []
         self.ids = itertools.count()
+        self.exhausted = False       # the job's own list is used up (only found shards may follow)
 
     def add(self, shards: Iterable[Any]) -> None:
         for s in shards:
@@ -325,6 +344,7 @@ class ShardQueue:
             return sid, shard
         shard = next(self.source, _END)
         if shard is _END:
+            self.exhausted = True
             return None
         return next(self.ids), shard
 
@@ -343,23 +363,31 @@ class LiveCounts:
         self.lock = threading.Lock()
         self.final = [0, 0, 0]
         self.running: dict[int, tuple[str, int, int, int]] = {}
+        self.stalls: dict[int, tuple[Stall, float]] = {}   # stalled running shard -> its stall, when heard
         self.finished: set[int] = set()
         self.attempts: dict[int, set[str]] = {}
         self.reruns = 0
 
-    def update(self, sid: int, attempt: str, done: int, nbytes: int, failures: int) -> None:
-        """A shard's running totals (called from whichever thread receives them: Dask's event loop)."""
+    def update(self, sid: int, attempt: str, done: int, nbytes: int, failures: int,
+               stall: Stall | tuple | None = None) -> None:
+        """A shard's running totals and stall (called from whichever thread receives them: Dask's
+        event loop; a stall arrives as a plain tuple or list)."""
         with self.lock:
             if sid in self.finished:
                 return
             self.running[sid] = (attempt, done, nbytes, failures)
             self.attempts.setdefault(sid, set()).add(attempt)
+            if stall is None:
+                self.stalls.pop(sid, None)
+            else:
+                self.stalls[sid] = (Stall(*stall), time.monotonic())
         self._show()
 
     def finish(self, sid: int, result: ShardResult) -> None:
         with self.lock:
             self.finished.add(sid)
             self.running.pop(sid, None)
+            self.stalls.pop(sid, None)
             self.reruns += max(len(self.attempts.pop(sid, ())), result.attempts) - 1
             self.final[0] += result.items
             self.final[1] += result.bytes
@@ -375,7 +403,26 @@ class LiveCounts:
             done, nbytes, failures = self.final
             for _, d, b, f in self.running.values():
                 done, nbytes, failures = done + d, nbytes + b, failures + f
+            stall = self.stall()
         self.progress.set(done=done, bytes=nbytes, failures=failures)
+        self.progress.set_stall(stall)
+
+    def show_stall(self) -> None:
+        """Show the job's stall as of now (its seconds go on between two workers' messages)."""
+        if self.progress and self.stalls:
+            with self.lock:
+                stall = self.stall()
+            self.progress.set_stall(stall)
+
+    def stall(self) -> Stall | None:
+        """The job's stall: when every running shard has stalled (nothing moves anywhere), the
+        shortest of their stalls, aged since it was heard, with the newest error; else None."""
+        if not self.running or self.stalls.keys() != self.running.keys():
+            return None
+        now = time.monotonic()
+        aged = [(s.seconds + now - heard, heard, s.error) for s, heard in self.stalls.values()]
+        errors = [(heard, e) for _, heard, e in aged if e]
+        return Stall(min(a[0] for a in aged), max(errors)[1] if errors else None)
 
 
 # -- executors -----------------------------------------------------------------------------------------
@@ -426,7 +473,7 @@ class InProcessExecutor(Executor):
         while (item := queue.next()) is not None:
             sid, shard = item
             result = execute_shard(job, shard, Throttle(
-                lambda d, b, f, sid=sid: live.update(sid, "here", d, b, f), interval=0.0))
+                lambda d, b, f, s, sid=sid: live.update(sid, "here", d, b, f, s), interval=0.0))
             raise_shard_error(result)
             live.finish(sid, result)
             report.add(result)
@@ -455,6 +502,7 @@ def parse_cluster(text: str) -> tuple[str, Any]:
 
 
 __all__ = [
+    "ClusterLost",
     "ClusterReport",
     "Executor",
     "InProcessExecutor",

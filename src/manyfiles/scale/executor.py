@@ -42,6 +42,7 @@ from typing import Any
 from manyfiles._core.progress import ProgressArg, check_progress
 from manyfiles.errors import UsageError
 from manyfiles.scale._jobs import (
+    ClusterLost,
     ClusterReport,
     Executor,
     InProcessExecutor,
@@ -94,6 +95,7 @@ def run_job(job: Job, cluster: ClusterArg, *, shards: Iterable[Any] | None = Non
 
 __all__ = [
     "ClusterArg",
+    "ClusterLost",
     "ClusterReport",
     "Executor",
     "InProcessExecutor",

@@ -109,6 +109,10 @@ class Attempt:
     def note(self, value: Any) -> None:
         """Record ``value`` (small, msgpack-able) for later attempts of this shard, before doing work."""
 
+    def chain(self) -> dict[str, Any]:
+        """The notes to hand to a re-run of this shard (in process there is none)."""
+        return {}
+
     def first_note(self, mine: Any) -> Any:
         """The note of the oldest attempt that left one, else ``mine`` (this attempt's)."""
         for value in self.earlier.values():
@@ -136,7 +140,7 @@ def running(attempt: Attempt) -> Iterator[Attempt]:
         _CURRENT.reset(token)
 
 
-def guarded(publish: Callable[[int, int, int], None], attempt: Attempt) -> Callable[..., None]:
+def guarded(publish: Callable[..., None], attempt: Attempt) -> Callable[..., None]:
     """``publish`` that first checks the lease when called on this (the shard's) thread.
 
     Only there: from a tool's own threads an exception would land in the middle of its work;
@@ -144,10 +148,10 @@ def guarded(publish: Callable[[int, int, int], None], attempt: Attempt) -> Calla
     """
     owner = threading.get_ident()
 
-    def checked(done: int, nbytes: int = 0, failures: int = 0) -> None:
+    def checked(done: int, nbytes: int = 0, failures: int = 0, stall: Any = None) -> None:
         if threading.get_ident() == owner:
             attempt.check()
-        publish(done, nbytes, failures)
+        publish(done, nbytes, failures, stall)
 
     return checked
 
@@ -187,11 +191,18 @@ class LeaseWatch:
             value = self._read()
         except Exception:             # unreachable, timed out: not a renewal
             return
-        if not isinstance(value, dict) or "beat" not in value:
-            self._gone = "its client released it or disconnected"
-        elif value["beat"] != self._beat:
-            self._beat = value["beat"]
-            self._confirmed = time.monotonic()
+        with self._lock:
+            if not isinstance(value, dict) or "beat" not in value:
+                self._gone = "its client released it or disconnected"
+            elif self._beat is None or value["beat"] > self._beat:     # (a late answer is no renewal)
+                self._beat = value["beat"]
+                self._confirmed = time.monotonic()
+
+    def refresh(self) -> None:
+        """Look now (from the thread of a new attempt): a worker back from a cut must not turn
+        away the shards it is given while its watcher waits for an answer lost in the cut."""
+        if self.lapsed and not self._gone:
+            self._look()
 
     def _watch(self) -> None:
         while not self._gone:
@@ -238,12 +249,16 @@ class LeasedAttempt(Attempt):
     rerun_possible = True
 
     def __init__(self, watch: LeaseWatch, attempts: Callable[[], dict[str, Any]],
-                 write: Callable[[Any], None]) -> None:
+                 write: Callable[[Any], None], *, name: str = "",
+                 carried: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.watch = watch
+        self.name = name                       # this attempt's id among the shard's registrations
         self._attempts = attempts
         self._write = write
         self._registered = False
+        self._carried = dict(carried or {})    # notes of attempts of earlier tasks of this shard
+        self._mine: Any = None
 
     @property  # type: ignore[override]
     def earlier(self) -> dict[str, Any]:
@@ -270,9 +285,18 @@ class LeasedAttempt(Attempt):
 
     def note(self, value: Any) -> None:
         if not self._registered:
-            self._earlier = dict(self._attempts() or {})
+            self._earlier = {**self._carried, **(self._attempts() or {})}
         self._write(value)
+        self._mine = value
         self._registered = True
+
+    def chain(self) -> dict[str, Any]:
+        """The notes of this attempt and of every earlier one, oldest first: what the next task
+        of this shard is given when this one stopped (its lease lapsed) and the client runs the
+        shard again under a new key, whose registrations start empty."""
+        if not self._registered:
+            return dict(self._carried)
+        return {**self._earlier, self.name: self._mine}
 
 
 __all__ = ["DEFAULT_SECONDS", "LEASE_ENV", "NO_LEASE", "Attempt", "LeaseLapsed", "LeaseTerms",
