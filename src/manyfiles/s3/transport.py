@@ -489,7 +489,7 @@ class AsyncConnection:
                 self.close()
         except BaseException as exc:
             self.close()
-            if isinstance(exc, asyncio.CancelledError):
+            if not isinstance(exc, Exception):     # cancelled, or the coroutine closed
                 raise
             err = self._error(exc)
             raise err from cause_of(err, exc)
@@ -529,7 +529,7 @@ class AsyncConnection:
                 self.close()
         except BaseException as exc:
             self.close()
-            if isinstance(exc, asyncio.CancelledError):
+            if not isinstance(exc, Exception):     # cancelled, or the coroutine closed
                 raise
             err = self._error(exc, answered=status != 0)
             err.received = n          # type: ignore[attr-defined]  (for the trace)

@@ -233,14 +233,14 @@ class LoopThreadEngine(Engine):
         except asyncio.CancelledError:      # kill()
             pass
         finally:
-            # a gather ends at its first cancelled worker: the others still hold temp files and
-            # connections, and must run their cleanup on a live loop (as asyncio.run does), not
-            # when the process exits and their coroutines are collected on a closed one
-            left = asyncio.all_tasks(self.loop)
-            for task in left:
+            # a worker still pending when _main ended (gather ends at the first worker's error) is
+            # cancelled and run to its end here, while the sink is open: closed later by the garbage
+            # collector, it would clean up against a closed sink and print a traceback
+            pending = asyncio.all_tasks(self.loop)
+            for task in pending:
                 task.cancel()
-            if left:
-                self.loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            if pending:
+                self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self.loop.close()
 
     async def _main(self) -> None:

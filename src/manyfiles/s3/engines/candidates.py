@@ -113,7 +113,7 @@ class ObstoreEngine(LoopThreadEngine):
             self.ctx.bytes(len(data))
             fetched = body.finish(meta["size"])
         except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError):
+            if not isinstance(exc, Exception):     # cancelled, or the coroutine closed
                 raise
             err = _classified(exc)
             trace_request("s3.get", opts.bucket, job.key, 0, body.n if body else 0, t0, err.status or -1)
