@@ -121,10 +121,15 @@ def _shard(worker: tuple[int, int]) -> int:
     return sum(nbytes(x) for x in _DS.worker(*worker))
 
 
-def epochs(ds, workers: int, n: int, iterable: bool = False) -> list[tuple[float, int]]:
-    """(seconds, bytes) of ``n`` epochs of ``ds`` in a persistent pool of ``workers`` processes."""
+def epochs(ds, workers: int, n: int, iterable: bool = False) -> list[tuple[float, int, tuple | None]]:
+    """(seconds, bytes, counts) of ``n`` epochs of ``ds`` in a persistent pool of ``workers``
+    processes; counts, for the manyfiles datasets only (taken after the epoch, off the clock, once
+    the workers' fills of that epoch are written: the next epoch is a reread): the objects read from
+    the origin in that epoch (the cache's ``object_misses``) and the blocks whose fill was dropped
+    (``fills_dropped``: read again from the origin in the next epoch)."""
     ctx = mp.get_context("fork")
     out = []
+    before = (0, 0)
     with ctx.Pool(workers, initializer=_init, initargs=(ds,)) as pool:
         pool.map(len, [[0]] * workers)        # the workers are up before the clock starts
         for _ in range(n):
@@ -134,8 +139,29 @@ def epochs(ds, workers: int, n: int, iterable: bool = False) -> list[tuple[float
             else:
                 batches = [list(range(i, min(i + BATCH, len(ds)))) for i in range(0, len(ds), BATCH)]
                 got = sum(pool.imap_unordered(_batch, batches, chunksize=1))
-            out.append((time.perf_counter() - t0, got))
+            secs = time.perf_counter() - t0
+            if hasattr(ds, "cache"):
+                total = settled_counts(ds)
+                out.append((secs, got, (total[0] - before[0], total[1] - before[1])))
+                before = total
+            else:
+                out.append((secs, got, None))
     return out
+
+
+def settled_counts(ds) -> tuple[int, int]:
+    """The cache directory's (``object_misses``, ``fills_dropped``) once every worker's counters
+    and fills reached the index: they write them about once a second while reading or filling, and
+    soon after that pauses, so the counts (``fills`` too) have settled when they stay the same for 3 s."""
+    cache = ds.cache
+    last, since = None, time.monotonic()
+    while last is None or time.monotonic() - since < 3.0:
+        st = cache.stats()
+        now = (st.object_misses, st.fills_dropped, st.fills)
+        if now != last:
+            last, since = now, time.monotonic()
+        time.sleep(0.25)
+    return last[0], last[1]
 
 
 # -- data -------------------------------------------------------------------------------------------
@@ -183,6 +209,9 @@ def seed_parquet(endpoint: str, rows: int) -> str:
 
 # -- the run ----------------------------------------------------------------------------------------
 
+PEERS = ("mf.Dataset", "mf.IterableDataset", "boto3 loop", "s3fs + filecache", "local disk")
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
@@ -200,7 +229,13 @@ def main() -> None:
     ap.add_argument("--latency", type=int, default=0, metavar="MS",
                     help="toxiproxy in front of the server adds MS to every response (S3's first-byte "
                          "latency; the readers go through it, the seeding does not)")
+    ap.add_argument("--peers", default=",".join(PEERS),
+                    help=f"the readers to run, comma-separated (default all: {', '.join(PEERS)})")
     args = ap.parse_args()
+    args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    unknown = set(args.peers) - set(PEERS)
+    if unknown:
+        ap.error(f"--peers: no such reader: {', '.join(sorted(unknown))} (known: {', '.join(PEERS)})")
     from manyfiles._core.units import parse_size
 
     size = parse_size(args.size)
@@ -241,15 +276,20 @@ def run(args, size: int, seeding: str, endpoint: str) -> None:
         d.mkdir(parents=True, exist_ok=True)
         return str(d / "cache")
 
+    # the datasets' caches: a directory per repetition (the process keeps one Cache per directory
+    # open: one removed under it would count, and read, through a deleted index)
+    rep = 0
     peers = {
-        "mf.Dataset": lambda: mf.Dataset(f"s3://{BUCKET}/train/", cache=fresh("mf"), settings=settings),
-        "mf.IterableDataset": lambda: mf.IterableDataset(f"s3://{BUCKET}/train/", cache=fresh("mfi"),
+        "mf.Dataset": lambda: mf.Dataset(f"s3://{BUCKET}/train/", cache=fresh(f"mf-{rep}"),
+                                         settings=settings),
+        "mf.IterableDataset": lambda: mf.IterableDataset(f"s3://{BUCKET}/train/", cache=fresh(f"mfi-{rep}"),
                                                          settings=settings),
         "boto3 loop": lambda: Boto3Reader(endpoint, keys[:args.boto3_objects]),
         "s3fs + filecache": lambda: FilecacheReader(endpoint, keys[:args.filecache_objects],
                                                     fresh("filecache")),
         "local disk": lambda: LocalReader(paths),
     }
+    peers = {name: make for name, make in peers.items() if name in args.peers}
     try:
         import s3torchconnector  # noqa: F401
         print("s3torchconnector is installed but not wired in this run")
@@ -257,34 +297,43 @@ def run(args, size: int, seeding: str, endpoint: str) -> None:
         print("s3torchconnector: not installed (it needs torch; not in this environment)")
     for rep in range(args.repeat):
         for name, make in peers.items():
-            for d in ("mf", "mfi", "filecache"):       # not timed: removing the last run's cache
-                fresh(d)
+            for d in (f"mf-{rep - 1}", f"mfi-{rep - 1}", "filecache"):  # not timed: the last run's caches
+                shutil.rmtree(scratch / d, ignore_errors=True)
             t1 = time.perf_counter()
             ds = make()
             listing = time.perf_counter() - t1
             runs = epochs(ds, args.workers, 2, iterable=name == "mf.IterableDataset")
             n = len(ds) if hasattr(ds, "__len__") else len(keys)
-            for (_secs, got) in runs:
+            for (_secs, got, _reads) in runs:
                 assert got == n * size, (name, got)
-            r = results.setdefault(name, {"e1": [], "e2": [], "list": [], "n": n})
+            r = results.setdefault(name, {"e1": [], "e2": [], "list": [], "reads2": [], "n": n})
             r["e1"].append(n / runs[0][0])
             r["e2"].append(n / runs[1][0])
             r["list"].append(listing)
+            r["reads2"].append(None if runs[1][2] is None else runs[1][2][0])
+            reads = "" if runs[1][2] is None else (
+                f", origin reads {runs[0][2][0]:,} then {runs[1][2][0]:,}, fills dropped "
+                f"{runs[0][2][1]:,} then {runs[1][2][1]:,}")
             print(f"  rep {rep + 1} {name:20s} {n:,} objects: epoch 1 {runs[0][0]:7.2f} s  epoch 2 "
-                  f"{runs[1][0]:7.2f} s  (construct {listing:.2f} s)", flush=True)
+                  f"{runs[1][0]:7.2f} s  (construct {listing:.2f} s{reads})", flush=True)
     print()
     print(f"## {args.objects:,} x {args.size} objects, {args.workers} worker processes, +{args.latency} ms "
           f"per response, medians of {args.repeat}; load {os.getloadavg()[0]:.2f}; {machine_line()}")
     print()
-    fc = median(results["s3fs + filecache"]["e1"])
-    local = median(results["local disk"]["e2"])
+    fc = median(results["s3fs + filecache"]["e1"]) if "s3fs + filecache" in results else None
+    local = median(results["local disk"]["e2"]) if "local disk" in results else None
+
+    def ratio(a: float, b: float | None) -> str:
+        return "-" if b is None else f"{a / b:.2f}x"
+
     print("| reader | objects | construct s | epoch 1 obj/s | epoch 2 obj/s | epoch 2 / epoch 1 "
-          "| epoch 1 vs s3fs+filecache | epoch 2 vs local disk |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| epoch 1 vs s3fs+filecache | epoch 2 vs local disk | epoch 2 origin reads |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in results.items():
         e1, e2 = median(r["e1"]), median(r["e2"])
+        reads = "-" if r["reads2"][0] is None else " / ".join(f"{x:,}" for x in r["reads2"])
         print(f"| {name} | {r['n']:,} | {median(r['list']):.2f} | {e1:,.0f} | {e2:,.0f} | {e2 / e1:.1f}x "
-              f"| {e1 / fc:.2f}x | {e2 / local:.2f}x |")
+              f"| {ratio(e1, fc)} | {ratio(e2, local)} | {reads} |")
     parquet(args, seeding, endpoint, settings)
 
 
@@ -297,6 +346,7 @@ def parquet(args, seeding: str, endpoint: str, settings) -> None:
     s3 = fsspec.filesystem("s3", skip_instance_cache=True,
                            client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"})
     times: dict[str, list[float]] = {"s3fs": [], "manyfiles first read": [], "manyfiles reread": []}
+    reread_reads: list[int] = []        # blocks the reread read from the origin (the cache's misses)
     for rep in range(args.repeat):
         t0 = time.perf_counter()
         a = pq.read_table(f"{BUCKET}/{key}", filesystem=s3)
@@ -310,21 +360,24 @@ def parquet(args, seeding: str, endpoint: str, settings) -> None:
         t0 = time.perf_counter()
         b = pq.read_table(url, filesystem=fs)
         times["manyfiles first read"].append(time.perf_counter() - t0)
-        fs.cache.flush()
+        before = fs.cache.stats()
         t0 = time.perf_counter()
         c = pq.read_table(url, filesystem=fs)
         times["manyfiles reread"].append(time.perf_counter() - t0)
+        after = fs.cache.stats()
+        reread_reads.append(after.misses - before.misses)
         assert a.equals(b) and b.equals(c)
     size = (DATA / "events.parquet").stat().st_size
     print()
     print(f"## pyarrow Parquet scan, {args.rows:,} rows ({size / 1e6:.0f} MB), medians of {args.repeat}; "
           f"load {os.getloadavg()[0]:.2f}")
     print()
-    print("| read | seconds | vs s3fs |")
-    print("|---|---:|---:|")
+    print("| read | seconds | vs s3fs | origin reads (blocks) |")
+    print("|---|---:|---:|---:|")
     base = median(times["s3fs"])
     for name, xs in times.items():
-        print(f"| {name} | {median(xs):.3f} | {base / median(xs):.2f}x |")
+        reads = " / ".join(f"{x:,}" for x in reread_reads) if name == "manyfiles reread" else "-"
+        print(f"| {name} | {median(xs):.3f} | {base / median(xs):.2f}x | {reads} |")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ def test_demo_runs_every_step_and_reports_its_footprint(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "manyfiles.demo", "--dir", str(demo), "--files", "3000"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for step in ("generating 3,000 files", "fastls:", "shard:", "fastrm:", "s3pull:", "tracing:"):
+    for step in ("generating 3,000 files", "fastls:", "shard:", "fastrm:", "s3pull:", "ML:", "tracing:"):
         assert f"=== {step}" in proc.stdout, step
     said = int(re.search(r"it leaves (\d+) MB on disk there", proc.stdout).group(1))
     du = int(subprocess.run(["du", "-s", "-B1", str(demo)], capture_output=True, text=True,

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = Path(args.dir).resolve()
     steps: list[Callable[[Path, int], None]] = [
-        step_generate, step_fastls, step_shard, step_fastrm, step_s3pull, step_trace,
+        step_generate, step_fastls, step_shard, step_fastrm, step_s3pull, step_ml, step_trace,
     ]
     for step in steps:
         step(root, args.files)
@@ -152,6 +152,52 @@ def step_s3pull(root: Path, files: int) -> None:
         print("a second run skips what is already there:")
         run("s3pull", url, str(dest))
     run("fastls", "-r", "--count", str(dest))
+
+
+def step_ml(root: Path, files: int) -> None:
+    """Training reads through the cache: a Dataset for two epochs, then pandas through fsspec."""
+    import importlib.util
+
+    banner("ML: mf.Dataset over the demo bucket, two epochs through the cache; pandas through fsspec")
+    missing = [m for m in ("fsspec", "pandas") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"(skipped: needs {', '.join(missing)}: pip install \"manyfiles[fsspec,notebooks]\")")
+        return
+    cache = root / "ml-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    # in a process of its own: its caches are closed (their files final) when it ends
+    code = f"from manyfiles.demo import ml_reads; ml_reads({str(cache)!r})"
+    proc = subprocess.run([sys.executable, "-c", code], check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"demo: the ML step failed with exit {proc.returncode}")
+
+
+def ml_reads(cache: str) -> None:
+    """The ML step's reads (a process of its own, see :func:`step_ml`)."""
+    import manyfiles as mf
+    from manyfiles.s3.localserver import local_s3
+
+    with local_s3(small=1000, medium=0, large=0) as srv:
+        os.environ.update(srv.env)
+        ds = mf.Dataset(f"s3://{srv.bucket}/small/", cache=cache, settings=srv.settings)
+        print(f">>> ds = mf.Dataset('s3://{srv.bucket}/small/', cache='{cache}')   # {len(ds):,} objects")
+        seconds = []
+        for epoch in (1, 2):
+            t0 = time.perf_counter()
+            total = sum(len(sample.data) for sample in ds)
+            seconds.append(time.perf_counter() - t0)
+            print(f"epoch {epoch}: {len(ds):,} objects, {total / 1e6:.1f} MB in {seconds[-1]:.2f} s"
+                  + (" (from S3, kept in the cache)" if epoch == 1 else " (from the cache: no request)"))
+        print(f"epoch 2 is {seconds[0] / seconds[1]:.1f}x faster than epoch 1")
+        import boto3
+        import pandas as pd
+
+        boto3.client("s3", endpoint_url=srv.endpoint_url, region_name="us-east-1").put_object(
+            Bucket=srv.bucket, Key="tables/labels.csv", Body=b"name,label\ncat.jpg,0\ndog.jpg,1\n")
+        url = f"manyfiles://s3://{srv.bucket}/tables/labels.csv"
+        opts = {"cache": cache, "endpoint_url": srv.endpoint_url}
+        print(f">>> pd.read_csv('{url}', storage_options={{'cache': '{cache}', ...}})")
+        print(pd.read_csv(url, storage_options=opts).to_string(index=False), flush=True)
 
 
 def step_trace(root: Path, files: int) -> None:

@@ -5,14 +5,19 @@
      |    +-- MissingExtra      a feature needs an optional dependency: says which extra to install
      |    +-- WrongKind         a path of the wrong kind: a file where a directory is needed, or the reverse
      +-- NotFound               a path, bucket or key that does not exist
+     |    +-- OfflineMiss       offline, and no validated version cached (also a FileNotFoundError)
      +-- AccessDenied           permission denied by the filesystem or the server
      +-- CredentialsError       no credentials, or the server refused them
      +-- UnsafeKey              a name/key that cannot be written under the destination
      +-- TransferError          one transfer failed; ``retryable`` says if trying again can help
      |    +-- ObjectChanged     the object changed while we read it (ETag/precondition)
      |    +-- IntegrityError    the bytes written do not match the checksum they must have
+     |    +-- OriginUnreachable refused, unreachable, DNS (also a ConnectionError)
+     |         +-- OriginTimeout    ... it did not answer in time (also a TimeoutError)
      +-- PartialFailure         a bulk operation finished, some items failed (``failures``)
      +-- Stalled                nothing moved for the stall timeout: the endpoint and the last error
+
+    OfflineWarning (a UserWarning): reads are served from the cache because the origin cannot be reached
 
 OSError and botocore errors are converted at the module boundary that calls
 them, keeping the original as ``__cause__`` (``raise NotFound(...) from exc``);
@@ -66,6 +71,11 @@ class NotFound(ManyfilesError):
     """A path, bucket or key that does not exist."""
 
 
+class OfflineMiss(NotFound, FileNotFoundError):
+    """The origin cannot be reached (or ``offline=True``) and the cache holds no validated version of the
+    object: nothing can be served.  A :class:`FileNotFoundError` too, for the fsspec boundary."""
+
+
 class AccessDenied(ManyfilesError):
     """The filesystem or the server refused access."""
 
@@ -99,6 +109,23 @@ class IntegrityError(TransferError):
 
     def __init__(self, message: str, *, retryable: bool = True) -> None:
         super().__init__(message, retryable=retryable)
+
+
+class OriginUnreachable(TransferError, ConnectionError):
+    """The origin (an S3 endpoint) cannot be reached: connection refused, no route, name not resolved.
+    A :class:`ConnectionError` too, for the fsspec boundary; never retried (the caller decided)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
+class OriginTimeout(OriginUnreachable, TimeoutError):
+    """The origin did not answer in time (a :class:`TimeoutError` too)."""
+
+
+class OfflineWarning(UserWarning):
+    """Reads are served from the cache, at the versions validated last, because the origin cannot be
+    reached (warned once per process)."""
 
 
 class PartialFailure(ManyfilesError):

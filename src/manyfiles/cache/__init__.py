@@ -29,8 +29,10 @@ from manyfiles.cache._cache import (
     EvictReport,
     VerifyReport,
     WarmReport,
+    default_dir,
     open,
     shared_cache,
 )
 
-__all__ = ["Cache", "CacheStats", "EvictReport", "VerifyReport", "WarmReport", "open", "shared_cache"]
+__all__ = ["Cache", "CacheStats", "EvictReport", "VerifyReport", "WarmReport", "default_dir", "open",
+           "shared_cache"]

@@ -23,8 +23,10 @@ import atexit
 import builtins
 import io
 import os
+import sqlite3
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +36,8 @@ from manyfiles._core.progress import ProgressArg, check_progress, progress_for
 from manyfiles._core.retry import RetryPolicy
 from manyfiles.cache import _format as fmt
 from manyfiles.cache._index import Version
+from manyfiles.cache._kept import Kept, KeptListing, KeptObject
+from manyfiles.cache._offline import PROBE, REACH, check_mode, endpoint_of, fall_back
 from manyfiles.cache._opener import FETCH_THREADS, Opener
 from manyfiles.cache._origin import FileOrigin, Head, S3Origin, parse_source
 from manyfiles.cache._reader import CachedReader, MemoryFile
@@ -41,7 +45,7 @@ from manyfiles.cache._reports import CacheStats, EvictReport, VerifyReport, Warm
 from manyfiles.cache._store import BlockStore
 from manyfiles.cache._versions import Source, Versions, listed
 from manyfiles.cache._write import WriteThrough
-from manyfiles.errors import ManyfilesError, UsageError, from_oserror
+from manyfiles.errors import ManyfilesError, OfflineMiss, UsageError, from_oserror
 
 DEFAULT_BUFFER = io.DEFAULT_BUFFER_SIZE     # as open(): small random reads stay cheap
 VERIFY_WHOLE_MAX = 64 << 20
@@ -76,6 +80,9 @@ class Cache:
         strict: never hand out bytes that no check covered (a large object is checked whole
             before a random read of it returns).
         retry: the :class:`manyfiles.s3.RetryPolicy` of every request to S3 (default: s3pull's).
+        offline: None (default): when the S3 endpoint cannot be reached, serve the versions validated
+            last that the cache holds (one :class:`~manyfiles.errors.OfflineWarning` per process);
+            True: never ask the origin; False: never fall back.  See docs/ml.md, "Offline".
 
     Example:
         >>> import manyfiles as mf
@@ -89,7 +96,8 @@ class Cache:
                  min_free: float | int | None = 0.1, block_size: int | None = None, verify: bool = False,
                  ttl: float = 0.0, settings: Any = None, prefetch: int = 4, low_water: float = 0.9,
                  fill_queue: int | None = None, verify_whole_max: int = VERIFY_WHOLE_MAX,
-                 strict: bool = False, retry: RetryPolicy | None = None) -> None:
+                 strict: bool = False, retry: RetryPolicy | None = None, offline: bool | None = None) -> None:
+        offline = check_mode(offline)
         if verify_whole_max < 0:
             raise UsageError(f"verify_whole_max {verify_whole_max}: must not be negative")
         self._store = BlockStore(dir, block_size=block_size, max_size=max_size, min_free=min_free,
@@ -98,7 +106,8 @@ class Cache:
         self.options = {"max_size": max_size, "min_free": min_free, "block_size": self._store.block_size,
                         "verify": verify, "ttl": ttl, "settings": settings, "prefetch": prefetch,
                         "low_water": low_water, "fill_queue": fill_queue,
-                        "verify_whole_max": verify_whole_max, "strict": strict, "retry": retry}
+                        "verify_whole_max": verify_whole_max, "strict": strict, "retry": retry,
+                        "offline": offline}
         self.dir = self._store.root
         self.block_size = self._store.block_size
         self.ttl = float(ttl)
@@ -107,9 +116,13 @@ class Cache:
         self.verify_whole_max = verify_whole_max
         self.strict = strict
         self.retry = retry or RetryPolicy()
-        self._versions = Versions(self._store.index, ttl=self.ttl, settings=settings, retry=self.retry)
+        self.offline = offline
+        self._kept = Kept(self.dir)
+        self._versions = Versions(self._store.index, ttl=self.ttl, settings=settings, retry=self.retry,
+                                  kept=self._kept, offline=offline)
         self._opener = Opener(self._store, self._versions, prefetch=prefetch,
                               verify_whole_max=verify_whole_max, strict=strict, retry=self.retry)
+        self._versions.held = self._opener.holds_checked
         _OPEN.add(self)
         # multiprocessing's children (DataLoader workers) leave by os._exit, without atexit, and
         # clear the finalizers they inherit: give each child its own finalizer that closes us.
@@ -174,16 +187,16 @@ class Cache:
 
     def reader(self, src: Source, *, settings: Any = None, strict: bool | None = None,
                ttl: float | None = None, etag: str | None = None, size: int | None = None,
-               listed_at: float | None = None) -> Any:
+               listed_at: float | None = None, offline: bool | None = None) -> Any:
         """The raw reader of ``src`` (what :meth:`open` wraps in a BufferedReader): an ``io.FileIO``
         on its whole file, a :class:`MemoryFile` or a :class:`CachedReader` (``ttl``, ``etag``,
         ``size``, ``listed_at``: as for :meth:`open`)."""
         return self._opener.reader(src, settings=settings, strict=strict, ttl=ttl,
-                                   listed=listed(etag, size, listed_at))
+                                   listed=listed(etag, size, listed_at), offline=check_mode(offline))
 
     def open(self, src: Source, mode: str = "rb", *, buffering: int = -1, settings: Any = None,
              ttl: float | None = None, etag: str | None = None, size: int | None = None,
-             listed_at: float | None = None) -> Any:
+             listed_at: float | None = None, offline: bool | None = None) -> Any:
         """``src`` as a binary file object: a seekable reader (``"rb"``) or a write-through writer
         (``"wb"``: the origin is written on close, then this cache's entry is invalidated).
 
@@ -191,12 +204,14 @@ class Cache:
         object that a listing gave (``manyfiles.s3.list``, ``list_objects``), taken at ``listed_at``
         (default: now): no HEAD; that version is read, from the cache or by GETs pinned to the ETag
         (``If-Match``: an object changed since raises ObjectChanged, never mixes versions).
+        ``offline``: this open's instead of the cache's (see :class:`Cache`).
         """
         _check_mode(mode)
         if mode == "wb":
             origin = self.origin(src, settings)
             return WriteThrough(origin, on_commit=lambda: self.invalidate(origin))
-        raw = self._opener.reader(src, settings=settings, ttl=ttl, listed=listed(etag, size, listed_at))
+        raw = self._opener.reader(src, settings=settings, ttl=ttl, listed=listed(etag, size, listed_at),
+                                  offline=check_mode(offline))
         if buffering == 0 or isinstance(raw, MemoryFile):
             return raw
         if buffering < 0:      # as open() chooses: the file's block size
@@ -204,10 +219,12 @@ class Cache:
         return io.BufferedReader(raw, buffer_size=buffering)
 
     def get_bytes(self, src: Source, *, settings: Any = None, ttl: float | None = None,
-                  etag: str | None = None, size: int | None = None, listed_at: float | None = None) -> bytes:
-        """The whole content of ``src``, through the cache (``ttl``, ``etag``, ``size``, ``listed_at``:
-        as for :meth:`open`)."""
-        raw = self._opener.reader(src, settings=settings, ttl=ttl, listed=listed(etag, size, listed_at))
+                  etag: str | None = None, size: int | None = None, listed_at: float | None = None,
+                  offline: bool | None = None) -> bytes:
+        """The whole content of ``src``, through the cache (``ttl``, ``etag``, ``size``, ``listed_at``,
+        ``offline``: as for :meth:`open`)."""
+        raw = self._opener.reader(src, settings=settings, ttl=ttl, listed=listed(etag, size, listed_at),
+                                  offline=check_mode(offline))
         try:
             if isinstance(raw, MemoryFile):
                 return raw.getvalue()
@@ -217,6 +234,100 @@ class Cache:
             return data
         finally:
             raw.close()
+
+    # -- listings, kept for offline reads (_kept.py) ------------------------------------------------
+
+    def list_objects(self, url: Any, *, settings: Any = None, delimiter: str | None = None,
+                     offline: bool | None = None) -> KeptListing:
+        """The objects under the S3 ``url`` (``s3://bucket/prefix``, s3pull's wildcards; or a
+        :class:`manyfiles.s3.keys.S3Url`) with their sizes, ETags and mtimes, in key order
+        (``delimiter="/"``: one level, common prefixes as objects of size None).  Every listing is
+        kept in the cache; when the endpoint cannot be reached (``offline``: as for :meth:`open`),
+        the kept one is served (its ``offline`` says why), or :class:`~manyfiles.errors.OfflineMiss`
+        when none is kept."""
+        return self._list_objects(url, settings, delimiter, offline)
+
+    def _list_objects(self, url: Any, settings: Any, delimiter: str | None, offline: bool | None, *,
+                      watch: Any = None, fetching: bool = False) -> KeptListing:
+        """:meth:`list_objects`; ``watch``: a run's stall watch (``cache warm``'s), moved by every
+        page; ``fetching``: a listing that must be made offline raises the network error (_offline.py)."""
+        from manyfiles.s3.keys import parse_url
+        from manyfiles.s3.object_listing import list_objects_lean
+        from manyfiles.s3.objects import resolve
+
+        parsed = parse_url(url) if isinstance(url, str) else url
+        shown = url if isinstance(url, str) else f"s3://{parsed.bucket}/{parsed.pattern or parsed.prefix}"
+        resolved = resolve(settings or self.settings)
+        offline = self.offline if check_mode(offline) is None else offline
+        endpoint = endpoint_of(resolved)
+        key = "\n".join((endpoint, parsed.bucket, parsed.prefix, parsed.pattern or "", delimiter or ""))
+
+        def run(retry: RetryPolicy) -> list[KeptObject]:
+            return [KeptObject(*o) for o in list_objects_lean(resolved, parsed, retry=retry, mtime=True,
+                                                              delimiter=delimiter, watch=watch)]
+
+        def keep(objects: list[KeptObject]) -> KeptListing:
+            try:
+                self._kept.keep(key, objects, at)
+            except (OSError, sqlite3.Error) as exc:      # the listing stands; only offline loses it
+                warnings.warn(f"manyfiles: {self.dir}: cannot keep the listing of {shown}: {exc}",
+                              stacklevel=3)
+            return KeptListing(objects, at, None)
+
+        def kept() -> tuple[KeptListing, str] | None:
+            got = self._kept.listing(key)
+            if got is None:
+                return None
+            objects = [self._newest(parsed.bucket, o, got[1], resolved) for o in got[0]]
+            why = "offline=True" if offline else REACH.reason_down(endpoint)
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(got[1]))
+            return KeptListing(objects, got[1], why), f"the listing of {shown} made {when}"
+
+        at = time.time()
+        return fall_back(shown, endpoint, offline, probe=lambda: keep(run(PROBE)),
+                         retried=lambda: keep(run(self.retry)), cached=kept,
+                         missing=lambda why: OfflineMiss(f"{shown}: offline ({why}), and the cache keeps no "
+                                                         "listing of it"), fetching=fetching)
+
+    def _newest(self, bucket: str, o: KeptObject, at: float, settings: Any) -> KeptObject:
+        """``o`` of a kept listing made ``at``, at the version validated last (a HEAD or GET after
+        the listing may have seen a newer one: never serve an older one offline)."""
+        if o.size is None or o.key.endswith("/"):
+            return o
+        origin = self._versions.origin(f"s3://{bucket}/{o.key}", settings)
+        newest = [(at, S3Origin.validator(o.etag, o.size))]
+        latest = self._store.index.latest(origin.source)
+        if latest is not None:
+            newest.append((latest.validated_at, latest.validator))
+        seen = self._kept.superseded(origin.source)
+        if seen is not None:
+            newest.append((seen[1], seen[0]))
+        validator = max(newest)[1]
+        if validator == newest[0][1]:
+            return o
+        fields = dict(p.split(b"=", 1) for p in validator.split(b";"))
+        return o._replace(etag=fields[b"etag"].decode() or None, size=int(fields[b"size"]))
+
+    def head(self, src: Source, *, settings: Any = None, offline: bool | None = None
+             ) -> tuple[int, str | None, float | None]:
+        """(size, ETag, mtime) of the S3 object ``src``: one HEAD (offline, as for :meth:`open`: the
+        version validated last that the cache holds, mtime None).  NotFound when there is no such object."""
+        origin = self.origin(src, settings)
+        v, head, _ = self._versions.resolve(origin, whole=False, ttl=0, offline=offline)
+        mtime = None
+        info = head.info if head is not None else None
+        if info is not None:
+            from email.utils import parsedate_to_datetime
+
+            stamp = info.headers.get("last-modified") or info.headers.get("Last-Modified")
+            if stamp:
+                mtime = parsedate_to_datetime(stamp).timestamp()
+        return v.size, S3Origin.etag_of(v.validator) if isinstance(origin, S3Origin) else None, mtime
+
+    def offline_reason(self, src: Source, *, settings: Any = None, offline: bool | None = None) -> str | None:
+        """Why reads of ``src`` are served offline now (``offline=True``, or its S3 endpoint was
+        found unreachable by this process less than a minute ago), None when the origin is asked."""
+        return self._versions.offline_reason(self.origin(src, settings), offline)
 
     # -- exchange with other tools (s3pull --cache: _exchange.py) ------------------------------------
 
@@ -346,6 +457,7 @@ class Cache:
         if dry_run:
             return report
         self._store.space.clear()
+        self._kept.clear()
         self._versions.forget()
         report.seconds = time.monotonic() - t0
         return report
@@ -362,6 +474,16 @@ _SHARED: dict[str, Cache] = {}
 _SHARED_LOCK = threading.Lock()
 _PASSTHROUGH_POOL: ThreadPoolExecutor | None = None
 _OPEN: weakref.WeakSet[Cache] = weakref.WeakSet()     # closed at exit: queued fills reach the disk
+
+
+def default_dir() -> str:
+    """The cache directory when none is given: ``$MANYFILES_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/manyfiles``, else ``~/.cache/manyfiles``."""
+    env = os.environ.get("MANYFILES_CACHE_DIR")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "manyfiles")
 
 
 def shared_cache(dir: str | os.PathLike) -> Cache:
@@ -403,7 +525,8 @@ def _passthrough_pool() -> ThreadPoolExecutor:
 
 
 def open(src: Source, mode: str = "rb", *, cache: Cache | str | os.PathLike | None = None,
-         settings: Any = None, buffering: int = -1, ttl: float | None = None) -> Any:
+         settings: Any = None, buffering: int = -1, ttl: float | None = None,
+         offline: bool | None = None) -> Any:
     """Open a local/NFS path or an ``s3://bucket/key`` URL as a binary file object.
 
     ``"rb"`` gives a seekable reader (``read``, ``readinto``, ``seek``/``tell``, context
@@ -412,7 +535,9 @@ def open(src: Source, mode: str = "rb", *, cache: Cache | str | os.PathLike | No
     close, an S3 object is uploaded on close; the cached entry is then invalidated.
     ``settings`` is a :class:`manyfiles.s3.ClientSettings` for S3 URLs.  ``ttl`` (with
     ``cache``): seconds a validation of ``src`` stays trusted for this open (default: the
-    cache's, 0: a ``stat`` or ``HEAD`` per open), as ``Cache(dir, ttl=...)``.
+    cache's, 0: a ``stat`` or ``HEAD`` per open), as ``Cache(dir, ttl=...)``.  ``offline`` (with
+    ``cache``): None (default) serves the version validated last from the cache when the S3 endpoint
+    cannot be reached (warned once per process); True never asks it; False never falls back.
 
     Example:
         >>> import manyfiles as mf
@@ -424,9 +549,11 @@ def open(src: Source, mode: str = "rb", *, cache: Cache | str | os.PathLike | No
     if cache is not None:
         if not isinstance(cache, Cache):
             cache = shared_cache(cache)
-        return cache.open(src, mode, buffering=buffering, settings=settings, ttl=ttl)
+        return cache.open(src, mode, buffering=buffering, settings=settings, ttl=ttl, offline=offline)
     if ttl is not None:
         raise UsageError("ttl= is for reads through a cache (give cache=DIR too)")
+    if offline:
+        raise UsageError("offline= is for reads through a cache (give cache=DIR too)")
     origin = parse_source(src, settings)
     if mode == "wb":
         return WriteThrough(origin)
@@ -444,4 +571,5 @@ def open(src: Source, mode: str = "rb", *, cache: Cache | str | os.PathLike | No
     return io.BufferedReader(raw, buffer_size=DEFAULT_BUFFER if buffering < 0 else buffering)
 
 
-__all__ = ["Cache", "CacheStats", "EvictReport", "VerifyReport", "WarmReport", "open", "shared_cache"]
+__all__ = ["Cache", "CacheStats", "EvictReport", "VerifyReport", "WarmReport", "default_dir", "open",
+           "shared_cache"]

@@ -38,7 +38,8 @@ DESCRIPTOR = "manyfiles-cache.json"
 INDEX = "index.sqlite"
 BLOCKS = "blocks"
 TMP = "tmp"
-OWN_NAMES = frozenset({DESCRIPTOR, INDEX, INDEX + "-wal", INDEX + "-shm", INDEX + "-journal", BLOCKS, TMP})
+OWN_NAMES = frozenset({DESCRIPTOR, INDEX, INDEX + "-wal", INDEX + "-shm", INDEX + "-journal", BLOCKS, TMP,
+                       "listings.sqlite", "listings.sqlite-wal", "listings.sqlite-shm"})   # _kept.py
 
 SIZE_ONLY = "size-only"        # the whole-object check of an object with nothing to check against
 

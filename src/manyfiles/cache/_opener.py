@@ -72,11 +72,11 @@ class Opener:
         self.completions.cancel()
 
     def reader(self, src: Source, *, settings: Any = None, strict: bool | None = None,
-               ttl: float | None = None, listed: Listed | None = None) -> Any:
+               ttl: float | None = None, listed: Listed | None = None, offline: bool | None = None) -> Any:
         """The raw reader of ``src``: see :meth:`Cache.reader`."""
         versions = self._versions
         origin = versions.origin(src, settings)
-        v, head, stream = versions.resolve(origin, ttl=ttl, listed=listed)
+        v, head, stream = versions.resolve(origin, ttl=ttl, listed=listed, offline=offline)
         return self.open_version(origin, v, head, stream, self.strict if strict is None else strict)
 
     def holds_checked(self, v: Version) -> bool:

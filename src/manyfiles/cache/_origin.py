@@ -208,6 +208,9 @@ class WholeRead:
         """As :meth:`read`, into ``buf`` (``len(buf)`` bytes, fewer only at the end): no copy."""
         raise NotImplementedError
 
+    def rehome(self, origin: Any) -> None:
+        """Go on reading through ``origin`` (the same object; its client's retry policy)."""
+
     def interrupt(self) -> None:
         """From another thread: a read blocked on the origin fails at once (nothing more is read).
         A no-op where a read cannot block for long (a local file: closing its descriptor under a
@@ -362,6 +365,10 @@ class _S3Whole(WholeRead):
             claim = self._stream.claim
             self.method = claim.method
             self.claim = crc_claim(self._crc) if self._crc is not None else claim.to_record()
+
+    def rehome(self, origin: S3Origin) -> None:
+        self._origin = origin
+        self._stream.client = origin.client
 
     def interrupt(self) -> None:
         self._stream.close()        # ObjectStream.close: from any thread, ends a stalled read

@@ -29,7 +29,7 @@ from manyfiles._core.progress import ProgressArg, StallWatch, iter_ticking, prog
 from manyfiles.cache._complete import complete
 from manyfiles.cache._origin import FileOrigin, Head, S3Origin
 from manyfiles.cache._reports import WarmReport
-from manyfiles.errors import ManyfilesError, NotFound, from_oserror
+from manyfiles.errors import ManyfilesError, NotFound, OfflineMiss, from_oserror
 
 
 def warm(cache: Any, srcs: Iterable[Any], *, jobs: int, progress: ProgressArg,
@@ -157,35 +157,30 @@ def _expand_one(cache: Any, src: Any, run: _Run) -> Iterator[tuple]:
 
 
 def _expand_s3(cache: Any, url: str, run: _Run) -> Iterator[tuple]:
+    """Objects of ``url`` from its listing (kept in the cache, served from there offline; a source
+    the cache cannot answer for offline fails with the network error, as any fetch would)."""
     from manyfiles.s3.keys import parse_url
-    from manyfiles.s3.object_listing import list_objects_lean
 
     parsed = parse_url(url)
     if parsed.pattern is None and parsed.prefix and not parsed.prefix.endswith("/"):
         origin = run.origin(url)
-        try:
-            head = origin.stat()
-        except NotFound:
+        try:        # one HEAD (offline: the version validated last)
+            v = cache._versions.resolve(origin, whole=False, ttl=0, fetching=True)[0]
+        except NotFound as exc:
+            if isinstance(exc, OfflineMiss):
+                raise
             parsed = parse_url(url + "/")    # not an object: maybe a "folder"
         else:
             run.watch.moving = True
-            yield origin, head
+            yield origin, Head(v.validator, v.size)
             return
-    some = run.origin(f"s3://{parsed.bucket}/x")
     found = False
-    try:
-        for info in list_objects_lean(some.settings, parsed, retry=cache.retry, watch=run.watch):
-            if info.key.endswith("/") and not info.size:
-                continue      # a "folder" marker
-            found = True
-            known = None if info.size is None else Head(S3Origin.validator(info.etag, info.size), info.size)
-            yield run.origin(f"s3://{parsed.bucket}/{info.key}"), known
-    except ManyfilesError:
-        raise
-    except Exception as exc:
-        from manyfiles.s3.objects import object_error
-
-        raise object_error(url, exc) from exc
+    for info in cache._list_objects(parsed, None, None, None, watch=run.watch, fetching=True).objects:
+        if info.key.endswith("/") and not info.size:
+            continue      # a "folder" marker
+        found = True
+        yield run.origin(f"s3://{parsed.bucket}/{info.key}"), Head(S3Origin.validator(info.etag, info.size),
+                                                                   info.size)
     if not found:
         raise NotFound(f"{url}: no such object or prefix")
 
@@ -206,7 +201,8 @@ def warm_one(cache: Any, item: tuple, stop: threading.Event | None = None,
             if fetched_since is not None and _written_since(cache._store, v, fetched_since):
                 return "fetched", v.size
             return "cached", 0
-        complete(cache._store, origin, v, cache.retry, stream=stream, cancel=stop)
+        cache._versions.fetch_miss(origin, lambda: complete(cache._store, origin, v, cache.retry,
+                                                            stream=stream, cancel=stop), fetching=True)
         stream = None
     except OSError as exc:
         raise ManyfilesError(f"{cache.dir}: cannot write to the cache: {exc.strerror or exc}") from exc

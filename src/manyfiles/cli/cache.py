@@ -52,12 +52,6 @@ from manyfiles.errors import NotFound, from_oserror, shown
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def default_dir() -> str:
-    env = os.environ.get("MANYFILES_CACHE_DIR")
-    if env:
-        return env
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "manyfiles")
 
 
 class Duration(click.ParamType):
@@ -122,7 +116,7 @@ def cache_options(fn: Callable[..., Any] | None = None, *, creates: bool = False
                 aws_profile: str | None, region: str | None, endpoint_url: str | None, no_sign_request: bool,
                 strict: bool, connect_timeout: float, read_timeout: float, stall_timeout: float,
                 **kwargs: Any) -> Any:
-        from manyfiles.cache import Cache
+        from manyfiles.cache import Cache, default_dir
         from manyfiles.s3 import ClientSettings, RetryPolicy
 
         settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,

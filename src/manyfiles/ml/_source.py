@@ -44,12 +44,16 @@ class Listing:
     listed_at: float
     bucket: str | None = None             # S3 sources
     settings: Any = None                  # ClientSettings (resolved) for S3 sources
+    offline: str | None = None            # served from the cache's kept listing: why
 
 
 def list_source(source: str | os.PathLike, *, settings: Any = None, include: Iterable[str] = (),
-                exclude: Iterable[str] = ()) -> Listing:
+                exclude: Iterable[str] = (), cache: Cache | None = None, offline: bool | None = None
+                ) -> Listing:
     """List ``source`` once: an S3 prefix (wildcards as s3pull) or a local/NFS folder (recursively) or
-    file.  ``include``/``exclude``: s3pull's filters (a name pattern, or a path relative to the source)."""
+    file.  ``include``/``exclude``: s3pull's filters (a name pattern, or a path relative to the source).
+    With ``cache``, an S3 listing is kept there, and served from there when the endpoint cannot be
+    reached (``offline``: as :meth:`manyfiles.cache.Cache.list_objects`)."""
     from manyfiles.s3.keys import make_filter
 
     keep = make_filter(tuple(include), tuple(exclude))
@@ -62,7 +66,14 @@ def list_source(source: str | os.PathLike, *, settings: Any = None, include: Ite
         url = parse_url(source)
         settings = (settings or ClientSettings()).resolved()
         items = []
-        for info in list_objects_lean(settings, url):
+        why = None
+        if cache is not None:
+            kept = cache.list_objects(url, settings=settings, offline=offline)
+            infos: Iterable[Any] = kept.objects
+            at, why = kept.listed_at, kept.offline
+        else:
+            infos = list_objects_lean(settings, url)
+        for info in infos:
             if info.key.endswith("/") and not info.size:
                 continue             # a "folder" marker
             if keep is not None and not keep(info.key.removeprefix(url.base)):
@@ -70,7 +81,7 @@ def list_source(source: str | os.PathLike, *, settings: Any = None, include: Ite
             items.append(Item(info.key, f"s3://{url.bucket}/{info.key}", info.size, info.etag))
         if not items:
             raise NotFound(f"{source}: no objects there")
-        return Listing(source, items, at, url.bucket, settings)
+        return Listing(source, items, at, url.bucket, settings, why)
     root = os.path.abspath(os.fspath(source))
     if os.path.isfile(root):
         return Listing(root, [Item(root, root, os.path.getsize(root), None)], at)

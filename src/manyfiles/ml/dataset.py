@@ -52,7 +52,8 @@ class _Base:
     """What both datasets share: the listing, the cache reference, reads of one object or many."""
 
     def __init__(self, source: Source, cache: CacheArg, transform: Callable | None,
-                 *, include: Iterable[str], exclude: Iterable[str], settings: Any, prefetch: int) -> None:
+                 *, include: Iterable[str], exclude: Iterable[str], settings: Any, prefetch: int,
+                 offline: bool | None = None) -> None:
         if cache is None:
             raise UsageError("a dataset reads through a cache: give cache=DIR (or a manyfiles.Cache)")
         if transform is not None and not callable(transform):
@@ -67,8 +68,16 @@ class _Base:
         self._filters = (tuple(include), tuple(exclude))
         self._cache_ref = CacheRef.of(cache, settings)
         self._settings = settings
-        self._listing: Listing = list_source(self.source, settings=settings, include=include, exclude=exclude)
+        if offline is not None and not isinstance(offline, bool):
+            raise UsageError(f"offline={offline!r}: give True, False or None")
+        self.offline = offline
+        self._listing: Listing = self._list()
         self._fetcher: ObjectFetcher | None = None
+
+    def _list(self) -> Listing:
+        include, exclude = self._filters
+        return list_source(self.source, settings=self._settings, include=include, exclude=exclude,
+                           cache=self._cache_ref.get(), offline=self.offline)
 
     # -- pickling: the listing and a few strings; the cache and the fetcher are per process ----------
 
@@ -102,8 +111,7 @@ class _Base:
 
     def refresh(self) -> None:
         """List the source again: new and removed objects, and changed ETags (fetched again)."""
-        include, exclude = self._filters
-        self._listing = list_source(self.source, settings=self._settings, include=include, exclude=exclude)
+        self._listing = self._list()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.source!r}, {len(self):,} objects, cache={self._cache_ref.dir!r})"
@@ -129,10 +137,20 @@ class _Base:
         if item.etag is not None and item.size is not None:
             try:
                 return cache.get_bytes(item.url, settings=listing.settings, etag=item.etag, size=item.size,
-                                       listed_at=listing.listed_at)
+                                       listed_at=listing.listed_at, offline=self.offline)
             except ObjectChanged:
                 pass           # changed since the listing: read what is there now
-        return cache.get_bytes(item.url, settings=listing.settings)
+        return cache.get_bytes(item.url, settings=listing.settings, offline=self.offline)
+
+    def _offline_now(self, cache: Cache) -> bool:
+        """Are misses to be read offline (listing served offline, ``offline=True``, endpoint down)?"""
+        listing = self._listing
+        if listing.bucket is None:
+            return False
+        if listing.offline is not None or self.offline:
+            return self.offline is not False
+        return cache.offline_reason(listing.items[0].url, settings=listing.settings,
+                                    offline=self.offline) is not None
 
     def _fetcher_for(self) -> ObjectFetcher | None:
         listing = self._listing
@@ -162,6 +180,8 @@ class _Base:
         cache = self._cache_ref.get()
         window: deque[tuple[Item, bytes | None]] = deque()
         fetcher: ObjectFetcher | None = None
+        submitted: set[str] = set()
+        offline = self._offline_now(cache)       # misses are not fetched: _read says what is missing
         it = iter(indexes)
         more = True
         try:
@@ -173,16 +193,18 @@ class _Base:
                         break
                     item = items[i]
                     data = self._cached(cache, item)
-                    if data is None and self._fetchable(item):
+                    if data is None and self._fetchable(item) and not offline:
                         fetcher = fetcher or self._fetcher_for()
                         if fetcher is not None:
                             fetcher.submit(item)
+                            submitted.add(item.key)
                     window.append((item, data))
                 if not window:
                     return
                 item, data = window.popleft()
                 if data is None:
-                    if fetcher is not None and self._fetchable(item):
+                    if fetcher is not None and item.key in submitted:
+                        submitted.discard(item.key)
                         data = self._finish(cache, fetcher, item)
                     else:
                         data = self._read(cache, item)
@@ -190,7 +212,7 @@ class _Base:
         finally:            # a reader that stopped early: its fetches ahead are not waited for
             if fetcher is not None:
                 for item, data in window:
-                    if data is None and self._fetchable(item):
+                    if data is None and item.key in submitted:
                         fetcher.abandon(item)
 
 
@@ -207,6 +229,9 @@ class Dataset(_Base):
         include, exclude: s3pull's filters, on names or paths relative to the source.
         settings: :class:`manyfiles.s3.ClientSettings` (endpoint, profile...).
         prefetch: objects fetched ahead when iterating (``for sample in ds``).
+        offline: None (default): when S3 cannot be reached, the listing kept in the cache and the
+            objects it holds are served (warned once per process; an object it does not hold raises
+            :class:`~manyfiles.errors.OfflineMiss`); True: never ask S3; False: never fall back.
 
     ``ds[i]``, ``len(ds)``, ``ds.keys``, iteration (key order), ``ds.refresh()``.  ``DataLoader``
     calls ``ds.__getitems__(batch)``, which fetches the misses of the batch at once.
@@ -214,9 +239,9 @@ class Dataset(_Base):
 
     def __init__(self, source: Source, cache: CacheArg, transform: Callable | None = None,
                  *, include: Iterable[str] = (), exclude: Iterable[str] = (), settings: Any = None,
-                 prefetch: int = DEFAULT_PREFETCH) -> None:
+                 prefetch: int = DEFAULT_PREFETCH, offline: bool | None = None) -> None:
         super().__init__(source, cache, transform, include=include, exclude=exclude, settings=settings,
-                         prefetch=prefetch)
+                         prefetch=prefetch, offline=offline)
 
     def __getitem__(self, index: int) -> Any:
         items = self._listing.items
@@ -260,9 +285,9 @@ class IterableDataset(_Base):
     def __init__(self, source: Source, cache: CacheArg, transform: Callable | None = None,
                  *, include: Iterable[str] = (), exclude: Iterable[str] = (), settings: Any = None,
                  prefetch: int = DEFAULT_PREFETCH, shuffle: bool = False, seed: int = 0,
-                 rank: int | None = None, world_size: int | None = None) -> None:
+                 rank: int | None = None, world_size: int | None = None, offline: bool | None = None) -> None:
         super().__init__(source, cache, transform, include=include, exclude=exclude, settings=settings,
-                         prefetch=prefetch)
+                         prefetch=prefetch, offline=offline)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.epoch = 0

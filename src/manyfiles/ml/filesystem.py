@@ -6,41 +6,57 @@ or filesystem reads through a persistent :class:`~manyfiles.cache.Cache`::
     fs = fsspec.filesystem("manyfiles", cache="/scratch/mf-cache")
     pq.read_table("s3://bucket/table/", filesystem=fs)
     pd.read_csv("manyfiles://s3://bucket/a.csv", storage_options={"cache": "/scratch/mf-cache"})
-    fsspec.open("manyfiles::s3://bucket/key", manyfiles={"cache": DIR})   # (fsspec resolves s3fs too)
+    load_dataset("parquet", data_files="manyfiles://s3://bucket/train/*.parquet", storage_options=...)
 
-Paths are ``s3://bucket/key`` URLs or local paths (in the chained form, the bare ``bucket/key``
-of the ``s3`` link).  Read only: ``ls``, ``info``, ``find``/``glob``/``walk``, ``open`` (a seekable
-reader whose ranged reads are served from the cache's blocks), ``cat_file``/``cat_ranges``.
+It answers as s3fs does (docs/ml.md lists the differences that remain, tests/ml/test_s3fs_parity.py
+checks them): paths are ``bucket/key`` (``s3://``, ``s3a://``, ``manyfiles://`` in front are
+taken off), names come back as ``bucket/key``; local paths are absolute (``/data/x``, ``file://``).
+Read only: ``ls``, ``info``, ``find``/``glob``/``walk``/``du``, ``open`` (a seekable file whose reads
+are served from the cache's blocks), ``cat_file``/``cat_ranges``, ``modified``.
 
 Validation by listing: ``ls`` and ``find`` get every object's ETag and size from ListObjectsV2
 (1,000 objects a request); an ``open``/``cat`` of a listed object then sends no HEAD and reads
-exactly that version (cached blocks, or GETs pinned to its ETag).  Like s3fs, listings are kept
-(``listings_expiry_time`` seconds, default: until ``invalidate_cache()``); an object not listed
-is validated by one HEAD (``ttl``: the cache's TTL for those).  Writing raises a one-line
-PermissionError: write to the origin.
+exactly that version.  Like s3fs, listings are kept (``listings_expiry_time``, ``invalidate_cache()``);
+an object not listed is validated by one HEAD.  Every listing is also kept in the cache directory:
+when S3 cannot be reached, the filesystem answers from there (``offline``, docs/ml.md "Offline").
+
+Errors, one family: missing things raise :class:`FileNotFoundError`, an unreachable endpoint a
+:class:`ConnectionError` (a :class:`TimeoutError` when it did not answer in time), refusals
+:class:`PermissionError`, anything else :class:`OSError`, each with the URL in the message.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import stat as _stat
 import time
+from datetime import datetime, timezone
 from typing import Any
 
 from manyfiles._core.extras import require
-from manyfiles.cache import Cache
-from manyfiles.errors import NotFound, ObjectChanged, UsageError
+from manyfiles.cache import Cache, default_dir
+from manyfiles.errors import (
+    AccessDenied,
+    ManyfilesError,
+    NotFound,
+    ObjectChanged,
+    OfflineMiss,
+    UsageError,
+)
 from manyfiles.ml._source import CacheRef
 
 _fsspec = require("fsspec", "fsspec", "the manyfiles fsspec filesystem")
+from fsspec.spec import AbstractBufferedFile  # noqa: E402 - after the extra's check
+
 try:
     from fsspec.implementations.chained import ChainedFileSystem as _FsBase  # fsspec >= 2025.x
 except ImportError:  # older fsspec: everything but the chained "manyfiles::s3://..." form
     _FsBase = _fsspec.AbstractFileSystem
 
-_S3 = "s3://"
+_PREFIXES = ("manyfiles://", "manyfiles::", "s3://", "s3a://")
 
 
 def _read_only(path: str) -> PermissionError:
@@ -48,15 +64,57 @@ def _read_only(path: str) -> PermissionError:
                            "write to the origin", path)
 
 
+def fsspec_error(exc: BaseException, where: str) -> BaseException:
+    """``exc`` as the one family of errors of the fsspec boundary (see the module docstring)."""
+    if isinstance(exc, (FileNotFoundError, ConnectionError, PermissionError)) and where in str(exc):
+        return exc
+    text = str(exc) if where in str(exc) else f"{where}: {exc}"
+    if isinstance(exc, (NotFound, FileNotFoundError)):
+        return FileNotFoundError(errno.ENOENT, text)
+    from manyfiles.s3.retry import origin_unreachable  # (on an error's path: S3's import paid only here)
+
+    gone = origin_unreachable(exc, where)
+    if gone is not None:
+        return gone
+    if isinstance(exc, (AccessDenied, PermissionError)):
+        return PermissionError(errno.EACCES, text)
+    if isinstance(exc, OSError):
+        return exc
+    return OSError(errno.EIO, text)
+
+
+def _boundary(method: Any) -> Any:
+    """Errors of ``method(self, path, ...)`` leave as :func:`fsspec_error` makes them."""
+
+    @functools.wraps(method)
+    def wrapper(self: ManyfilesFileSystem, path: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, path, *args, **kwargs)
+        except (ManyfilesError, OSError) as exc:
+            if isinstance(exc, (ValueError, IsADirectoryError, NotADirectoryError)):
+                raise
+            err = fsspec_error(exc, self._shown(path))
+            if err is exc:
+                raise
+            raise err from exc
+
+    return wrapper
+
+
 class ManyfilesFileSystem(_FsBase):
     """fsspec's view of S3 objects and local files, read through a manyfiles cache (read only).
 
     Args:
-        cache: the cache directory (or a :class:`~manyfiles.cache.Cache`).  Required.
+        cache: the cache directory (or a :class:`~manyfiles.cache.Cache`); default
+            ``$MANYFILES_CACHE_DIR``, else ``~/.cache/manyfiles`` (libraries that pass no options
+            still read through the cache).
         endpoint_url, region, profile, anon: the S3 connection (default: the AWS configuration),
             or ``settings`` (a :class:`manyfiles.s3.ClientSettings`).
         ttl: seconds the validation of an object that no listing gave stays trusted (the cache's
             ``ttl``; default 0: one HEAD per open).
+        offline: None (default): when S3 cannot be reached, answer from the cache (kept listings,
+            the versions validated last; warned once per process); True: never ask S3; False:
+            never fall back.
         target_protocol, target_options, fo: what fsspec passes in the chained form
             (``manyfiles::s3://...``); s3fs-style ``target_options`` (``endpoint_url``,
             ``client_kwargs={"endpoint_url", "region_name"}``, ``anon``, ``profile``) are understood.
@@ -68,16 +126,15 @@ class ManyfilesFileSystem(_FsBase):
 
     def __init__(self, cache: Cache | str | os.PathLike | None = None, *, settings: Any = None,
                  endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
-                 anon: bool = False, ttl: float | None = None, target_protocol: str | None = None,
-                 target_options: dict | None = None, fo: str | None = None, **kwargs: Any) -> None:
+                 anon: bool = False, ttl: float | None = None, offline: bool | None = None,
+                 target_protocol: str | None = None, target_options: dict | None = None,
+                 fo: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if cache is None:
-            raise UsageError('the manyfiles filesystem reads through a cache: give cache=DIR '
-                             '(fsspec.filesystem("manyfiles", cache=DIR))')
         if target_protocol not in (None, "s3", "s3a", "file", "local"):
             raise UsageError(f"manyfiles::{target_protocol}: only s3:// objects and local paths go through "
                              "the manyfiles cache")
-        self._bare_s3 = target_protocol in ("s3", "s3a")
+        if offline is not None and not isinstance(offline, bool):
+            raise UsageError(f"offline={offline!r}: give True, False or None")
         opts = dict(target_options or {})
         client_kwargs = opts.pop("client_kwargs", {}) or {}
         if opts.get("key") or opts.get("secret"):
@@ -93,10 +150,10 @@ class ManyfilesFileSystem(_FsBase):
                 no_sign=bool(anon or opts.get("anon")))
         self.settings = settings
         self.ttl = ttl
-        self._cache_ref = CacheRef.of(cache, settings)
-        # url -> (etag, size, listed at, mtime): what ls/find validated
+        self.offline = offline
+        self._cache_ref = CacheRef.of(default_dir() if cache is None else cache, settings)
+        # bucket/key -> (etag, size, listed at, mtime): what ls/find validated
         self._listed: dict[str, tuple[str | None, int, float, float | None]] = {}
-        self._client: tuple[int, Any] | None = None
         self._resolved: tuple[int, Any] | None = None
         self.expiry = kwargs.get("listings_expiry_time")
 
@@ -107,30 +164,38 @@ class ManyfilesFileSystem(_FsBase):
         if isinstance(path, list):
             return [cls._strip_protocol(p) for p in path]
         path = _fsspec.utils.stringify_path(path)
-        for prefix in ("manyfiles://", "manyfiles::"):
-            if path.startswith(prefix):
-                path = path[len(prefix):]
-        if path.startswith("s3a://"):
-            path = _S3 + path[6:]
-        if path.startswith(_S3):
-            return _S3 + path[len(_S3):].rstrip("/")
-        return path.rstrip("/") or ("/" if path.startswith("/") else "")
+        for _ in range(2):              # manyfiles://s3://bucket/key
+            for prefix in _PREFIXES:
+                if path.startswith(prefix):
+                    path = path[len(prefix):]
+        if path.startswith("file://"):
+            path = path[len("file://"):]
+        if path.startswith("/"):
+            return path.rstrip("/") or "/"
+        return path.rstrip("/")
 
     def unstrip_protocol(self, name: str) -> str:
-        return f"manyfiles://{self._url(name)}"
+        return f"manyfiles://{self._strip_protocol(name)}"
+
+    @staticmethod
+    def _local(path: str) -> bool:
+        return path.startswith("/")
 
     def _url(self, path: str) -> str:
         """The cache's name of ``path``: ``s3://bucket/key`` or an absolute local path."""
         path = self._strip_protocol(path)
-        if path.startswith(_S3):
-            return path
-        if self._bare_s3:
-            return _S3 + path.lstrip("/")
-        return os.path.abspath(path)
+        return path if self._local(path) else f"s3://{path}"
 
-    def _name(self, url: str) -> str:
-        """``url`` as this filesystem's callers write paths (bare ``bucket/key`` in the chained form)."""
-        return url[len(_S3):] if self._bare_s3 and url.startswith(_S3) else url
+    def _shown(self, path: Any) -> str:
+        try:
+            return self._url(path)
+        except Exception:
+            return str(path)
+
+    @staticmethod
+    def _split(path: str) -> tuple[str, str]:
+        bucket, _, key = path.partition("/")
+        return bucket, key
 
     @property
     def cache(self) -> Cache:
@@ -143,172 +208,219 @@ class ManyfilesFileSystem(_FsBase):
 
     # -- listings --------------------------------------------------------------------------------
 
-    def _remember(self, url: str, etag: str | None, size: int, at: float, mtime: float | None) -> dict:
-        self._listed[url] = (etag, size, at, mtime)
-        return self._file_info(url, etag, size, mtime)
-
-    def _file_info(self, url: str, etag: str | None, size: int, mtime: float | None) -> dict:
-        info: dict[str, Any] = {"name": self._name(url), "size": size, "type": "file"}
+    def _file_info(self, name: str, etag: str | None, size: int, mtime: float | None) -> dict:
+        info: dict[str, Any] = {"Key": name, "Size": size}
         if etag is not None:
-            info["ETag"] = etag
+            info["ETag"] = f'"{etag}"'
         if mtime is not None:
-            info["mtime"] = mtime
-            info["LastModified"] = mtime
+            info["LastModified"] = datetime.fromtimestamp(mtime, timezone.utc)
+        info.update({"type": "file", "size": size, "name": name})
         return info
 
-    def _dir_info(self, url: str) -> dict:
-        return {"name": self._name(url.rstrip("/")), "size": 0, "type": "directory"}
+    @staticmethod
+    def _dir_info(name: str) -> dict:
+        return {"Key": name, "Size": 0, "StorageClass": "DIRECTORY", "type": "directory", "size": 0,
+                "name": name}
 
-    def _s3_list(self, url: str, *, delimiter: str | None) -> tuple[list[dict], bool]:
-        """Infos under the "folder" ``url`` (one level with a delimiter); also whether anything was there."""
+    def _list(self, bucket: str, prefix: str, delimiter: str | None, offline: bool | None = None
+              ) -> list[dict]:
+        """Infos of the objects (and, with a delimiter, the "folders") under ``prefix``, sorted by name
+        (``offline``: this listing's, default the filesystem's)."""
         from manyfiles.s3.keys import S3Url
-        from manyfiles.s3.object_listing import list_objects_lean
 
-        bucket, _, prefix = url[len(_S3):].partition("/")
-        if prefix and not prefix.endswith("/"):
-            prefix += "/"
-        at = time.time()
+        listing = self.cache.list_objects(S3Url(bucket, prefix, None, prefix), settings=self._settings(),
+                                          delimiter=delimiter,
+                                          offline=self.offline if offline is None else offline)
+        at = listing.listed_at
         out = []
-        for obj in list_objects_lean(self._settings(), S3Url(bucket, prefix, None, prefix), mtime=True,
-                                     delimiter=delimiter):
-            where = f"{_S3}{bucket}/{obj.key}"
-            if obj.size is None:
-                out.append(self._dir_info(where))
-            elif not (obj.key.endswith("/") and not obj.size):          # not a "folder" marker
-                out.append(self._remember(where, obj.etag, obj.size, at, obj.mtime))
-        return out, bool(out)
+        for o in listing.objects:
+            name = f"{bucket}/{o.key}"
+            if o.size is None:
+                out.append(self._dir_info(name.rstrip("/")))
+            else:
+                self._listed[name] = (o.etag, o.size, at, o.mtime)
+                out.append(self._file_info(name, o.etag, o.size, o.mtime))
+        out.sort(key=lambda i: i["name"])
+        return out
 
-    def ls(self, path: str, detail: bool = True, refresh: bool = False, **kwargs: Any) -> list:
-        url = self._url(path)
-        key = self._name(url)
-        entries = None
+    def _lsdir(self, path: str, refresh: bool = False) -> list[dict]:
         if not refresh:
             with contextlib.suppress(KeyError):     # (fsspec's DirCache expires entries itself)
-                entries = self.dircache[key]
-        if entries is None:
-            if url.startswith(_S3):
-                entries, found = self._s3_list(url, delimiter="/")
-                if not found:
-                    entries = [self.info(path)]     # a file: fsspec's ls of a file is its info
-                    if entries[0]["type"] == "directory":
-                        entries = []
-                else:
-                    self.dircache[key] = entries
-            else:
-                entries = self._local_ls(url)
-        return entries if detail else [e["name"] for e in entries]
+                return self.dircache[path]
+        bucket, key = self._split(path)
+        files = self._list(bucket, key + "/" if key else "", "/")
+        if files:
+            self.dircache[path] = files
+        return files
+
+    @_boundary
+    def ls(self, path: str, detail: bool = False, refresh: bool = False, **kwargs: Any) -> list:
+        path = self._strip_protocol(path)
+        if self._local(path):
+            files = self._local_ls(path)
+        elif path == "":
+            files = self._buckets()
+        else:
+            files = self._lsdir(path, refresh)
+            if not files and "/" in path:
+                with contextlib.suppress(FileNotFoundError, NotFound):
+                    files = self._lsdir(self._parent(path), refresh)
+                files = [o for o in files if o["name"].rstrip("/") == path and o["type"] != "directory"]
+                if not files:
+                    raise FileNotFoundError(errno.ENOENT, f"{self._url(path)}: no such object or prefix")
+            if detail:
+                return files
+        return files if detail else sorted(o["name"] for o in files)
+
+    def _buckets(self) -> list[dict]:
+        with contextlib.suppress(KeyError):
+            return self.dircache[""]
+        from manyfiles.s3.retry import classify
+
+        try:
+            names = [b["Name"] for b in self._settings().client(pool=2).list_buckets().get("Buckets", [])]
+        except Exception as exc:
+            err = classify(exc)
+            if err.status in (401, 403):
+                return []               # as s3fs: no permission to list buckets
+            raise ManyfilesError(f"s3://: {err}") from exc
+        files = [{"Key": n, "Size": 0, "StorageClass": "BUCKET", "size": 0, "type": "directory", "name": n}
+                 for n in sorted(names)]
+        self.dircache[""] = files
+        return files
 
     def _local_ls(self, path: str) -> list[dict]:
-        try:
-            if not os.path.isdir(path):
-                return [self.info(path)]
-            with os.scandir(path) as it:
-                return sorted((self._local_info(e.path, e.stat()) for e in it), key=lambda i: i["name"])
-        except FileNotFoundError:
-            raise
-        except OSError as exc:
-            raise OSError(exc.errno, exc.strerror, path) from None
+        if not os.path.isdir(path):
+            return [self.info(path)]
+        with os.scandir(path) as it:
+            return sorted((self._local_info(e.path, e.stat()) for e in it), key=lambda i: i["name"])
 
     @staticmethod
     def _local_info(path: str, st: os.stat_result) -> dict:
         kind = "directory" if _stat.S_ISDIR(st.st_mode) else "file" if _stat.S_ISREG(st.st_mode) else "other"
         return {"name": path, "size": st.st_size, "type": kind, "mtime": st.st_mtime}
 
+    @_boundary
     def find(self, path: str, maxdepth: int | None = None, withdirs: bool = False, detail: bool = False,
              **kwargs: Any) -> Any:
-        """Every file under ``path`` (one flat listing for S3: 1,000 objects a request); ``include``/
-        ``exclude``: manyfiles glob filters on paths relative to ``path``."""
-        url = self._url(path)
-        if not url.startswith(_S3):
+        """Every file under ``path``: for S3 one flat listing (1,000 objects a request), the
+        "folders" derived from the keys as s3fs does; with ``maxdepth``, fsspec's walk."""
+        path = self._strip_protocol(path)
+        if self._local(path) or maxdepth:
+            if not self._local(path) and not path:
+                raise ValueError("Cannot traverse all of S3")
             return super().find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs)
-        from manyfiles.s3.keys import make_filter
-
-        keep = make_filter(tuple(kwargs.get("include", ())), tuple(kwargs.get("exclude", ())))
-        infos, found = self._s3_list(url, delimiter=None)
-        base = url.rstrip("/") + "/"
-        out: dict[str, dict] = {}
-        if not found:
+        bucket, key = self._split(path)
+        if not bucket:
+            raise ValueError("Cannot traverse all of S3")
+        out = self._list(bucket, key + "/" if key else "", None)
+        if not out and key:
             try:
-                one = self.info(path)
+                out = [self.info(path)]
             except FileNotFoundError:
-                one = None
-            if one is not None and one["type"] == "file":
-                out[one["name"]] = one
-        for info in infos:
-            rel = self._url(info["name"])[len(base):]
-            depth = rel.count("/") + 1
-            if keep is not None and not keep(rel):
-                continue
-            if maxdepth is not None and depth > maxdepth:
-                continue
-            out[info["name"]] = info
-            if withdirs:
-                parts = rel.split("/")[:-1]
-                for i in range(1, len(parts) + 1):
-                    d = self._dir_info(base + "/".join(parts[:i]))
-                    out.setdefault(d["name"], d)
-        names = sorted(out)
-        return {n: out[n] for n in names} if detail else names
+                out = []
+        dirs: dict[str, dict] = {}
+        for o in out:
+            par = o["name"].rsplit("/", 1)[0]
+            while "/" in par and par not in dirs:
+                if len(path) <= len(par):
+                    dirs[par] = self._dir_info(par)
+                par = par.rsplit("/", 1)[0]
+        self._keep_folders(out, dirs)
+        if withdirs:
+            out = sorted(out + list(dirs.values()), key=lambda x: x["name"])
+        if detail:
+            return {o["name"]: o for o in out}
+        return [o["name"] for o in out]
 
+    def _keep_folders(self, files: list[dict], dirs: dict[str, dict]) -> None:
+        """Keep the listing of each folder of a flat listing (``dirs``) as s3fs keeps it (its files but
+        placeholders, and its sub-folders), unless one is kept: ``ls``/``info`` of them ask nothing."""
+        if not self.dircache.use_listings_cache:
+            return
+        folders: dict[str, list[dict]] = {d: [] for d in dirs if d not in self.dircache}
+        for o in [*files, *dirs.values()]:
+            entries = folders.get(o["name"].rsplit("/", 1)[0])
+            if entries is not None and not o["name"].endswith("/"):
+                entries.append(o)
+        for folder, entries in folders.items():
+            self.dircache[folder] = sorted(entries, key=lambda x: x["name"])
+
+    @_boundary
     def info(self, path: str, **kwargs: Any) -> dict:
-        url = self._url(path)
-        if not url.startswith(_S3):
-            try:
-                return self._local_info(url, os.stat(url))
-            except FileNotFoundError:
-                raise FileNotFoundError(errno.ENOENT, "No such file or directory", path) from None
-        listed = self._fresh(url)
-        if listed is not None:
-            return self._file_info(url, listed[0], listed[1], listed[3])
-        bucket, _, key = url[len(_S3):].partition("/")
+        path = self._strip_protocol(path)
+        if self._local(path):
+            return self._local_info(path, os.stat(path))
+        if path == "":
+            return {"name": path, "size": 0, "type": "directory"}
+        bucket, key = self._split(path)
+        cached = self._from_listings(path)
+        if cached is not None:
+            return cached
         if not key:
-            return self._dir_info(url)
-        head = self._head(bucket, key)
-        if head is not None:
-            return self._file_info(url, *head)
-        _, found = self._probe_dir(url)
-        if found:
-            return self._dir_info(url)
-        raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+            self._list(bucket, "", "/")          # a missing bucket: NotFound
+            return {"name": bucket, "type": "directory", "size": 0, "StorageClass": "DIRECTORY",
+                    "VersionId": None}
+        offline = self.cache.offline_reason(f"s3://{path}", settings=self._settings(), offline=self.offline)
+        if offline is not None and self._kept_folder(bucket, key):    # no HEAD asked with retries offline
+            return {"name": path, "type": "directory", "size": 0, "StorageClass": "DIRECTORY"}
+        try:
+            size, etag, mtime = self.cache.head(f"s3://{path}", settings=self._settings(),
+                                                offline=self.offline)
+        except OfflineMiss:
+            if self._kept_folder(bucket, key):
+                return {"name": path, "type": "directory", "size": 0, "StorageClass": "DIRECTORY"}
+            raise
+        except NotFound as exc:
+            if "no such bucket" in str(exc):
+                raise
+        else:           # as s3fs gives a HEAD's answer
+            info = {"ETag": f'"{etag}"', "LastModified": datetime.fromtimestamp(mtime, timezone.utc)
+                    if mtime is not None else "", "size": size, "name": path, "type": "file"}
+            return info
+        if self._list(bucket, key + "/", "/"):
+            return {"name": path, "type": "directory", "size": 0, "StorageClass": "DIRECTORY"}
+        raise FileNotFoundError(errno.ENOENT, f"{self._url(path)}: no such object or prefix")
 
-    def _fresh(self, url: str) -> tuple | None:
-        listed = self._listed.get(url)
+    def _kept_folder(self, bucket: str, key: str) -> bool:
+        """Does the cache keep a listing of ``key`` as a folder with something in it (offline answers)?"""
+        try:
+            return bool(self._list(bucket, key + "/", "/", offline=True))
+        except NotFound:
+            return False
+
+    def _from_listings(self, path: str) -> dict | None:
+        """``path``'s info from the listings this filesystem keeps, as s3fs answers from its dircache: a
+        folder listed itself, an entry of its folder's listing (FileNotFoundError when that listing
+        has no such entry), or a file that a ``find`` listed."""
+        if not self.dircache.use_listings_cache:
+            return None
+        entries = self._ls_from_cache(path)
+        if entries is not None:
+            return next((o for o in entries if o["name"] == path), None) or {"name": path, "size": 0,
+                                                                              "type": "directory"}
+        listed = self._fresh(path)
+        if listed is not None:
+            return self._file_info(path, listed[0], listed[1], listed[3])
+        return None
+
+    def _fresh(self, name: str) -> tuple | None:
+        listed = self._listed.get(name)
         if listed is None or not self.dircache.use_listings_cache:
             return None
         if self.expiry is not None and time.time() - listed[2] > self.expiry:
-            del self._listed[url]
+            del self._listed[name]
             return None
         return listed
 
-    def _head(self, bucket: str, key: str) -> tuple[str, int, float] | None:
-        """(etag, size, mtime) from one HEAD, None for no such object."""
-        from manyfiles.s3.retry import classify
-
-        try:
-            head = self._boto3().head_object(Bucket=bucket, Key=key)
-        except Exception as exc:
-            err = classify(exc)
-            if err.status == 404:
-                return None
-            raise OSError(errno.EIO, f"s3://{bucket}/{key}: {err}") from exc
-        mtime = head.get("LastModified")
-        return (head.get("ETag", "").strip('"'), int(head["ContentLength"]),
-                mtime.timestamp() if mtime is not None else None)
-
-    def _probe_dir(self, url: str) -> tuple[list, bool]:
-        from manyfiles.s3.keys import S3Url
-        from manyfiles.s3.object_listing import list_objects_lean
-
-        bucket, _, prefix = url[len(_S3):].partition("/")
-        prefix = prefix.rstrip("/") + "/"
-        for _ in list_objects_lean(self._settings(), S3Url(bucket, prefix, None, prefix), page_size=1):
-            return [], True
-        return [], False
-
-    def _boto3(self) -> Any:
-        if self._client is None or self._client[0] != os.getpid():
-            self._client = (os.getpid(), self._settings().client(pool=16))
-        return self._client[1]
+    def modified(self, path: str) -> datetime:
+        """When the object was last modified (a datetime); IsADirectoryError for a folder or bucket."""
+        info = self.info(path)
+        if self._local(self._strip_protocol(path)) and info["type"] == "file":
+            return datetime.fromtimestamp(info["mtime"], timezone.utc)
+        if "LastModified" not in info:
+            raise IsADirectoryError(errno.EISDIR, f"{self._shown(path)}: a folder has no modified time")
+        return info["LastModified"]
 
     def invalidate_cache(self, path: str | None = None) -> None:
         """Forget listings (all, or of ``path`` and below): the next open validates again."""
@@ -316,61 +428,72 @@ class ManyfilesFileSystem(_FsBase):
             self._listed.clear()
             self.dircache.clear()
             return
-        url = self._url(path)
-        for u in [u for u in self._listed if u == url or u.startswith(url.rstrip("/") + "/")]:
+        path = self._strip_protocol(path)
+        for u in [u for u in self._listed if u == path or u.startswith(path + "/")]:
             del self._listed[u]
-        name = self._name(url)
-        for k in [k for k in self.dircache if k == name or k.startswith(name.rstrip("/") + "/")]:
+        for k in [k for k in self.dircache if k == path or k.startswith(path + "/")]:
             self.dircache.pop(k, None)
-        self.dircache.pop(self._parent(name), None)
+        self.dircache.pop(self._parent(path), None)
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def _reader_kwargs(self, url: str) -> dict:
-        if not url.startswith(_S3):
+    def _reader_kwargs(self, path: str) -> dict:
+        if self._local(path):
             return {"ttl": self.ttl}
-        listed = self._fresh(url)
+        listed = self._fresh(path)
         if listed is None or listed[0] is None:
-            return {"ttl": self.ttl, "settings": self.settings}
-        return {"etag": listed[0], "size": listed[1], "listed_at": listed[2], "settings": self.settings}
+            return {"ttl": self.ttl, "settings": self.settings, "offline": self.offline}
+        return {"etag": listed[0], "size": listed[1], "listed_at": listed[2], "settings": self.settings,
+                "offline": self.offline}
 
+    def _raw(self, path: str, head: dict | None = None) -> Any:
+        """The cache's raw reader of ``path`` (at its listed version when a listing gave it, or at the
+        version of ``head``, an info a HEAD just gave)."""
+        url = self._url(path)
+        kwargs = self._reader_kwargs(path)
+        if head is not None and "etag" not in kwargs and head.get("ETag"):
+            kwargs.update(etag=head["ETag"].strip('"'), size=head["size"], listed_at=time.time())
+            kwargs.pop("ttl", None)
+        try:
+            return self.cache.reader(url, **kwargs)
+        except ObjectChanged:       # changed since it was listed: forget the listing, read the new one
+            self._listed.pop(path, None)
+            return self.cache.reader(url, ttl=self.ttl, settings=self.settings, offline=self.offline)
+
+    @_boundary
     def _open(self, path: str, mode: str = "rb", block_size: int | None = None, autocommit: bool = True,
               cache_options: dict | None = None, **kwargs: Any) -> Any:
         if mode != "rb":
             raise _read_only(path)
-        url = self._url(path)
-        try:
-            return self._open_url(url)
-        except NotFound:
-            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path) from None
+        path = self._strip_protocol(path)
+        info = head = None if self._local(path) else self._from_listings(path)
+        if info is None and not self._local(path) and not self.ttl:
+            info = head = self.info(path)   # the HEAD that validates it (s3fs's too): no other request
+        raw = self._raw(path, head)
+        if info is None:
+            info = (self._local_info(path, os.fstat(raw.fileno())) if self._local(path)
+                    else self._file_info(path, None, raw.size, None))
+        return ManyfilesFile(self, path, raw, info, block_size=block_size,
+                             cache_type=kwargs.get("cache_type", "none"), cache_options=cache_options)
 
-    def _open_url(self, url: str) -> Any:
-        kw = self._reader_kwargs(url)
-        try:
-            f = self.cache.open(url, "rb", **kw)
-        except ObjectChanged:       # changed since it was listed: forget the listing, read the new one
-            self._listed.pop(url, None)
-            f = self.cache.open(url, "rb", ttl=self.ttl, settings=self.settings)
-        f.size = f.raw.size if hasattr(f, "raw") else os.fstat(f.fileno()).st_size
-        return f
-
+    @_boundary
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
-        url = self._url(path)
-        if start is None and end is None:
-            kw = self._reader_kwargs(url)
-            try:
-                return self.cache.get_bytes(url, **kw)
-            except ObjectChanged:
-                self._listed.pop(url, None)
-                return self.cache.get_bytes(url, ttl=self.ttl, settings=self.settings)
-            except NotFound:
-                raise FileNotFoundError(errno.ENOENT, "No such file or directory", path) from None
-        with self._open(path) as f:
-            return _read_range(f, start, end)
+        path = self._strip_protocol(path)
+        raw = self._raw(path)
+        try:
+            size = raw.size if hasattr(raw, "size") else os.fstat(raw.fileno()).st_size
+            start = 0 if start is None else max(0, start + size) if start < 0 else start
+            end = size if end is None else max(0, end + size) if end < 0 else min(end, size)
+            if end <= start:
+                return b""
+            return _pread(raw, start, end - start)
+        finally:
+            raw.close()
 
     def cat_ranges(self, paths: list, starts: Any, ends: Any, max_gap: int | None = None,
                    on_error: str = "return", **kwargs: Any) -> list:
-        """Byte ranges of files, each file opened once (its ranges served from the cache's blocks)."""
+        """Byte ranges of files (fsspec's semantics), each file opened once (its ranges served from
+        the cache's blocks)."""
         if isinstance(starts, int):
             starts = [starts] * len(paths)
         if isinstance(ends, int) or ends is None:
@@ -378,19 +501,13 @@ class ManyfilesFileSystem(_FsBase):
         if not len(paths) == len(starts) == len(ends):
             raise ValueError("cat_ranges: paths, starts and ends differ in length")
         out: list = [None] * len(paths)
-        by_path: dict[str, list[int]] = {}
         for i, p in enumerate(paths):
-            by_path.setdefault(p, []).append(i)
-        for p, indexes in by_path.items():
             try:
-                with self._open(p) as f:
-                    for i in indexes:
-                        out[i] = _read_range(f, starts[i], ends[i])
+                out[i] = self.cat_file(p, starts[i], ends[i])
             except Exception as exc:
                 if on_error == "raise":
                     raise
-                for i in indexes:
-                    out[i] = exc
+                out[i] = exc
         return out
 
     # -- read only -------------------------------------------------------------------------------
@@ -401,11 +518,35 @@ class ManyfilesFileSystem(_FsBase):
     pipe_file = put_file = rm_file = rm = mkdir = makedirs = rmdir = cp_file = mv = touch = _refuse
 
 
-def _read_range(f: Any, start: int | None, end: int | None) -> bytes:
-    size = f.size
-    start = 0 if start is None else start + size if start < 0 else start
-    end = size if end is None else end + size if end < 0 else min(end, size)
-    if end <= start:
-        return b""
-    f.seek(start)
-    return f.read(end - start)
+class ManyfilesFile(AbstractBufferedFile):
+    """A file of the filesystem: fsspec's buffered file (``.path``, ``.fs``, ``info()``, seek
+    rules) whose ranges come from the cache's reader (cached blocks, or GETs pinned to the version)."""
+
+    def __init__(self, fs: ManyfilesFileSystem, path: str, raw: Any, info: dict, *, block_size: int | None,
+                 cache_type: str, cache_options: dict | None) -> None:
+        self._reader = raw
+        size = raw.size if hasattr(raw, "size") else os.fstat(raw.fileno()).st_size
+        super().__init__(fs, path, mode="rb", block_size=block_size or "default", cache_type=cache_type,
+                         cache_options=cache_options, size=size)
+        self.details = info
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        end = min(end, self.size)
+        return _pread(self._reader, start, end - start) if end > start else b""
+
+    def close(self) -> None:
+        super().close()
+        self._reader.close()
+
+
+def _pread(raw: Any, start: int, n: int) -> bytes:
+    """``n`` bytes at ``start`` of a cache reader (fewer only at the end)."""
+    raw.seek(start)
+    parts = []
+    while n > 0:
+        chunk = raw.read(n)
+        if not chunk:
+            break
+        parts.append(chunk)
+        n -= len(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)

@@ -36,6 +36,8 @@ from manyfiles.errors import (
     ManyfilesError,
     NotFound,
     ObjectChanged,
+    OriginTimeout,
+    OriginUnreachable,
     TransferError,
     UnsafeKey,
 )
@@ -206,6 +208,30 @@ def network_error(exc: BaseException, endpoint: str | None = None, *, answered: 
     return None
 
 
+def origin_unreachable(exc: BaseException, where: str) -> OriginUnreachable | None:
+    """The :class:`~manyfiles.errors.OriginUnreachable` (:class:`~manyfiles.errors.OriginTimeout`
+    for a timeout) that ``exc`` means, with ``where`` in its message: a network error that found no
+    endpoint to talk to (refused, unreachable, timed out, DNS: :func:`network_error`), or one made
+    already further down its chain; None for any other error, a reset included (the endpoint was
+    there).  The offline reads of the cache fall back on these (manyfiles.cache._offline)."""
+    node: BaseException | None = exc
+    for _ in range(12):
+        if node is None:
+            break
+        if isinstance(node, OriginUnreachable):
+            return node
+        node = node.__cause__ or node.__context__
+    net = network_error(exc)
+    if net is None or net.code == "reset":
+        return None
+    timed_out = net.code == "timeout"
+    what = "did not answer in time" if timed_out else "cannot be reached"
+    err = (OriginTimeout if timed_out else OriginUnreachable)(
+        f"{where}: the S3 endpoint {what} ({_WORDING[net.code]})")
+    err.__cause__ = exc
+    return err
+
+
 def _cause_of(exc: BaseException, botocore) -> tuple[str, str, bool] | None:
     """(cause, detail, retryable) of one exception of the chain, or None."""
     if isinstance(exc, socket.gaierror):
@@ -362,4 +388,4 @@ def classify(exc: BaseException, *, answered: bool = False) -> TransferError:
 __all__ = ["CREDENTIAL_CODES", "FATAL_CODES", "NETWORK_CODES", "RETRYABLE_CODES", "Inconsistent",
            "LocalError", "NetworkError", "ObjectChanged", "RetryPolicy", "TransferError", "answered",
            "classify", "coded", "endpoint_name", "failure_code", "has_answered", "listing_error",
-           "network_error", "s3_error", "stopping_error", "tls_refusal"]
+           "network_error", "origin_unreachable", "s3_error", "stopping_error", "tls_refusal"]
