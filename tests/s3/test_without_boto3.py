@@ -130,3 +130,31 @@ def test_errors_are_classified_without_botocore(moto_server, tmp_path):
     r = _python(_env(moto_server, tmp_path), code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["LocalError False", "NetworkError True", "TransferError True", "False"]
+
+
+def test_the_ml_readers_run_without_boto3(moto_server, bucket, tmp_path):
+    """A Dataset over the prefix, and the fsspec filesystem: a listing, an info of one object that
+    was not listed (one HEAD), a read, a missing object."""
+    name, put = bucket
+    data = _objects(put, "m/", 5)
+    cache = str(tmp_path / "cache")
+    code = ("import hashlib, fsspec, manyfiles as mf\n"
+            f"ds = mf.Dataset('s3://{name}/m/', cache={cache!r})\n"
+            "got = sorted((s.key, hashlib.sha256(s.data).hexdigest()) for s in ds)\n"
+            "print(len(got), *(h for _, h in got))\n"
+            f"fs = fsspec.filesystem('manyfiles', cache={cache!r})\n"
+            f"info = fs.info('s3://{name}/m/3.bin')\n"
+            "print(info['type'], info['size'])\n"
+            f"print(sorted(p.rsplit('/', 1)[1] for p in fs.ls('s3://{name}/m/', detail=False)))\n"
+            f"print(hashlib.sha256(fs.cat_file('s3://{name}/m/4.bin')).hexdigest())\n"
+            f"print(fs.exists('s3://{name}/m/nosuch.bin'))\n")
+    r = _python(_env(moto_server, tmp_path), code)
+    assert r.returncode == 0, r.stderr
+    digest = {k: hashlib.sha256(v).hexdigest() for k, v in data.items()}
+    assert r.stdout.splitlines() == [
+        " ".join(["5", *(digest[f"{i}.bin"] for i in range(5))]),
+        f"file {len(data['3.bin'])}",
+        str(sorted(data)),
+        digest["4.bin"],
+        "False",
+    ]
