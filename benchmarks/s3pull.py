@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -279,7 +280,9 @@ def checked_by(dest: Path) -> str:
 
 def measure(shape: str, endpoint: str, repeat: int, only: set[str] | None,
             label: str) -> tuple[dict[str, list[float]], dict[str, str]]:
-    """Every tool ``repeat`` times, interleaved; returns (times per tool, check method per tool)."""
+    """Every tool ``repeat`` times, interleaved; returns (times per tool, check method per tool).
+    Each run's client CPU (user + system seconds of the tool and the children it waited for, from
+    ``getrusage(RUSAGE_CHILDREN)``) goes to ``CPU``: steadier than wall time on a shared machine."""
     n, nbytes = SHAPES_TOTALS[shape]
     dest = DATA / "dest"
     cmds = tools(f"bench-{shape}", dest, endpoint, only)
@@ -292,9 +295,12 @@ def measure(shape: str, endpoint: str, repeat: int, only: set[str] | None,
                 continue
             shutil.rmtree(dest, ignore_errors=True)
             dest.mkdir(parents=True)
+            ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
             r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             dt = time.perf_counter() - t0
+            ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
             if r.returncode != 0:
                 if name.startswith("s3pull"):
                     raise RuntimeError(f"{name} failed ({r.returncode}): {r.stderr.decode()[-500:]}")
@@ -306,14 +312,17 @@ def measure(shape: str, endpoint: str, repeat: int, only: set[str] | None,
                 continue
             check(dest, n, nbytes)
             times[name].append(dt)
+            CPU.setdefault((shape, label, name), []).append(cpu)
             if name.startswith("s3pull"):
                 checks[name] = checked_by(dest)
-            print(f"  {label} {shape} {name}: {dt:.2f} s", file=sys.stderr, flush=True)
+            print(f"  {label} {shape} {name}: {dt:.2f} s, client CPU {cpu:.2f} s", file=sys.stderr,
+                  flush=True)
     shutil.rmtree(dest, ignore_errors=True)
     return times, checks
 
 
 SHAPES_TOTALS: dict[str, tuple[int, int]] = {}
+CPU: dict[tuple[str, str, str], list[float]] = {}   # (shape, label, tool) -> client CPU seconds per run
 FAILED: dict[str, str] = {}     # peer -> why it did not complete (it is not run again)
 BASELINE = ""                   # --baseline: another s3pull executable
 
@@ -339,13 +348,18 @@ def print_shape(shape: str, label: str, times: dict[str, list[float]], checks: d
     how = {"put": "one PutObject", "multipart": "multipart, 8 MiB parts", "crc32c": "PutObject + CRC32C"}
     upload = how.get(UPLOAD.get(shape, ""), "uploaded by s5cmd")
     lines = [f"\n### {desc}, {upload} ({label}; load average {os.getloadavg()[0]:.1f} at the end)\n",
-             "| tool | median s | objects/s | MB/s | speed vs s5cmd | checked by |",
-             "|---|---:|---:|---:|---:|---|"]
+             "| tool | median s | objects/s | MB/s | speed vs s5cmd | client CPU s / 1,000 objects | "
+             "CPU vs s5cmd | checked by |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     base = med.get("s5cmd")
+    cpu = {k: statistics.median(CPU[(shape, label, k)]) * 1000 / n for k in med if (shape, label, k) in CPU}
+    cpu_base = cpu.get("s5cmd")
     for name, secs in sorted(med.items(), key=lambda kv: kv[1]):
         ratio = f"{base / secs:.2f}" if base else "-"
+        c = cpu.get(name)
+        c_ratio = f"{c / cpu_base:.2f}" if c is not None and cpu_base else "-"
         lines.append(f"| {name} | {secs:.2f} | {n / secs:.0f} | {nbytes / secs / 1e6:.0f} | {ratio} | "
-                     f"{checks.get(name, '-')} |")
+                     f"{'-' if c is None else f'{c:.3f}'} | {c_ratio} | {checks.get(name, '-')} |")
     forced = {k: v for k, v in med.items()
               if k.startswith("s3pull ") and k.removeprefix("s3pull ") in ENGINES and k != "s3pull auto"}
     notes = []
@@ -361,6 +375,9 @@ def print_shape(shape: str, label: str, times: dict[str, list[float]], checks: d
         for peer in (*PEERS, "s3pull obstore", "s3pull auto (baseline)"):
             if peer in med:
                 notes.append(f"auto vs {peer}: {med[peer] / med['s3pull auto']:.2f}x as fast")
+        if "s5cmd" in cpu and "s3pull auto" in cpu:
+            notes.append(f"auto's client CPU per object: {cpu['s3pull auto'] / cpu['s5cmd']:.2f}x s5cmd's "
+                         "(target <= 1.00 on 2,000 x 1 KiB)")
     for name, why in FAILED.items():
         notes.append(f"{name} did not complete: {why}")
     notes.append(f"load average (1 min) when this shape finished: {os.getloadavg()[0]:.1f}")
@@ -472,13 +489,20 @@ def peer_obstore(bucket: str, dest: str) -> None:
 
 
 def byte_compile() -> None:
-    """Byte-compile manyfiles as an install would: with PYTHONDONTWRITEBYTECODE set (this shell
-    sets it) every `s3pull` run would compile its modules again, a constant that is not s3pull's."""
+    """Byte-compile manyfiles and the packages its CLI imports (click, rich) as an install would:
+    with PYTHONDONTWRITEBYTECODE set (this shell sets it) and a venv made by uv (which does not
+    compile), every `s3pull` run would compile them again (click alone: ~400 M instructions, a
+    tenth of a second), a constant that is not s3pull's and that no pip install pays."""
     import compileall
+    import importlib.util
 
     import manyfiles
 
     compileall.compile_dir(os.path.dirname(manyfiles.__file__), quiet=1)
+    for name in ("click", "rich"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            compileall.compile_dir(os.path.dirname(spec.origin), quiet=1)
 
 
 def main() -> None:

@@ -188,6 +188,29 @@ def _relay(host: str, port: int, method: str, target: str, body, headers: dict):
 
 Refusal = tuple[int, str, dict[str, str], bytes]    # status, S3 error code, headers, extra XML
 
+
+def _body_refusal(method: str, path: str, headers, body: bytes) -> Refusal | None:
+    """400 BadDigest for a body that does not match its ``Content-MD5`` (PUT, POST) or its
+    ``x-amz-checksum-<algorithm>`` (PUT of an object or a part), as S3 checks them (moto does not)."""
+    import base64
+
+    from manyfiles.s3.integrity import new_hash
+
+    if method not in ("PUT", "POST"):
+        return None
+    md5 = headers.get("Content-MD5")
+    if md5 and base64.b64encode(hashlib.md5(body).digest()).decode() != md5:
+        return 400, "BadDigest", {}, b""
+    if method == "PUT":
+        for alg in ("crc64nvme", "crc32c", "crc32", "sha256", "sha1"):
+            want = headers.get(f"x-amz-checksum-{alg}")
+            if want:
+                h = new_hash(alg)
+                h.update(body)
+                if base64.b64encode(h.digest()).decode() != want:
+                    return 400, "BadDigest", {}, b""
+    return None
+
 # What each fault kind does to one request (the proxy stays a real HTTP/1.1 server in front of moto).
 CONTENT_FAULTS = ("flip", "wrong-range", "wrong-range-honest", "other-body")
 TRANSPORT_FAULTS = ("503", "reset", "truncate", "ignore-range")
@@ -229,7 +252,9 @@ class FaultProxy:
     AuthorizationHeaderMalformed), with ``x-amz-bucket-region``.  ``refused`` counts those answers.
     ``secrets`` (access key -> secret) makes it check every signed request's SigV4 signature,
     as received and before any fault touches it (botocore's S3SigV4Auth recomputes it), and
-    answer 403 SignatureDoesNotMatch / InvalidAccessKeyId otherwise, as S3 would.
+    answer 403 SignatureDoesNotMatch / InvalidAccessKeyId otherwise, as S3 would.  A request body
+    that does not match its ``Content-MD5`` or ``x-amz-checksum-*`` header is refused with 400
+    BadDigest, as S3 checks them (moto checks neither).
 
     More kinds: "flip@N" flips the byte at offset N of the body (a fault at a known place);
     "head-etag" answers a HEAD with another ETag (a gateway that lies about the version);
@@ -283,7 +308,8 @@ class FaultProxy:
                 if proxy.down is not None:
                     self._outage()
                     return
-                refusal = proxy._refusal(self.command, self.path, self.headers)
+                refusal = proxy._refusal(self.command, self.path, self.headers) \
+                    or _body_refusal(self.command, self.path, self.headers, body or b"")
                 if refusal is not None:
                     with proxy.lock:
                         proxy.refused.append((self.command, self.path, refusal[1]))

@@ -23,8 +23,9 @@ from s3util import CREDS, blob, files_under, free_port, put_multipart
 
 from manyfiles.errors import CredentialsError
 from manyfiles.s3 import ClientSettings, RetryPolicy, pull
+from manyfiles.s3.config import signer as signer_for
 from manyfiles.s3.routing import STRATEGIES
-from manyfiles.s3.sigv4 import Signer, query_string, uri_path
+from manyfiles.s3.sigv4 import query_string, uri_path
 
 FAST = RetryPolicy(attempts=3, base=0.002, cap=0.01)
 NOW = 1_790_000_000.0   # a fixed date for both signers
@@ -56,10 +57,10 @@ def test_signer_matches_botocore(key, params, extra, token, monkeypatch):
         monkeypatch.setenv("AWS_SESSION_TOKEN", token)
     else:
         monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    from manyfiles.s3 import sigv4
+    from manyfiles.s3 import config
 
-    sigv4._sessions.clear()
-    signer = Signer(ClientSettings(), "eu-west-1")
+    config.CONFIG.clear()
+    signer = signer_for(ClientSettings(), "eu-west-1")
     host = "bucket.s3.eu-west-1.amazonaws.com"
     path = uri_path("", key) if key else "/"
     qs = query_string(params)
@@ -138,9 +139,9 @@ def test_every_engine_against_a_signature_checking_server(strategy, auth_server,
     name, data = auth_bucket
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
-    from manyfiles.s3 import sigv4
+    from manyfiles.s3 import config
 
-    sigv4._sessions.clear()
+    config.CONFIG.clear()
     settings = ClientSettings(endpoint_url=url, region="us-east-1")
     report = pull(f"s3://{name}/x/", str(tmp_path / "o"), strategy=strategy, settings=settings,
                   ranged_min=1 << 20, part_size=1 << 20, retry=FAST, processes=2, concurrency=4)
@@ -175,9 +176,9 @@ def test_profile_endpoint_url_is_used_by_every_engine(strategy, moto_server, buc
     monkeypatch.setenv("AWS_CONFIG_FILE", str(cfg))
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
-    from manyfiles.s3 import sigv4
+    from manyfiles.s3 import config
 
-    sigv4._sessions.clear()
+    config.CONFIG.clear()
     report = pull(f"s3://{name}/p/", str(tmp_path / "o"), strategy=strategy,
                   settings=ClientSettings(profile="local"), ranged_min=1 << 20, part_size=1 << 20,
                   retry=FAST, processes=2, concurrency=4)
@@ -203,7 +204,7 @@ def test_credential_process_tokens_are_used_and_refreshed_by_every_engine(strate
     """Temporary credentials from a profile's credential_process, expiring within botocore's
     refresh window: every engine signs with them (session token included, signatures checked)
     and takes the refreshed ones (the hand-signed engines ask botocore again every REFRESH s)."""
-    from manyfiles.s3 import sigv4
+    from manyfiles.s3 import config, sigv4
 
     name, put = bucket
     data = {f"c/{i}.bin": put(f"c/{i}.bin", blob(900 + i, f"c{i}")) for i in range(4)}
@@ -219,13 +220,13 @@ def test_credential_process_tokens_are_used_and_refreshed_by_every_engine(strate
     monkeypatch.setattr(sigv4.Signer, "REFRESH", 0.0)
     tokens: list[str | None] = []
     proxy.faults.append((lambda m, p, h: tokens.append(h.get("x-amz-security-token")) and False, "never"))
-    sigv4._sessions.clear()
+    config.CONFIG.clear()
     try:
         report = pull(f"s3://{name}/c/", str(tmp_path / "o"), strategy=strategy,
                       settings=ClientSettings(profile="proc", endpoint_url=proxy.url), ranged_min=1 << 20,
                       part_size=1 << 20, retry=FAST, processes=2, concurrency=4)
     finally:
-        sigv4._sessions.clear()
+        config.CONFIG.clear()
     assert report.failures == [] and proxy.refused == []
     assert files_under(tmp_path / "o") == {k[2:]: v for k, v in data.items()}
     assert tokens and all(t and t.startswith("token-") for t in tokens), tokens
@@ -307,21 +308,21 @@ def test_the_suites_server_checks_every_engines_signature(strategy, bucket, moto
     """Every s3 test pulls through an edge that checks signatures: a wrong secret is refused
     by it, for the GETs of every engine (a manifest: no listing first)."""
     from manyfiles.errors import CredentialsError
-    from manyfiles.s3 import sigv4
+    from manyfiles.s3 import config
 
     name, put = bucket
     put("w/x.bin", blob(1000, "x"))
     manifest = tmp_path / "keys"
     manifest.write_text("w/x.bin\t1000\n")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
-    sigv4._sessions.clear()
+    config.CONFIG.clear()
     try:
         with pytest.raises(CredentialsError, match="SignatureDoesNotMatch") as refused:
             pull(f"s3://{name}/w/", str(tmp_path / "o"), strategy=strategy, manifest=str(manifest),
                  settings=ClientSettings(endpoint_url=moto_server, region="us-east-1"), retry=FAST,
                  processes=2, concurrency=2)
     finally:
-        sigv4._sessions.clear()
+        config.CONFIG.clear()
     assert not (tmp_path / "o" / "x.bin").exists()
     assert_chain_pickles(refused.value)
 

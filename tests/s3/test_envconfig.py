@@ -15,7 +15,7 @@ import sys
 import pytest
 from s3util import CREDS
 
-from manyfiles.s3 import ClientSettings, envconfig, sigv4
+from manyfiles.s3 import ClientSettings, config, envconfig
 
 ENVIRONMENTS = {
     "global endpoint": {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"},
@@ -37,8 +37,8 @@ def _clean(monkeypatch, tmp_path, extra: dict) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret/example")
     for k, v in extra.items():
         monkeypatch.setenv(k, v)
-    sigv4._sessions.clear()
-    sigv4._configs.clear()
+    config.CONFIG.clear()
+    config.CONFIG.clear()
 
 
 @pytest.mark.parametrize("path_style", [None, True, False])
@@ -47,17 +47,17 @@ def test_environment_alone_resolves_what_botocore_resolves(env, path_style, monk
     _clean(monkeypatch, tmp_path, ENVIRONMENTS[env])
     settings = ClientSettings(path_style=path_style)
     assert envconfig.env_only(settings)
-    fast = (sigv4.configured_endpoint(settings), sigv4.aws_config(settings),
-            sigv4.Signer(settings, "us-east-1")._creds)
+    fast = (config.configured_endpoint(settings), config.aws_config(settings),
+            config.signer(settings, "us-east-1")._creds)
 
-    sigv4._configs.clear()
+    config.CONFIG.clear()
     monkeypatch.setattr(envconfig, "env_only", lambda settings: False)
-    slow = (sigv4.configured_endpoint(settings), sigv4.aws_config(settings),
-            sigv4.Signer(settings, "us-east-1")._creds)
+    slow = (config.configured_endpoint(settings), config.aws_config(settings),
+            config.signer(settings, "us-east-1")._creds)
     assert fast[:2] == slow[:2]
     assert (fast[2].access_key, fast[2].secret_key, fast[2].token) == \
         (slow[2].access_key, slow[2].secret_key, slow[2].token)
-    sigv4._configs.clear()
+    config.CONFIG.clear()
 
 
 @pytest.mark.parametrize("case", ["profile setting", "AWS_PROFILE", "config file", "expiring credentials",
@@ -77,8 +77,8 @@ def test_anything_else_goes_through_botocore(case, monkeypatch, tmp_path):
         monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     assert not envconfig.env_only(settings)
     if case == "config file":   # and what only the config file says is taken
-        assert sigv4.aws_config(settings).addressing_style == "virtual"
-        sigv4._configs.clear()
+        assert config.aws_config(settings).addressing_style == "virtual"
+        config.CONFIG.clear()
     # an unsigned run needs no credentials; the profile and the config file still rule it out
     assert envconfig.env_only(ClientSettings(no_sign=True)) == (case in ("profile setting", "no credentials"))
 

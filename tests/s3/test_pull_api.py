@@ -152,20 +152,20 @@ def test_missing_bucket_and_refused_listing_raise_their_error_with_the_cause(set
 
 def test_missing_credentials_raise_credentials_error(bucket, moto_server, tmp_path, monkeypatch):
     from manyfiles.errors import CredentialsError
-    from manyfiles.s3 import sigv4
+    from manyfiles.s3 import config
 
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    sigv4._sessions.clear()
+    config.CONFIG.clear()
     name, _ = bucket
     with pytest.raises(CredentialsError) as info:
         pull(f"s3://{name}/x/", str(tmp_path / "o"), settings=ClientSettings(endpoint_url=moto_server,
                                                                             region="us-east-1"), **cfg())
     assert info.value.__cause__ is not None and not (tmp_path / "o").exists()
-    sigv4._sessions.clear()
+    config.CONFIG.clear()
 
 
 def test_failure_codes_of_local_errors():

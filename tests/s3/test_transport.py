@@ -48,15 +48,14 @@ def want(data) -> dict[str, bytes]:
 @pytest.fixture
 def aws_env(monkeypatch):
     """A clean AWS configuration: botocore's caches cleared, no proxy or CA from the environment."""
-    from manyfiles.s3 import sigv4
+    from manyfiles.s3 import config
 
     for var in ("AWS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY",
                 "no_proxy", "ALL_PROXY", "all_proxy", "AWS_PROFILE"):
         monkeypatch.delenv(var, raising=False)
 
     def clear() -> None:
-        for cache in (sigv4._sessions, sigv4._configs, sigv4._regions, sigv4._clock_offsets):
-            cache.clear()
+        config.CONFIG.clear()
 
     clear()
     yield monkeypatch
@@ -177,7 +176,7 @@ def test_http_proxy_and_https_proxy_carry_every_request(strategy, corpus, moto_s
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_clock_skew_is_corrected_from_the_servers_date(strategy, corpus, edge, aws_env, tmp_path):
-    from manyfiles.s3 import sigv4
+    from manyfiles.s3 import config
 
     name, data = corpus
     edge.clock_offset = 2 * 3600.0
@@ -193,7 +192,7 @@ def test_clock_skew_is_corrected_from_the_servers_date(strategy, corpus, edge, a
     # the listing's first request learned the server's clock; every engine signed right after
     assert [code for _, _, code in edge.refused] == ["RequestTimeTooSkewed"]
     # without a listing, the engines learn it themselves (HEADs of ranged objects included)
-    sigv4._clock_offsets.clear()
+    config.CONFIG.clear()
     report = pull(f"s3://{name}/n/", str(tmp_path / "m"), strategy=strategy, settings=settings,
                   manifest=manifest_for(tmp_path, data), **cfg())
     assert report.failures == [] and files_under(tmp_path / "m") == want(data)
@@ -203,7 +202,7 @@ def test_clock_skew_is_corrected_from_the_servers_date(strategy, corpus, edge, a
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_region_redirects_are_followed_for_listing_and_gets(strategy, corpus, edge, aws_env, tmp_path):
-    from manyfiles.s3 import sigv4
+    from manyfiles.s3 import config
 
     name, data = corpus
     edge.bucket_region, edge.redirect = "eu-west-1", "301"
@@ -212,7 +211,7 @@ def test_region_redirects_are_followed_for_listing_and_gets(strategy, corpus, ed
     assert report.failures == [] and files_under(tmp_path / "o") == want(data)
     assert edge.refused and all(code == "PermanentRedirect" for _, _, code in edge.refused)
     # a manifest run never lists: the GETs (and HEADs) meet the redirect themselves
-    sigv4._regions.clear()
+    config.CONFIG.clear()
     edge.redirect = "400"
     edge.refused.clear()
     report = pull(f"s3://{name}/n/", str(tmp_path / "m"), strategy=strategy, settings=settings,

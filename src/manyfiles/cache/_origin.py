@@ -296,8 +296,8 @@ class S3Origin:
         return Head(self.validator(info.etag, info.size), info.size, info)
 
     def stat(self, known: Head | None = None) -> Head:
-        """HEAD the object (``known``: pinned to that version, whose claim and parts it learns)."""
-        t0 = time.monotonic_ns()
+        """HEAD the object (``known``: pinned to that version, whose claim and parts it learns).
+        The store records the request in the I/O trace (``s3.head``), once."""
         try:
             if known is None:
                 info = self.client.head(self.bucket, self.key)
@@ -305,10 +305,7 @@ class S3Origin:
                 info = self.client.head(self.bucket, self.key, etag=self.etag_of(known.validator),
                                         size=known.size)
         except Exception as exc:
-            err = self.error(exc)
-            _trace("s3.head", f"{self.bucket}/{self.key}", 0, 0, t0, getattr(err, "status", 0) or -1)
-            raise err from exc
-        _trace("s3.head", f"{self.bucket}/{self.key}", 0, 0, t0, 200)
+            raise self.error(exc) from exc
         return self._head_of(info)
 
     def open_whole(self, head: Head | None) -> WholeRead:
@@ -373,7 +370,7 @@ class _S3Whole(WholeRead):
 
     def rehome(self, origin: S3Origin) -> None:
         self._origin = origin
-        self._stream.client = origin.client
+        self._stream.store = origin.client.store(origin.bucket)    # its retry policy for the resumes
 
     def interrupt(self) -> None:
         self._stream.close()        # ObjectStream.close: from any thread, ends a stalled read

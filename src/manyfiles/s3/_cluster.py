@@ -34,7 +34,8 @@ from typing import Any, NamedTuple
 
 from manyfiles._core.progress import ProgressArg
 from manyfiles.errors import UsageError
-from manyfiles.s3._run import PullConfig, _config, empty_tmp, run
+from manyfiles.s3._pullconfig import PullConfig, _config
+from manyfiles.s3._run import empty_tmp, run
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.integrity import Claim
 from manyfiles.s3.keys import S3Url, make_filter, parse_url

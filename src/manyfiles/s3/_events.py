@@ -20,7 +20,7 @@ from manyfiles.s3.transfer import Job
 CHECK = 1.0     # seconds between two looks at the stall (and renderings while nothing arrives)
 
 if TYPE_CHECKING:
-    from manyfiles.s3._run import Destination, PullConfig
+    from manyfiles.s3._pullconfig import Destination, PullConfig
 
 
 class Event(NamedTuple):

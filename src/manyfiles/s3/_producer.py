@@ -25,7 +25,7 @@ from manyfiles.s3.state import State
 from manyfiles.s3.transfer import Job
 
 if TYPE_CHECKING:
-    from manyfiles.s3._run import Destination, PullConfig
+    from manyfiles.s3._pullconfig import Destination, PullConfig
 
 
 def plan_objects(url: S3Url, objects: Iterable[ObjectInfo], cfg: PullConfig, *,

@@ -18,14 +18,13 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, fields
-from typing import Any
 
 from manyfiles._core.progress import Progress, StallWatch, wait_ticking
 from manyfiles.errors import ManyfilesError, UsageError
 from manyfiles.s3 import routing
 from manyfiles.s3._events import Consumer, Event
 from manyfiles.s3._producer import Producer
+from manyfiles.s3._pullconfig import Destination, PullConfig
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.engines.base import Ctx, Options
 from manyfiles.s3.engines.engine_set import EngineSet
@@ -36,81 +35,6 @@ from manyfiles.s3.retry import RetryPolicy, endpoint_name, has_answered
 from manyfiles.s3.state import State
 
 MAX_OUTSTANDING = 20_000   # jobs listed but not finished: bounds memory on huge buckets
-LAYOUTS = ("folder", "sharded")
-
-
-@dataclass(frozen=True)
-class PullConfig:
-    strategy: str = "auto"
-    concurrency: int = 64
-    processes: int = 0                  # 0: os.cpu_count() for the processes engine
-    sub_engine: str = "http"            # what each worker process runs: http, async or threads
-    ranged_min: int = routing.RANGED_MIN
-    part_size: int | None = None        # None: by object size and cores (routing.part_size_for)
-    verify: bool = True                 # False: size-only (--no-verify)
-    verify_existing: bool = False       # re-hash every file the state file calls done
-    checksum_mode: bool = True          # False: never ask for flexible checksums, ETags only
-    fsync: bool = False
-    layout: str = "folder"
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    cache: Any = None                   # a manyfiles.cache.Cache: hits are copied from it, downloads fill it
-
-    def check(self) -> None:
-        """UsageError for a bad value, before anything is listed or created."""
-        if self.strategy not in routing.STRATEGIES + routing.CANDIDATES:
-            raise UsageError(f"unknown strategy {self.strategy!r} "
-                             f"(choose from {', '.join(routing.STRATEGIES)})")
-        if self.layout not in LAYOUTS:
-            raise UsageError(f"unknown layout {self.layout!r} (choose from {', '.join(LAYOUTS)})")
-        for name in ("concurrency", "part_size", "ranged_min"):
-            value = getattr(self, name)
-            if value is None and name == "part_size":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UsageError(f"{name} must be a positive integer, not {value!r}")
-        if not isinstance(self.retry, RetryPolicy):
-            raise UsageError(f"retry must be a manyfiles.s3.RetryPolicy, not {self.retry!r}")
-        stall = self.retry.stall_timeout
-        if isinstance(stall, bool) or not isinstance(stall, (int, float)) or not stall > 0:
-            raise UsageError(f"retry.stall_timeout must be a number of seconds > 0, not {stall!r}")
-
-
-@dataclass
-class Destination:
-    """Where one run puts objects: the sink (None for a dry run), the state file (None in memory),
-    and the final path of an object's relative path (what the state records and checks)."""
-
-    sink: Any
-    state: State | None
-    final_path: Callable[[str], str]
-
-    @classmethod
-    def open(cls, dest: str | None, cfg: PullConfig, *, dry_run: bool, state_slice: str | None,
-             on_data: Callable[[str, bytes], None]) -> Destination:
-        """The folder opened (created) for writing, read only for a dry run, or memory (``dest``
-        None: ``on_data(key, bytes)`` per object)."""
-        from manyfiles.s3.sink import FolderSink, MemorySink
-
-        if dest is None:
-            return cls(MemorySink(on_data), None, _under(os.path.abspath(".")))
-        if dry_run:
-            state = State(os.path.abspath(dest))
-            if os.path.isdir(dest):
-                state.open(create=False)
-            return cls(None, state, _under(os.path.abspath(dest)))
-        if os.path.exists(dest) and not os.path.isdir(dest):
-            raise ManyfilesError(f"{dest}: not a directory")
-        sink = FolderSink(dest, layout=cfg.layout, fsync=cfg.fsync, state_slice=state_slice).open()
-        return cls(sink, sink.state, sink.final_path)
-
-
-def _under(root: str) -> Callable[[str], str]:
-    def final_path(rel: str) -> str:
-        return os.path.join(root, rel)
-
-    return final_path
-
-
 def _first_listed(objects: Iterable[ObjectInfo], progress: Progress | None, watch: StallWatch,
                   where: str) -> tuple[Iterator[ObjectInfo], bool]:
     """The first listing page (or manifest line) read now, before anything is created, and
@@ -205,16 +129,6 @@ def _source(url: S3Url, settings: ClientSettings, manifest: str | None, retry: R
     if manifest:
         return read_manifest(manifest, url)
     return list_objects_lean(settings, url, retry=retry, page_size=page_size, watch=watch)
-
-
-def _config(**kwargs: Any) -> PullConfig:
-    names = {f.name for f in fields(PullConfig)}
-    unknown = sorted(set(kwargs) - names)
-    if unknown:
-        raise UsageError(f"unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(names))})")
-    cfg = PullConfig(**kwargs)
-    cfg.check()
-    return cfg
 
 
 def empty_tmp(dest: str) -> None:

@@ -2,7 +2,7 @@
 
 :class:`ClientSettings` is a small picklable record, so worker processes can
 build their own clients.  Everything else comes from botocore's configuration, resolved
-once (:func:`manyfiles.s3.sigv4.aws_config`): credentials from the standard AWS chain (env,
+once (:func:`manyfiles.s3.config.aws_config`): credentials from the standard AWS chain (env,
 ``~/.aws``, SSO, credential_process, instance metadata) unless ``no_sign`` is set, the
 endpoint (``--endpoint-url``, ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, the profile's
 ``endpoint_url``), region, CA bundle and addressing style.  A custom endpoint switches to
@@ -21,8 +21,8 @@ from manyfiles._core.extras import require, require_installed
 from manyfiles._core.retry import CONNECT_TIMEOUT, READ_TIMEOUT
 from manyfiles.errors import UsageError, shown
 from manyfiles.s3 import envconfig
+from manyfiles.s3.config import CONFIG, S3_FEATURE, aws_config, botocore_session, configured_endpoint
 from manyfiles.s3.retry import answered, endpoint_name
-from manyfiles.s3.sigv4 import S3_FEATURE, aws_config, botocore_session, configured_endpoint
 
 ASYNC_FEATURE = "the async engine (--strategy async)"
 
@@ -123,6 +123,13 @@ class ClientSettings:
         config = AioConfig(**self._config_kwargs(pool, checksums))
         return _Answering(session.client("s3", endpoint_url=self.endpoint_url, config=config,
                                          verify=None if self.verify_tls else False))
+
+
+def resolve(settings: ClientSettings | None) -> ClientSettings:
+    """``settings`` (default: ``ClientSettings()``) :meth:`~ClientSettings.resolved`, remembered
+    while the environment stays the same (:data:`manyfiles.s3.config.CONFIG`)."""
+    settings = settings or ClientSettings()
+    return CONFIG.remember("resolved", settings, settings.resolved)
 
 
 def _answered(http_response: Any = None, **kwargs: Any) -> None:

@@ -23,10 +23,7 @@ botocore as before.  tests/s3/test_aws_config.py compares both on the same envir
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:
-    from manyfiles.s3.client import ClientSettings
+from typing import Any, NamedTuple
 
 _HANDLED_ELSEWHERE = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SECURITY_TOKEN", "AWS_CREDENTIAL_EXPIRATION")
 
@@ -42,8 +39,10 @@ class EnvCredentials(NamedTuple):
         return self
 
 
-def env_only(settings: ClientSettings) -> bool:
-    """True when the environment alone configures S3 for ``settings`` (see the module docstring)."""
+def env_only(settings: Any) -> bool:
+    """True when the environment alone configures S3 for ``settings`` (a
+    :class:`~manyfiles.s3.client.ClientSettings`: its ``profile`` and ``no_sign``; see the module
+    docstring).  This module imports nothing of manyfiles: the configuration builds on it."""
     env = os.environ
     if settings.profile is not None or any(env.get(k) for k in _HANDLED_ELSEWHERE):
         return False

@@ -1,31 +1,20 @@
-"""Object sources: a streaming ListObjectsV2 walk, or a manifest file.
+"""Object sources: a streaming ListObjectsV2 walk (the bucket's store), or a manifest file.
 
-Both yield :class:`ObjectInfo` records one page at a time, so downloads start
+Both yield :class:`~manyfiles.s3.store.ObjectInfo` records one page at a time, so downloads start
 while the listing continues.  Sizes come from the listing (no HEAD per object);
 manifest lines may carry them (``key<TAB>size[<TAB>etag]``).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from typing import NamedTuple
 
 from manyfiles._core.progress import StallWatch
-from manyfiles._core.retry import retrying
 from manyfiles.errors import ManyfilesError, TransferError
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.keys import S3Url
 from manyfiles.s3.retry import RetryPolicy, classify, listing_error
-from manyfiles.s3.sigv4 import query_string
-from manyfiles.trace import iotrace
-
-
-class ObjectInfo(NamedTuple):
-    key: str
-    size: int | None      # None: unknown (manifest without sizes)
-    etag: str | None      # without the quotes
-    mtime: float | None = None    # LastModified, seconds since the epoch (list_objects_lean(mtime=True))
+from manyfiles.s3.store import ObjectInfo, store_for
 
 
 def _strip_etag(etag: str | None) -> str | None:
@@ -33,139 +22,28 @@ def _strip_etag(etag: str | None) -> str | None:
 
 
 def list_objects(settings: ClientSettings, url: S3Url, *, page_size: int = 1000,
-                 retry: RetryPolicy | None = None, client=None) -> Iterator[ObjectInfo]:
-    """Yield every object under ``url`` (filtered by its wildcard pattern), page by page."""
-    retry = retry or RetryPolicy()
-    client = client or settings.client(pool=2)
-    kwargs = {"Bucket": url.bucket, "Prefix": url.prefix, "MaxKeys": page_size}
-    while True:
-        page = _list_page(client, url, kwargs, retry)
-        for obj in page.get("Contents", ()):
-            key = obj["Key"]
-            if url.pattern is None or url.matches(key):
-                yield ObjectInfo(key, int(obj["Size"]), _strip_etag(obj.get("ETag")))
-        token = page.get("NextContinuationToken")
-        if not page.get("IsTruncated") or not token:
-            return
-        kwargs["ContinuationToken"] = token
-
-
-def list_objects_lean(settings: ClientSettings, url: S3Url, *, page_size: int = 1000,
-                      retry: RetryPolicy | None = None,
-                      start_after: str | None = None, mtime: bool = False,
-                      delimiter: str | None = None, watch: StallWatch | None = None) -> Iterator[ObjectInfo]:
-    """:func:`list_objects` without botocore: hand-signed ListObjectsV2 over http.client.
-
-    Saves the ~0.3 s of CPU that building a botocore client costs, which is most of a
-    small pull's start-up.  Keys come URL-encoded (``encoding-type=url``) so that any
-    byte survives the XML.  ``mtime``: parse LastModified too.  ``delimiter`` (``"/"``): one
-    level only, as ``ls`` shows it; its common prefixes ("folders") come first in each page, as
-    records with ``size`` and ``etag`` None and the key ending in the delimiter.  ``watch``: a run's
-    stall watch, moved by every page and told every retry.
-    """
-    import xml.etree.ElementTree as ET
-    from urllib.parse import unquote_plus
-
-    from manyfiles.s3.engines.socket_client import SocketClient
-    from manyfiles.s3.sigv4 import Route
-
-    retry = retry or RetryPolicy()
+                 retry: RetryPolicy | None = None, start_after: str | None = None, mtime: bool = False,
+                 delimiter: str | None = None, watch: StallWatch | None = None) -> Iterator[ObjectInfo]:
+    """Every object under ``url`` (filtered by its wildcard pattern), page by page, through the
+    bucket's store (:meth:`~manyfiles.s3.store.S3Store.list`: ``mtime``, ``delimiter``,
+    ``start_after``, ``watch`` as there).  A listing that fails raises the run-stopping error of
+    :func:`~manyfiles.s3.retry.listing_error` (NotFound, AccessDenied, CredentialsError...)."""
     where = f"s3://{url.bucket}/{url.prefix}"
     try:
-        route = Route(settings, url.bucket)
+        store = store_for(settings, url.bucket, retry=retry or RetryPolicy())
+        for info in store.list(url.prefix, delimiter=delimiter, start_after=start_after, page_size=page_size,
+                               mtime=mtime, watch=watch):
+            if url.pattern is None or url.matches(info.key):
+                yield info
+    except TransferError as err:
+        raise listing_error(where, err) from err
+    except ManyfilesError:      # a profile that is not configured (UsageError)...
+        raise
     except Exception as exc:     # no credentials, no region...
         raise listing_error(where, classify(exc)) from exc
-    # a region redirect is followed by the client (once), and the route it moved is what the
-    # engines started after this page use
-    client = SocketClient(route, settings.read_timeout, connect_timeout=settings.connect_timeout)
-    params = {"list-type": "2", "prefix": url.prefix, "max-keys": str(page_size), "encoding-type": "url"}
-    if start_after:         # keys after this one (s3pull --cluster lists key ranges in parallel)
-        params["start-after"] = start_after
-    if delimiter:
-        params["delimiter"] = delimiter
-    ns = ""
-    while True:
-        qs = query_string(params)
-        t0 = time.monotonic_ns()
-        try:
-            body = retrying(lambda qs=qs: _traced_page(client, url, qs), retry, classify=client._classify,
-                            on_retry=None if watch is None else lambda err: watch.failed(str(err)))
-        except TransferError as err:
-            raise listing_error(where, err) from err
-        if watch is not None:
-            watch.moving = True
-        tr = iotrace.TRACER
-        root = ET.fromstring(body)
-        if not ns and root.tag.startswith("{"):
-            ns = root.tag[: root.tag.index("}") + 1]
-        contents = root.findall(f"{ns}Contents")
-        if delimiter:
-            for p in root.findall(f"{ns}CommonPrefixes"):
-                key = unquote_plus(p.findtext(f"{ns}Prefix") or "")
-                if url.pattern is None or url.matches(key):
-                    yield ObjectInfo(key, None, None)
-        if tr is not None:
-            tr.record("s3.list", f"{url.bucket}/{url.prefix}", len(contents), len(body), t0,
-                      time.monotonic_ns() - t0, 200)
-        for c in contents:
-            key = unquote_plus(c.findtext(f"{ns}Key") or "")
-            if url.pattern is None or url.matches(key):
-                yield ObjectInfo(key, int(c.findtext(f"{ns}Size") or 0), _strip_etag(c.findtext(f"{ns}ETag")),
-                                 _timestamp(c.findtext(f"{ns}LastModified")) if mtime else None)
-        token = root.findtext(f"{ns}NextContinuationToken")
-        if root.findtext(f"{ns}IsTruncated") != "true" or not token:
-            client.close()
-            return
-        params["continuation-token"] = token
 
 
-def _timestamp(text: str | None) -> float | None:
-    """``2024-05-01T12:00:00.123Z`` (S3's LastModified) -> seconds since the epoch."""
-    if not text:
-        return None
-    import calendar
-
-    try:
-        whole = calendar.timegm((int(text[0:4]), int(text[5:7]), int(text[8:10]), int(text[11:13]),
-                                 int(text[14:16]), int(text[17:19]), 0, 0, 0))
-        frac = text[19:].rstrip("Z")
-        return whole + (float(frac) if frac.startswith(".") else 0.0)
-    except ValueError:
-        return None
-
-
-def _traced_page(client, url: S3Url, qs: str) -> bytes:
-    tr = iotrace.TRACER
-    t0 = time.monotonic_ns()
-    try:
-        return client.request_body("GET", client.ep.path_prefix or "/", qs)
-    except Exception as exc:
-        if tr is not None:
-            status = getattr(exc, "status", 0) or -1
-            tr.record("s3.list", f"{url.bucket}/{url.prefix}", 0, 0, t0, time.monotonic_ns() - t0, status)
-        raise
-
-
-def _list_page(client, url: S3Url, kwargs: dict, retry: RetryPolicy) -> dict:
-    def page() -> dict:
-        tr = iotrace.TRACER
-        t0 = time.monotonic_ns()
-        try:
-            out = client.list_objects_v2(**kwargs)
-        except Exception as exc:
-            if tr is not None:
-                tr.record("s3.list", f"{url.bucket}/{url.prefix}", 0, 0, t0, time.monotonic_ns() - t0,
-                          classify(exc).status or -1)
-            raise
-        if tr is not None:
-            n = len(out.get("Contents", ()))
-            tr.record("s3.list", f"{url.bucket}/{url.prefix}", n, 0, t0, time.monotonic_ns() - t0, 200)
-        return out
-
-    try:
-        return retrying(page, retry, classify=classify)
-    except TransferError as err:
-        raise listing_error(f"s3://{url.bucket}/{url.prefix}", err) from err
+list_objects_lean = list_objects    # its name while a boto3 listing existed beside it
 
 
 def read_manifest(path: str, url: S3Url) -> Iterator[ObjectInfo]:

@@ -24,7 +24,8 @@ from manyfiles._core.progress import ProgressArg, check_progress, progress_for
 from manyfiles.errors import PartialFailure, UsageError
 from manyfiles.s3._cluster import SLICE_KEYS, PullJob, Slice, pull_on_cluster
 from manyfiles.s3._events import Event
-from manyfiles.s3._run import PullConfig, _config, _source, empty_tmp, run, stall_watch
+from manyfiles.s3._pullconfig import PullConfig, _config
+from manyfiles.s3._run import _source, empty_tmp, run, stall_watch
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.keys import STATE_DIR, S3Url, make_filter, parse_url
 from manyfiles.s3.object_listing import ObjectInfo

@@ -59,6 +59,31 @@ CREDENTIAL_CODES = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "Ex
                               "TokenRefreshRequired", "NoCredentials", "RequestTimeTooSkewed"})
 
 
+_STATUS_CODES = {403: "AccessDenied", 404: "NoSuchKey", 503: "SlowDown"}   # an error without a body
+
+
+def s3_error(status: int, code: str, message: str = "") -> TransferError:
+    """The error table: the TransferError of an S3 error answer (HTTP ``status``, the error
+    document's ``code`` and ``message``), whoever read it (the hand-signed transports:
+    :func:`manyfiles.s3.http1.http_error`; botocore: :func:`classify`).  Its failure code is the
+    S3 code (for an answer without one, a HEAD's: the name S3 gives the status, else the status).
+
+    412 / PreconditionFailed: :class:`ObjectChanged`.  NoSuchKey (a 404 without another code): not
+    retried.  Retried: :data:`RETRYABLE_CODES`, 5xx and 429, unless the code is one of
+    :data:`FATAL_CODES` or the status 401/403.  (RequestTimeTooSkewed is in both sets: only a
+    transport that can sign again with the server's clock retries it, see ``http1.ClockSkewed``.)"""
+    code = code or _STATUS_CODES.get(status) or str(status)
+    if status == 412 or code == "PreconditionFailed":
+        return ObjectChanged()
+    if code == "NoSuchKey" or (status == 404 and code in ("404", "NotFound")):
+        return coded(TransferError("no such key (deleted since listing?)", retryable=False, status=404),
+                     "NoSuchKey")
+    text = f"{code}: {message}" if message else code
+    fatal = code in FATAL_CODES or code == "RequestTimeTooSkewed" or status in (401, 403)
+    retryable = not fatal and (code in RETRYABLE_CODES or status >= 500 or status == 429)
+    return coded(TransferError(text, retryable=retryable, status=status), code)
+
+
 def coded(err: TransferError, code: str) -> TransferError:
     """``err`` with its failure code (the S3 error code, or one of ours)."""
     err.code = code  # type: ignore[attr-defined]
@@ -326,47 +351,21 @@ def classify(exc: BaseException, *, answered: bool = False) -> TransferError:
     response had begun, for a network error)."""
     if isinstance(exc, TransferError):
         return exc
-    from manyfiles._core.extras import require
-    from manyfiles.s3.sigv4 import S3_FEATURE
-
-    require("s3", "botocore.exceptions", S3_FEATURE)
-    from botocore.exceptions import (
-        ClientError,
-        FlexibleChecksumError,
-        NoCredentialsError,
-        NoRegionError,
-        ParamValidationError,
-    )
-
-    if isinstance(exc, FlexibleChecksumError):
-        return IntegrityError(f"checksum of the body does not match the server's ({exc})")
-
-    if isinstance(exc, NoCredentialsError):
-        return coded(TransferError(str(exc), retryable=False), "NoCredentials")
-    if isinstance(exc, (NoRegionError, ParamValidationError)):
-        return TransferError(str(exc), retryable=False)
-    if isinstance(exc, ClientError):
-        err = exc.response.get("Error", {})
-        code = str(err.get("Code", ""))
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        msg = err.get("Message") or code or str(exc)
-        if code in ("PreconditionFailed", "412") or status == 412:
-            return ObjectChanged()
-        if code == "NoSuchBucket":
-            return coded(TransferError(f"{code}: {msg}", retryable=False, status=status), code)
-        if code in ("NoSuchKey", "404") or status == 404:
-            return coded(TransferError("no such key (deleted since listing?)", retryable=False, status=404),
-                         "NoSuchKey")
-        if code == "RequestTimeTooSkewed":
-            # botocore cannot re-sign with the server's clock: retrying cannot help (the lean
-            # transports can, see http1.ClockSkewed)
-            return coded(TransferError(f"{code}: {msg}", retryable=False, status=status), code)
-        if code in FATAL_CODES or status in (401, 403):
-            return coded(TransferError(f"{code}: {msg}", retryable=False, status=status),
-                         code or "AccessDenied")
-        retryable = code in RETRYABLE_CODES or status >= 500 or status == 429
-        return coded(TransferError(f"{code or status}: {msg}", retryable=retryable, status=status),
-                     code or f"HTTP{status}")
+    # botocore's errors come only from botocore: where it was never imported (every read path
+    # goes through the store), the exception is not one of them and it is not imported for it
+    boto = sys.modules.get("botocore.exceptions")
+    if boto is not None:
+        if isinstance(exc, boto.FlexibleChecksumError):
+            return IntegrityError(f"checksum of the body does not match the server's ({exc})")
+        if isinstance(exc, boto.NoCredentialsError):
+            return coded(TransferError(str(exc), retryable=False), "NoCredentials")
+        if isinstance(exc, (boto.NoRegionError, boto.ParamValidationError)):
+            return TransferError(str(exc), retryable=False)
+        if isinstance(exc, boto.ClientError):
+            err = exc.response.get("Error", {})
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+            code = str(err.get("Code", ""))
+            return s3_error(status, code, err.get("Message") or "" if code else str(exc))
     refused = tls_refusal(exc)
     if refused is not None:
         return refused
@@ -379,9 +378,7 @@ def classify(exc: BaseException, *, answered: bool = False) -> TransferError:
     if isinstance(exc, OSError) and exc.errno is not None:
         # local disk errors (ENOSPC, EIO...): retrying would just fail again
         return LocalError(exc)
-    from botocore.exceptions import BotoCoreError
-
-    if isinstance(exc, BotoCoreError):
+    if boto is not None and isinstance(exc, boto.BotoCoreError):
         # ResponseStreamingError, IncompleteRead...: botocore's own words, no class name
         return TransferError(str(exc), retryable=True)
     # urllib3 ProtocolError, aiohttp ClientPayloadError, asyncio's IncompleteReadError...
@@ -391,4 +388,4 @@ def classify(exc: BaseException, *, answered: bool = False) -> TransferError:
 __all__ = ["CREDENTIAL_CODES", "FATAL_CODES", "NETWORK_CODES", "RETRYABLE_CODES", "Inconsistent",
            "LocalError", "NetworkError", "ObjectChanged", "RetryPolicy", "TransferError", "answered",
            "classify", "coded", "endpoint_name", "failure_code", "has_answered", "listing_error",
-           "network_error", "origin_unreachable", "stopping_error", "tls_refusal"]
+           "network_error", "origin_unreachable", "s3_error", "stopping_error", "tls_refusal"]

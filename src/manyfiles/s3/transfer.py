@@ -59,9 +59,9 @@ class Fetched:
     resumed_parts: int = 0     # ranged parts a previous run had finished
 
 
-def needs_layout(job: Job, verify: bool) -> bool:
+def needs_layout(size: int | None, etag: str | None, verify: bool) -> bool:
     """A multipart ETag can only be checked with the part sizes (one HEAD ?partNumber=1)."""
-    return verify and job.size is not None and etag_parts(job.etag) > 1
+    return verify and size is not None and etag_parts(etag) > 1
 
 
 def check_answer(headers: Mapping[str, str], size: int | None, etag: str | None,
@@ -92,20 +92,21 @@ def _int(value: str | None) -> int:
 
 
 class WholeBody:
-    """The body of one whole-object GET on its way into ``target``: its answer is checked against
-    the listing (:func:`check_answer`), its check decided (:func:`~manyfiles.s3.integrity.object_claim`:
-    ``layout`` the part sizes learnt, ``()`` when they could not be: a layout search)."""
+    """The body of one whole-object GET of ``key`` on its way into ``target``: its answer is checked
+    against the listing's ``listed_size`` and ``listed_etag`` (:func:`check_answer`), its check
+    decided (:func:`~manyfiles.s3.integrity.object_claim`: ``layout`` the part sizes learnt, ``()``
+    when they could not be: a layout search)."""
 
-    def __init__(self, job: Job, target, headers: Mapping[str, str], *, verify: bool,
-                 layout: tuple[int, ...] | None) -> None:
-        self.job, self.target = job, target
-        if job.etag:      # pinned by If-Match: a size that differs is a lying answer, not a new version
-            size, etag = check_answer(headers, job.size, job.etag, "GET")
+    def __init__(self, key: str, listed_size: int | None, listed_etag: str | None, target,
+                 headers: Mapping[str, str], *, verify: bool, layout: tuple[int, ...] | None) -> None:
+        self.key, self.listed_size, self.target = key, listed_size, target
+        if listed_etag:      # pinned by If-Match: a size that differs is a lying answer, not a new version
+            size, etag = check_answer(headers, listed_size, listed_etag, "GET")
         else:
             size, etag = _int(headers.get("content-length")), (headers.get("etag") or "").strip('"') or None
-            if job.size is not None and size >= 0 and size != job.size:
-                raise ObjectChanged(f"size changed since listing ({job.size} -> {size})")
-            size = size if size >= 0 else job.size
+            if listed_size is not None and size >= 0 and size != listed_size:
+                raise ObjectChanged(f"size changed since listing ({listed_size} -> {size})")
+            size = size if size >= 0 else listed_size
         self.size = size
         self.claim = object_claim(etag, headers, size, layout, verify=verify)
         self.digest = digest_for(self.claim, size, target.read)
@@ -118,12 +119,11 @@ class WholeBody:
 
     def finish(self, content_length: int | None) -> Fetched:
         """The final checks: length, listed size, then the claim over every byte written."""
-        job = self.job
         expected = content_length if content_length is not None else self.size
         if expected is not None and self.n != expected:
             raise TransferError(f"truncated body: got {self.n} of {expected} bytes", retryable=True)
-        if job.size is not None and self.n != job.size:
-            raise ObjectChanged(f"size changed since listing ({job.size} -> {self.n})")
+        if self.listed_size is not None and self.n != self.listed_size:
+            raise ObjectChanged(f"size changed since listing ({self.listed_size} -> {self.n})")
         units = getattr(self.digest, "units", None)
         if self.size is None and self.digest.active and units and units[-1].end < 0:
             units[-1].end = self.n
@@ -163,15 +163,15 @@ def get_whole(client, bucket: str, job: Job, target, *, verify: bool = True, che
     body_w = None
     try:
         layout = None
-        if needs_layout(job, verify):
+        if needs_layout(job.size, job.etag, verify):
             layout = learn_layout(job.size, job.etag, lambda n: head_part_boto3(client, bucket, job.key, n),
                                   retry, on_retry=on_retry)
         resp = client.get_object(**kw)
         status = resp["ResponseMetadata"]["HTTPStatusCode"]
         body = resp["Body"]
         try:
-            body_w = WholeBody(job, target, resp["ResponseMetadata"]["HTTPHeaders"], verify=verify,
-                               layout=layout)
+            body_w = WholeBody(job.key, job.size, job.etag, target, resp["ResponseMetadata"]["HTTPHeaders"],
+                               verify=verify, layout=layout)
             while True:
                 chunk = body.read(CHUNK)
                 if not chunk:

@@ -33,14 +33,14 @@ async def aget_whole(client, bucket: str, job: Job, target, *, verify: bool = Tr
 
     try:
         layout = None
-        if needs_layout(job, verify):
+        if needs_layout(job.size, job.etag, verify):
             layout = await alearn_layout(job.size, job.etag, head_part, retry, on_retry=on_retry)
         resp = await client.get_object(**kw)
         status = resp["ResponseMetadata"]["HTTPStatusCode"]
         body = resp["Body"]
         try:
-            body_w = WholeBody(job, target, resp["ResponseMetadata"]["HTTPHeaders"], verify=verify,
-                               layout=layout)
+            body_w = WholeBody(job.key, job.size, job.etag, target, resp["ResponseMetadata"]["HTTPHeaders"],
+                               verify=verify, layout=layout)
             while True:
                 chunk = await body.read(CHUNK)
                 if not chunk:

@@ -21,9 +21,10 @@ import time
 from datetime import timedelta
 
 from manyfiles._core.extras import require
+from manyfiles.s3.config import aws_config
 from manyfiles.s3.engines.base import Ctx, Engine, LoopThreadEngine
 from manyfiles.s3.retry import TransferError, cause_of, classify
-from manyfiles.s3.sigv4 import Route, aws_config
+from manyfiles.s3.store import store_for
 from manyfiles.s3.transfer import Fetched, Job, WholeBody, needs_layout, trace_request
 
 OBSTORE_FEATURE = "the obstore engine (--strategy obstore)"
@@ -56,7 +57,8 @@ class ObstoreEngine(LoopThreadEngine):
         self.obstore = require("obstore", "obstore", OBSTORE_FEATURE)
         S3Store = require("obstore", "obstore.store", OBSTORE_FEATURE).S3Store
         opts = ctx.options
-        self.route = route = Route(opts.settings, opts.bucket)     # credentials, region, endpoint
+        self.lean = store_for(opts.settings, opts.bucket, retry=opts.retry)   # HEAD ?partNumber=n
+        route = self.lean.route     # credentials, region, endpoint
         cfg = aws_config(opts.settings)
         config: dict = {"region": route.region, "virtual_hosted_style_request": route.ep.path_prefix == ""}
         if cfg.endpoint_url:
@@ -74,23 +76,11 @@ class ObstoreEngine(LoopThreadEngine):
         # our retries, counted per object like every engine's: none of obstore's own
         self.store = S3Store(opts.bucket, config=config, client_options=client_options,
                              retry_config={"max_retries": 0, "retry_timeout": timedelta(0)})
-        self._lean = None
         self._start()
-
-    def _head_part(self, job: Job, n: int):
-        from manyfiles.s3.engines.socket_client import SocketClient
-
-        if self._lean is None:
-            settings = self.ctx.options.settings
-            self._lean = SocketClient(self.route, settings.read_timeout,
-                                      connect_timeout=settings.connect_timeout)
-        return self._lean.head(self.ctx.options.bucket, job, n)
 
     async def _main(self) -> None:
         self._ready.set()
         await asyncio.gather(*(self._serve(self._fetch) for _ in range(self.workers)))
-        if self._lean is not None:
-            self._lean.close()
 
     async def _fetch(self, job: Job, target) -> Fetched:
         opts = self.ctx.options
@@ -99,12 +89,13 @@ class ObstoreEngine(LoopThreadEngine):
         body = None
         try:
             layout = None
-            if needs_layout(job, opts.verify) and job.size is not None:
+            if needs_layout(job.size, job.etag, opts.verify):
                 from manyfiles.s3.layouts import part_layout
 
                 loop = asyncio.get_running_loop()
                 layout = await loop.run_in_executor(
-                    None, part_layout, job.size, job.etag, lambda n: self._head_part(job, n))
+                    None, part_layout, job.size, job.etag,
+                    lambda n: self.lean.head_headers(job.key, etag=job.etag, part_number=n))
             options = {"if_match": f'"{job.etag}"'} if job.etag else {}
             resp = await self.obstore.get_async(self.store, job.key, options=options)
             data = await resp.bytes_async()
@@ -117,7 +108,7 @@ class ObstoreEngine(LoopThreadEngine):
                 raise ObjectChanged(f"ETag changed since listing ({job.etag} -> {etag})")
             # all obstore tells of the object: no x-amz-checksum-*, no x-amz-server-side-encryption
             headers = {"etag": f'"{etag}"', "content-length": str(meta["size"])}
-            body = WholeBody(job, target, headers, verify=opts.verify, layout=layout)
+            body = WholeBody(job.key, job.size, job.etag, target, headers, verify=opts.verify, layout=layout)
             body.write(data)
             self.ctx.bytes(len(data))
             fetched = body.finish(meta["size"])
@@ -154,7 +145,8 @@ class CrtEngine(Engine):
 
         self.ctx = ctx
         opts = ctx.options
-        self.route = route = Route(opts.settings, opts.bucket)
+        self.lean = store_for(opts.settings, opts.bucket, retry=opts.retry)   # HEAD ?partNumber=n
+        self.route = route = self.lean.route
         if route.signer.unsigned:
             creds = AwsCredentialsProvider.new_static("", "")     # never used: unsigned below
         else:
@@ -167,7 +159,6 @@ class CrtEngine(Engine):
             tls_mode=S3RequestTlsMode.ENABLED if route.ep.scheme == "https" else S3RequestTlsMode.DISABLED,
             max_active_connections_override=max(1, workers),
             retry_config=S3RetryConfig(retry_mode=S3RetryMode.NONE))
-        self._lean = None
         self._open = 0
         self._cond = threading.Condition(threading.Lock())
 
@@ -206,14 +197,11 @@ class CrtEngine(Engine):
 
         opts = self.ctx.options
         layout = None
-        if needs_layout(job, opts.verify) and job.size is not None:
-            from manyfiles.s3.engines.socket_client import SocketClient
+        if needs_layout(job.size, job.etag, opts.verify):
             from manyfiles.s3.layouts import part_layout
 
-            if self._lean is None:
-                self._lean = SocketClient(self.route, opts.settings.read_timeout,
-                                          connect_timeout=opts.settings.connect_timeout)
-            layout = part_layout(job.size, job.etag, lambda n: self._lean.head(opts.bucket, job, n))
+            layout = part_layout(job.size, job.etag,
+                                 lambda n: self.lean.head_headers(job.key, etag=job.etag, part_number=n))
         ep = self.route.ep
         headers = [("Host", ep.host)]
         if opts.checksum_mode:
@@ -229,7 +217,8 @@ class CrtEngine(Engine):
             if 200 <= status_code < 300:
                 hdrs = {k.lower(): v for k, v in headers}
                 state["length"] = int(hdrs.get("content-length", "-1"))
-                state["body"] = WholeBody(job, target, hdrs, verify=opts.verify, layout=layout)
+                state["body"] = WholeBody(job.key, job.size, job.etag, target, hdrs, verify=opts.verify,
+                                          layout=layout)
 
         def on_body(chunk, offset, **kwargs):
             body = state["body"]
@@ -292,8 +281,6 @@ class CrtEngine(Engine):
         with self._cond:
             while self._open > 0:
                 self._cond.wait(0.5)
-        if self._lean is not None:
-            self._lean.close()
 
     def kill(self) -> None:
         self.ctx.cancel.set()

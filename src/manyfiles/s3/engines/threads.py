@@ -1,9 +1,9 @@
 """Thread pool engines: ``sync`` (1 thread), ``threads`` (one shared boto3 client), ``lean`` and
-``ranged`` (raw sockets, see :mod:`manyfiles.s3.engines.socket_client`).
+``ranged`` (the bucket's store: raw sockets, see :mod:`manyfiles.s3.store`).
 
 botocore clients are thread-safe, and the client's urllib3 pool is sized to the number of
 threads so no thread waits for a connection.  Large objects (``job.part_size``) start with a
-*probe*: the object layer's HEAD (:meth:`manyfiles.s3.objects.ObjectClient.head`: checksums,
+*probe*: the store's HEAD (:meth:`manyfiles.s3.store.S3Store.head`: checksums,
 encryption, ``?partNumber=1`` for multipart ETags, checked against the listing), which decides
 the check and the ranges: multipart objects are cut on their part boundaries, so each part's MD5
 or checksum is taken as it is written.  Every range is a GET pinned to the listed ETag with
@@ -23,12 +23,10 @@ import threading
 
 from manyfiles._core.retry import retrying
 from manyfiles.errors import IntegrityError
-from manyfiles.s3 import objects
 from manyfiles.s3.engines.base import Ctx, Engine, Failed, cancelled, fail, finish, open_target
 from manyfiles.s3.integrity import NO_CHECKSUM, SIZE_ONLY, Claim, Digest, check_or_search
-from manyfiles.s3.layouts import learn_layout
-from manyfiles.s3.objects import Inconsistent, ObjectClient
-from manyfiles.s3.retry import ObjectChanged, TransferError, classify
+from manyfiles.s3.retry import Inconsistent, ObjectChanged, TransferError, classify
+from manyfiles.s3.store import store_for
 from manyfiles.s3.transfer import Fetched, Job, get_whole, needs_layout
 
 SEARCH = "search"    # a whole GET whose multipart layout is searched (the HEADs were no use)
@@ -70,27 +68,26 @@ def ranges_for(size: int, part_size: int, claim: Claim) -> list[tuple[int, int, 
 
 
 class ThreadsEngine(Engine):
-    """``transport``: "boto3" (one shared client) or "lean" (raw sockets, see engines.socket_client)."""
+    """``transport``: "boto3" (one shared client) or "lean" (the bucket's store)."""
 
     def __init__(self, ctx: Ctx, workers: int, name: str = "threads", transport: str = "boto3") -> None:
         self.ctx, self.name, self.workers = ctx, name, max(1, workers)
         opts = ctx.options
-        self.lean = None
+        self.store = None
         if transport == "lean":
-            # the object layer's client for the configuration and credentials of this pull
-            self.lean = lean = objects.transport(opts.settings, opts.bucket, checksum_mode=opts.checksum_mode)
-            self.objects = ObjectClient(opts.settings, retry=opts.retry, verify=opts.verify,
-                                        checksum_mode=opts.checksum_mode, transport=lean, cancel=ctx.cancel)
+            # the bucket's store, for the configuration and credentials of this pull
+            self.store = store = store_for(opts.settings, opts.bucket, retry=opts.retry, verify=opts.verify,
+                                           checksum_mode=opts.checksum_mode, cancel=ctx.cancel)
 
             def whole(job, target, hint=None) -> Fetched:
                 layout = None
                 if hint == SEARCH:
                     layout = ()
-                elif needs_layout(job, opts.verify):
-                    layout = learn_layout(job.size, job.etag, lambda n: lean.head(opts.bucket, job, n),
-                                          opts.retry, on_retry=lambda err: ctx.retried(job, str(err)))
-                return lean.get(opts.bucket, job, target, verify=opts.verify, layout=layout,
-                                on_bytes=ctx.bytes)
+                elif needs_layout(job.size, job.etag, opts.verify):
+                    layout = store.learn_layout(job.key, job.size, job.etag,
+                                                on_retry=lambda err: ctx.retried(job, str(err)))
+                return store.fetch_into(job.key, target, etag=job.etag, size=job.size, layout=layout,
+                                        on_bytes=ctx.bytes)
         else:
             client = opts.settings.client(pool=self.workers, checksums=opts.checksum_mode)
 
@@ -113,7 +110,7 @@ class ThreadsEngine(Engine):
     def submit(self, job: Job) -> None:
         with self._cond:
             self._open_jobs += 1
-        if len(job.parts) <= 1 or self.lean is None:
+        if len(job.parts) <= 1 or self.store is None:
             self.q.put(("whole", job, None))
         else:
             self.q.put(("probe", job, None))
@@ -134,8 +131,8 @@ class ThreadsEngine(Engine):
 
     def kill(self) -> None:
         self.ctx.cancel.set()
-        if self.lean is not None:
-            self.lean.interrupt()       # no thread waits for a read timeout (a stalled run)
+        if self.store is not None:
+            self.store.interrupt()       # no thread waits for a read timeout (a stalled run)
         self.close()
 
     # -- worker threads -----------------------------------------------------------
@@ -193,8 +190,8 @@ class ThreadsEngine(Engine):
         claim = Claim(SIZE_ONLY, why=NO_CHECKSUM)
         if opts.verify:
             try:
-                claim = self.objects.head(opts.bucket, job.key, etag=job.etag, size=job.size,
-                                          on_retry=lambda err: ctx.retried(job, str(err))).claim
+                claim = self.store.head(job.key, etag=job.etag, size=job.size,
+                                        on_retry=lambda err: ctx.retried(job, str(err))).claim
             except Inconsistent as err:
                 ctx.retried(job, f"{err}: fetching it whole")
                 claim = None
@@ -228,7 +225,7 @@ class ThreadsEngine(Engine):
         return False
 
     def _part(self, tracker: _Ranged, part: tuple[int, int, int]) -> bool:
-        ctx, opts, job, lean = self.ctx, self.ctx.options, tracker.job, self.lean
+        ctx, job, store = self.ctx, tracker.job, self.store
         index, start, end = part
         digest = tracker.digest
         error: TransferError | None = None
@@ -236,7 +233,8 @@ class ThreadsEngine(Engine):
         def attempt() -> None:
             feed = digest.claim_feed(start)
             try:
-                lean.get(opts.bucket, job, tracker.target, start, end, feed=feed, on_bytes=ctx.bytes)
+                store.fetch_range_into(job.key, tracker.target, start, end, etag=job.etag, size=job.size,
+                                       feed=feed, on_bytes=ctx.bytes)
             except BaseException:
                 if feed is not None:
                     digest.release(start)
