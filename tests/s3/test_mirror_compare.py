@@ -4,7 +4,10 @@ a HEAD only for the objects whose ETag is no MD5."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -141,3 +144,41 @@ def test_bad_arguments_are_refused_before_any_request(moto_direct, tmp_path: Pat
         assert b.proxy.requests == []
     finally:
         b.close()
+
+
+def _check_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).parent / "manyfiles"), "check", *args], capture_output=True,
+                          env={**os.environ, **env}, timeout=120)
+
+
+def test_check_prints_each_difference_and_exits_1_then_0_once_equal(world) -> None:
+    """``manyfiles check SRC s3://...`` as a real process: one stdout line per difference (each kind
+    planted), notes for names not compared, exit 1; --json the same as objects; equal: exit 0."""
+    b, root = world
+    url = f"s3://{b.bucket}/p/"
+    r = _check_cli(str(root), url, env=b.env)
+    assert r.returncode == 1, r.stderr
+    assert r.stdout.decode().splitlines() == ["differing\tmulti-other.bin\tmultipart-md5",
+                                              "missing-remote\tonly-local.txt",
+                                              "missing-local\tonly-remote.txt",
+                                              "differing\tother-size.txt\tsize",
+                                              "differing\tsame-size.bin\tcrc32"]
+    err = r.stderr.decode().splitlines()
+    assert "manyfiles: note: link: not compared: symlink (not followed)" in err
+    assert err[-1].startswith("manyfiles: 8 files, 9 objects compared by checksum: 4 same, 3 differing, "
+                              "1 missing remote, 1 missing local, 3 skipped in "), err
+    assert "Traceback" not in r.stderr.decode()
+    r = _check_cli(str(root), url, "--json", "--compare", "size", env=b.env)
+    records = [json.loads(line) for line in r.stdout.decode().splitlines()]
+    assert r.returncode == 1
+    assert [(x["event"], x["path"]) for x in records if x["event"] in ("differing", "missing-local",
+                                                                        "missing-remote")] == [
+        ("missing-remote", "only-local.txt"), ("missing-local", "only-remote.txt"), ("differing", "other-size.txt")]
+    assert records[-1]["event"] == "summary" and records[-1]["equal"] is False and records[-1]["same"] == 6
+    # made equal: the extra and the differing removed on both sides, the symlink and odd names stay skipped
+    for rel in ("only-local.txt", "other-size.txt", "same-size.bin", "multi-other.bin"):
+        (root / rel).unlink()
+    b.admin.delete_objects(Bucket=b.bucket, Delete={"Objects": [{"Key": f"p/{k}"} for k in (
+        "only-remote.txt", "other-size.txt", "same-size.bin", "multi-other.bin")]})
+    r = _check_cli(url, str(root), "-q", env=b.env)        # either order
+    assert (r.returncode, r.stdout, r.stderr) == (0, b"", b""), r.stderr

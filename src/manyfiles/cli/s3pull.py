@@ -17,6 +17,7 @@ import click
 from manyfiles.cli._common import (
     Directory,
     Size,
+    aws_options,
     cluster_option,
     deprecated_alias,
     dry_run_option,
@@ -117,13 +118,7 @@ class _PullOrVerify(click.Command):
 @json_option("Print one JSON event a line on stdout, then the summary.")
 @quiet_option("No progress bar, no summary (errors still go to stderr).")
 @progress_option
-@click.option("--aws-profile", default=None, metavar="NAME", help="AWS credentials profile (as AWS_PROFILE).")
-@click.option("--region", default=None, help="AWS region (default: from the profile/environment).")
-@click.option("--endpoint-url", default=None, metavar="URL",
-              help="Custom S3 endpoint (default: $AWS_ENDPOINT_URL); implies path-style addressing.")
-@click.option("--path-style/--virtual-style", "path_style", default=None,
-              help="Force the addressing style (default: path-style iff a custom endpoint is set).")
-@click.option("--no-sign-request", is_flag=True, help="Anonymous requests (public buckets).")
+@aws_options
 @timeout_options
 @cluster_option
 @instrumented

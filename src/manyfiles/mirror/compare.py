@@ -52,6 +52,7 @@ from manyfiles.errors import (
     UsageError,
     WrongKind,
     describe_oserror,
+    from_oserror,
     shown,
 )
 from manyfiles.listing import walk
@@ -191,6 +192,8 @@ def local_files(root: str | os.PathLike, *, keep: Callable[[str], bool] | None =
         if rel_dir == STATE_DIR.encode() or rel_dir.startswith(STATE_DIR.encode() + b"/"):
             continue
         if d.error is not None:
+            if d.depth == 0:        # the folder named itself: the run cannot start (one line, exit 1)
+                raise from_oserror(d.error, os.fspath(root)) from d.error
             report.add_failure(_text(rel_dir) or ".", describe_oserror(d.error), _errname(d.error))
             continue
         for entry, st in zip(d.entries, d.stats or [None] * len(d.entries), strict=True):

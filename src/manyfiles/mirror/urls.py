@@ -13,12 +13,13 @@ from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.keys import parse_url
 
 
-def check(local_root: str | os.PathLike, url: str, *, by: str = "checksum",
+def check(local_root: str | os.PathLike, url: str, *, by: str = "checksum", source: str = "local",
           include: Iterable[str] = (), exclude: Iterable[str] = (), settings: ClientSettings | None = None,
           retry: RetryPolicy | None = None,
           workers: int = 16, progress: ProgressArg = False) -> Comparison:
     """Compare the folder ``local_root`` with ``s3://bucket/prefix/`` (a folder: no wildcards) by
-    ``by`` (``"checksum"``, ``"size-mtime"``, ``"size"``); nothing is moved.  See :func:`compare`.
+    ``by`` (``"checksum"``, ``"size-mtime"``, ``"size"``; ``source``: the side a copy would go
+    from, ``"local"`` or ``"remote"``); nothing is moved.  See :func:`compare`.
 
     Example:
         >>> c = check("/data/run1", "s3://bucket/runs/run1/")      # doctest: +SKIP
@@ -32,7 +33,7 @@ def check(local_root: str | os.PathLike, url: str, *, by: str = "checksum",
         raise UsageError(f"{url}: wildcards are not compared; give the folder (s3://bucket/prefix/) and "
                          "--include/--exclude")
     store = store_for((settings or ClientSettings()).resolved(), parsed.bucket, retry=retry)
-    return compare(local_root, store, parsed.prefix, by=by, include=include, exclude=exclude,
+    return compare(local_root, store, parsed.prefix, by=by, source=source, include=include, exclude=exclude,
                    workers=workers, progress=progress)
 
 
