@@ -147,8 +147,8 @@ def test_bad_arguments_are_refused_before_any_request(moto_direct, tmp_path: Pat
 
 
 def _check_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([str(Path(sys.executable).parent / "manyfiles"), "check", *args], capture_output=True,
-                          env={**os.environ, **env}, timeout=120)
+    return subprocess.run([str(Path(sys.executable).parent / "manyfiles"), "check", *args],
+                          capture_output=True, env={**os.environ, **env}, timeout=120)
 
 
 def test_check_prints_each_difference_and_exits_1_then_0_once_equal(world) -> None:
@@ -171,9 +171,10 @@ def test_check_prints_each_difference_and_exits_1_then_0_once_equal(world) -> No
     r = _check_cli(str(root), url, "--json", "--compare", "size", env=b.env)
     records = [json.loads(line) for line in r.stdout.decode().splitlines()]
     assert r.returncode == 1
-    assert [(x["event"], x["path"]) for x in records if x["event"] in ("differing", "missing-local",
-                                                                        "missing-remote")] == [
-        ("missing-remote", "only-local.txt"), ("missing-local", "only-remote.txt"), ("differing", "other-size.txt")]
+    kinds = ("differing", "missing-local", "missing-remote")
+    assert [(x["event"], x["path"]) for x in records if x["event"] in kinds] == [
+        ("missing-remote", "only-local.txt"), ("missing-local", "only-remote.txt"),
+        ("differing", "other-size.txt")]
     assert records[-1]["event"] == "summary" and records[-1]["equal"] is False and records[-1]["same"] == 6
     # made equal: the extra and the differing removed on both sides, the symlink and odd names stay skipped
     for rel in ("only-local.txt", "other-size.txt", "same-size.bin", "multi-other.bin"):

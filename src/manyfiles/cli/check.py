@@ -40,7 +40,7 @@ Examples:
 Output: one line per difference on stdout, TAB-separated:
   missing-remote PATH          a file with no object
   missing-local  PATH          an object with no file
-  differing      PATH  WHY     both there, not the same (size, md5, crc64nvme...)
+  differing      PATH  WHY     both there, not the same (size, md5...)
 then one summary line on stderr.  Names not compared (symlinks, special
 files, names that are not UTF-8, keys that are no safe path) are notes.
 
