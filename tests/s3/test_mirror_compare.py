@@ -1,4 +1,4 @@
-"""manyfiles.mirror.compare against moto over HTTP (through the test edge, which records every
+"""manyfiles.mirror.comparison against moto over HTTP (through the test edge, which records every
 request): every kind of difference planted in a small tree is found, by each rule, with one LIST and
 a HEAD only for the objects whose ETag is no MD5."""
 

@@ -28,7 +28,7 @@ from manyfiles.cli._common import (
     timeout_options,
 )
 from manyfiles.errors import EXIT_FAILED, FailureLines, UsageError, shown
-from manyfiles.mirror.compare import BY
+from manyfiles.mirror.options import BY
 
 EPILOG = """\b
 Examples:

@@ -6,6 +6,8 @@ Public API:
   a :class:`Comparison` (``missing_remote``, ``missing_local``, ``differing``, ``same``,
   ``skipped``), compared by ``"size"``, ``"size-mtime"`` or ``"checksum"``; nothing is written.
 * :func:`check` -- the same from an ``s3://bucket/prefix/`` URL (what ``manyfiles check`` runs).
+* :func:`pull_sync` -- ``s3pull --sync [--delete]``: fetch what is missing or differs, keep the
+  rest, remove local files no object has (refused beyond ``max_delete``).
 * :func:`delete_local` -- remove files under a folder by relative path, never outside it, never
   through a symlink (``s3pull --sync --delete``).
 
@@ -18,18 +20,20 @@ Example:
 
 from __future__ import annotations
 
-from manyfiles.mirror.compare import (
-    BY,
-    SOURCES,
-    Comparison,
-    Entry,
-    LocalFile,
-    compare,
-    folder_prefix,
-    local_files,
-)
-from manyfiles.mirror.delete import DeleteReport, delete_local
-from manyfiles.mirror.urls import check
+from manyfiles._core.lazy import lazy_exports
+from manyfiles.mirror.options import BY, MAX_DELETE, SOURCES
 
-__all__ = ["BY", "SOURCES", "Comparison", "DeleteReport", "Entry", "LocalFile", "check", "compare",
-           "delete_local", "folder_prefix", "local_files"]
+# loaded on first use: ``s3pull`` reads the option values above without the comparison's imports
+_EXPORTS = {
+    **{name: ".comparison" for name in ("Comparison", "Entry", "LocalFile", "compare", "folder_prefix",
+                                     "local_files")},
+    **{name: ".delete" for name in ("DeleteReport", "delete_local")},
+    **{name: ".sync" for name in ("TooManyDeletions", "pull_sync")},
+    "check": ".urls",
+}
+
+__all__ = ["BY", "MAX_DELETE", "SOURCES", "Comparison", "DeleteReport", "Entry", "LocalFile",
+           "TooManyDeletions", "check", "compare", "delete_local", "folder_prefix", "local_files",
+           "pull_sync"]
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -1,4 +1,4 @@
-""":func:`check`: :func:`~manyfiles.mirror.compare.compare` from an ``s3://bucket/prefix/`` URL."""
+""":func:`check`: :func:`~manyfiles.mirror.comparison.compare` from an ``s3://bucket/prefix/`` URL."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from manyfiles._core.progress import ProgressArg
 from manyfiles._core.retry import RetryPolicy
 from manyfiles.errors import UsageError
-from manyfiles.mirror.compare import Comparison, compare
+from manyfiles.mirror.comparison import Comparison, compare
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.keys import parse_url
 

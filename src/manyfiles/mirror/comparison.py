@@ -56,12 +56,11 @@ from manyfiles.errors import (
     shown,
 )
 from manyfiles.listing import walk
+from manyfiles.mirror.options import BY, SOURCES
 from manyfiles.s3.integrity import SIZE_ONLY, Claim, Unverifiable, object_claim, rehash_file
 from manyfiles.s3.keys import STATE_DIR, make_filter
 from manyfiles.s3.layouts import etag_parts
 
-BY = ("size", "size-mtime", "checksum")
-SOURCES = ("local", "remote")
 # what ``Entry.why`` says for each kind of difference
 MISSING_REMOTE = "missing remote"
 MISSING_LOCAL = "missing local"
