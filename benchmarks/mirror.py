@@ -16,7 +16,7 @@ Requests are counted from versitygw's access log (``--access-log``): LIST (ListO
 GET per run.  Client CPU is the tool's (``getrusage`` of the children).  Needs versitygw and rclone
 (~/go/bin, .cache/go/bin or PATH), s5cmd and the aws cli in .venv-bench (``make bench-venv``).
 
-    flock /work/bench.lock .venv/bin/python benchmarks/mirror.py --objects 2000 --repeat 3
+    flock /work/bench.lock .venv/bin/python benchmarks/mirror.py --objects 2000 --repeat 3 --planted 10000
 """
 
 from __future__ import annotations
@@ -177,11 +177,69 @@ def run(n: int, repeat: int, endpoint: str, log: Path, only: set[str] | None) ->
     sys.stdout.flush()
 
 
+def planted(n: int, endpoint: str, per_kind: int = 10) -> None:
+    """``manyfiles check`` on an N-object tree with ``per_kind`` differences of each kind planted
+    (missing remote, missing local, same size but other bytes, other size): every one found, nothing
+    else (asserted); rclone check on the same tree, timed beside it."""
+    import json
+    import random
+
+    bucket, src = seed(n, endpoint)
+    tree = DATA / f"planted-{n}"
+    shutil.rmtree(tree, ignore_errors=True)
+    shutil.copytree(src, tree, ignore=shutil.ignore_patterns(".complete"))
+    env = pullbench.env_for(endpoint)
+    s5 = [str(pullbench.BENCH_VENV / "s5cmd"), "--endpoint-url", endpoint]
+    subprocess.run([*s5, "rm", f"s3://{bucket}/planted/*"], env=env, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    subprocess.run([*s5, "cp", f"{tree}/*", f"s3://{bucket}/planted/"], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    rels = sorted(str(p.relative_to(tree)) for p in tree.rglob("*.bin"))
+    pick = random.Random(n).sample(rels, 4 * per_kind)
+    kinds = {"missing-remote": pick[:per_kind], "missing-local": pick[per_kind:2 * per_kind],
+             "same size, other bytes": pick[2 * per_kind:3 * per_kind], "other size": pick[3 * per_kind:]}
+    subprocess.run([*s5, "rm", *(f"s3://{bucket}/planted/{r}" for r in kinds["missing-remote"])], env=env,
+                   check=True, stdout=subprocess.DEVNULL)
+    for r in kinds["missing-local"]:
+        (tree / r).unlink()
+    for r in kinds["same size, other bytes"]:
+        (tree / r).write_bytes(os.urandom(SIZE))
+    for r in kinds["other size"]:
+        (tree / r).write_bytes(os.urandom(SIZE + 1))
+    t0 = time.perf_counter()
+    r = subprocess.run([str(BIN / "manyfiles"), "check", str(tree), f"s3://{bucket}/planted/", "--json"],
+                       env=env, capture_output=True)
+    ours = time.perf_counter() - t0
+    found: dict[str, set[str]] = {}
+    for line in r.stdout.decode().splitlines():
+        rec = json.loads(line)
+        if rec["event"] != "summary":
+            found.setdefault(rec["event"], set()).add(rec["path"])
+    want = {"missing-remote": set(kinds["missing-remote"]), "missing-local": set(kinds["missing-local"]),
+            "differing": set(kinds["same size, other bytes"]) | set(kinds["other size"])}
+    assert r.returncode == 1 and found == want, (r.returncode, found, r.stderr.decode()[-500:])
+    t0 = time.perf_counter()
+    rc = subprocess.run([str(pullbench.go_tool("rclone")), "check", "--fast-list", str(tree),
+                         f"bench:{bucket}/planted"], env=env, capture_output=True)
+    theirs = time.perf_counter() - t0
+    print(f"\n### manyfiles check on {n:,} objects, {per_kind} differences of each kind planted\n")
+    print("| planted | count | found by `manyfiles check` |\n|---|---:|---:|")
+    for kind, rels_ in kinds.items():
+        event = kind if kind in want else "differing"
+        print(f"| {kind} | {len(rels_)} | {len(set(rels_) & found.get(event, set()))} |")
+    print(f"\n`manyfiles check --json`: exit {r.returncode}, {ours:.2f} s, every planted difference and "
+          f"nothing else; `rclone check --fast-list`: exit {rc.returncode}, {theirs:.2f} s (one run each, load "
+          f"{os.getloadavg()[0]:.1f}).")
+    sys.stdout.flush()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--objects", default="2000", help="comma-separated tree sizes (e.g. 2000,100000)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tools", default="", help="comma-separated substrings of the commands to run")
+    ap.add_argument("--planted", type=int, default=0, metavar="N",
+                    help="also: manyfiles check on an N-object tree with differences planted (e.g. 10000)")
     ap.add_argument("--clean", action="store_true", help="delete the data at the end")
     args = ap.parse_args()
     pullbench.byte_compile()
@@ -189,8 +247,10 @@ def main() -> None:
     print(f"Machine: {machine_line()}; load average {os.getloadavg()[0]:.1f}; server: versitygw posix "
           f"--keep-alive --access-log on 127.0.0.1 (same 2 cores); command: {' '.join(sys.argv)}", flush=True)
     try:
-        for n in (int(x) for x in args.objects.split(",")):
+        for n in (int(x) for x in args.objects.split(",") if x):
             run(n, args.repeat, endpoint, log, set(args.tools.split(",")) if args.tools else None)
+        if args.planted:
+            planted(args.planted, endpoint)
     finally:
         gw.terminate()
         gw.wait()
