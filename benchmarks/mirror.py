@@ -22,6 +22,7 @@ GET per run.  Client CPU is the tool's (``getrusage`` of the children).  Needs v
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import shutil
@@ -72,10 +73,8 @@ def seed(n: int, endpoint: str) -> tuple[str, Path]:
             (sub / f"f{i:07d}.bin").write_bytes(os.urandom(SIZE))
     c = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                      aws_access_key_id=pullbench.KEY, aws_secret_access_key=pullbench.SECRET)
-    try:
+    with contextlib.suppress(c.exceptions.BucketAlreadyOwnedByYou, c.exceptions.BucketAlreadyExists):
         c.create_bucket(Bucket=bucket)
-    except c.exceptions.BucketAlreadyOwnedByYou:
-        pass
     listed = c.list_objects_v2(Bucket=bucket, Prefix="p/", MaxKeys=1).get("KeyCount", 0)
     if not listed or not marker.exists():
         subprocess.run([str(pullbench.BENCH_VENV / "s5cmd"), "--endpoint-url", endpoint, "cp",
