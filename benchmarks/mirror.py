@@ -227,8 +227,8 @@ def planted(n: int, endpoint: str, per_kind: int = 10) -> None:
         event = kind if kind in want else "differing"
         print(f"| {kind} | {len(rels_)} | {len(set(rels_) & found.get(event, set()))} |")
     print(f"\n`manyfiles check --json`: exit {r.returncode}, {ours:.2f} s, every planted difference and "
-          f"nothing else; `rclone check --fast-list`: exit {rc.returncode}, {theirs:.2f} s (one run each, load "
-          f"{os.getloadavg()[0]:.1f}).")
+          f"nothing else; `rclone check --fast-list`: exit {rc.returncode}, {theirs:.2f} s (one run each, "
+          f"load {os.getloadavg()[0]:.1f}).")
     sys.stdout.flush()
 
 
