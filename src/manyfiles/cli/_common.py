@@ -295,6 +295,22 @@ def aws_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
+def s3_connection(*, aws_profile: str | None, region: str | None, endpoint_url: str | None,
+                  path_style: bool | None, no_sign_request: bool, connect_timeout: float, read_timeout: float,
+                  stall_timeout: float, retries: int) -> tuple[Any, Any]:
+    """``(ClientSettings, RetryPolicy)`` of an S3 verb's options (:func:`aws_options`,
+    :func:`timeout_options`, ``--retries``; the backoff base from ``MANYFILES_RETRY_BASE``)."""
+    from manyfiles.s3 import ClientSettings, RetryPolicy
+
+    settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,
+                              no_sign=no_sign_request, path_style=path_style, connect_timeout=connect_timeout,
+                              read_timeout=read_timeout)
+    base = retry_base()
+    retry = RetryPolicy(attempts=retries + 1, base=RetryPolicy.base if base is None else base,
+                        stall_timeout=stall_timeout)
+    return settings, retry
+
+
 #: a documented setting (docs/cli.md): the base of s3pull's and the cache's S3 retry backoff
 ENV_RETRY_BASE = "MANYFILES_RETRY_BASE"
 

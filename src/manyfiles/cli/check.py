@@ -23,8 +23,8 @@ from manyfiles.cli._common import (
     progress_option,
     quiet_option,
     resolve_progress,
-    retry_base,
     run_main,
+    s3_connection,
     timeout_options,
 )
 from manyfiles.errors import EXIT_FAILED, FailureLines, UsageError, shown
@@ -85,7 +85,6 @@ def command(source: str, dest: str, by: str, include: tuple[str, ...], exclude: 
     are never followed; SRC/.s3pull (s3pull's state) is not compared.
     """
     from manyfiles.mirror import check
-    from manyfiles.s3 import ClientSettings, RetryPolicy
 
     remote_first = source.startswith("s3://")
     if remote_first == dest.startswith("s3://"):
@@ -93,12 +92,10 @@ def command(source: str, dest: str, by: str, include: tuple[str, ...], exclude: 
     local, url = (dest, source) if remote_first else (source, dest)
     if not local:
         raise UsageError("'': the empty path names no folder")
-    settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,
-                              no_sign=no_sign_request, path_style=path_style, connect_timeout=connect_timeout,
-                              read_timeout=read_timeout)
-    base = retry_base()
-    retry = RetryPolicy(attempts=retries + 1, base=RetryPolicy.base if base is None else base,
-                        stall_timeout=stall_timeout)
+    settings, retry = s3_connection(aws_profile=aws_profile, region=region, endpoint_url=endpoint_url,
+                                    path_style=path_style, no_sign_request=no_sign_request,
+                                    connect_timeout=connect_timeout, read_timeout=read_timeout,
+                                    stall_timeout=stall_timeout, retries=retries)
     shown_progress = resolve_progress(progress, quiet=quiet, as_json=as_json)
     result = check(local, url, by=by, source="remote" if remote_first else "local", include=include,
                    exclude=exclude, settings=settings, retry=retry, workers=jobs, progress=shown_progress)

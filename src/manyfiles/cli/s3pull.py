@@ -31,8 +31,8 @@ from manyfiles.cli._common import (
     progress_option,
     quiet_option,
     resolve_progress,
-    retry_base,
     run_main,
+    s3_connection,
     timeout_options,
     version_option,
 )
@@ -153,7 +153,7 @@ def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
     there and resumes large objects part by part; failed objects are listed in
     DEST/.s3pull/failures.tsv and make the exit code 1.
     """
-    from manyfiles.s3 import ClientSettings, RetryPolicy, pull
+    from manyfiles.s3 import pull
 
     if no_checksum and etag_only:
         raise click.UsageError("--no-checksum and --etag-only exclude each other: --no-checksum checks "
@@ -163,12 +163,10 @@ def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
     if sync and (cluster or files_from or layout != "folder"):
         raise click.UsageError("--sync mirrors a folder on this machine: not with --cluster, --files-from "
                                "or --layout sharded")
-    settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,
-                              no_sign=no_sign_request, path_style=path_style, connect_timeout=connect_timeout,
-                              read_timeout=read_timeout)
-    base = retry_base()
-    retry = RetryPolicy(attempts=retries + 1, base=RetryPolicy.base if base is None else base,
-                        stall_timeout=stall_timeout)
+    settings, retry = s3_connection(aws_profile=aws_profile, region=region, endpoint_url=endpoint_url,
+                                    path_style=path_style, no_sign_request=no_sign_request,
+                                    connect_timeout=connect_timeout, read_timeout=read_timeout,
+                                    stall_timeout=stall_timeout, retries=retries)
     view = _View(prog_name(), as_json=as_json, dry_run=dry_run, quiet=quiet, progress=progress)
     with contextlib.ExitStack() as stack:
         cache = None
