@@ -20,7 +20,8 @@ from manyfiles.errors import ManyfilesError, UsageError
 from manyfiles.mirror import TooManyDeletions, pull_sync
 from manyfiles.s3.keys import STATE_DIR
 
-OBJECTS = {f"d/{i}.bin": blob(200 + i, str(i)) for i in range(6)} | {"d/sub/x.txt": b"x" * 10}
+OBJECTS = {f"d/{i}.bin": blob(200 + i, str(i)) for i in range(6)} | {"d/sub/x.txt": b"x" * 10,
+                                                                     "d/sp ace é+%.txt": b"odd name"}
 
 
 @pytest.fixture

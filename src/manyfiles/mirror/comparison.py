@@ -172,8 +172,8 @@ def local_files(root: str | os.PathLike, *, keep: Callable[[str], bool] | None =
                 threads: int = 16, report: Comparison | None = None) -> dict[str, LocalFile]:
     """Every regular file under ``root`` by its ``/``-separated relative path (str), with its size
     and mtime, walked by the C walker without following symlinks.  Symlinks, special files and
-    names that are not UTF-8 go to ``report.skipped``, unreadable folders to its failures.
-    s3pull's state folder (``root/.s3pull``) is never listed."""
+    names that are not UTF-8 (no key can hold them) go to ``report.skipped``, unreadable folders
+    to its failures.  s3pull's state folder (``root/.s3pull``) is never listed."""
     base = os.fsencode(os.path.abspath(root))
     try:
         st = os.stat(base)
@@ -204,9 +204,6 @@ def local_files(root: str | os.PathLike, *, keep: Callable[[str], bool] | None =
                 rel = raw.decode("utf-8")
             except UnicodeDecodeError:
                 report.skipped.append(Entry(_text(raw), "", why="name is not UTF-8 (no S3 key can hold it)"))
-                continue
-            if "\n" in rel or "\r" in rel:
-                report.skipped.append(Entry(rel, "", why="newline in the name"))
                 continue
             if keep is not None and not keep(rel):
                 continue

@@ -69,7 +69,8 @@ def pull_sync(source: str, dest: str | os.PathLike, *, compare_by: str = "checks
     retry = pull_options.get("retry")
     store = store_for(settings, url.bucket, retry=retry, verify=pull_options.get("verify", True),
                       checksum_mode=pull_options.get("checksum_mode", True))
-    seen = _compare(root, store, url.prefix, compare_by, include, exclude, workers, progress)
+    seen = _compare(root, store, url.prefix, compare_by, include, exclude, workers, progress,
+                    rehash=pull_options.get("verify_existing", False))
     fetch = [ObjectInfo(e.key, e.remote_size, e.etag)
              for e in sorted([*seen.missing_local, *seen.differing, *(e for e in seen.skipped if e.key)],
                              key=lambda e: e.key)]
@@ -118,8 +119,9 @@ def _check(source: str, compare_by: str, max_delete: int | None, pull_options: d
 
 
 def _compare(root: str, store: Any, prefix: str, by: str, include: Iterable[str], exclude: Iterable[str],
-             workers: int, progress: ProgressArg) -> Comparison:
-    """The comparison, with s3pull's state as the record of what it installed."""
+             workers: int, progress: ProgressArg, rehash: bool) -> Comparison:
+    """The comparison, with s3pull's state as the record of what it installed (``rehash``:
+    ``--verify-existing``, every recorded file hashed against its recorded check)."""
     from manyfiles.s3.state import State
 
     state = State(root)
@@ -127,7 +129,7 @@ def _compare(root: str, store: Any, prefix: str, by: str, include: Iterable[str]
     try:
         def known(e: Entry) -> bool:
             path = os.path.join(root, e.path)
-            return bool(state.done) and state.is_done(e.key, e.remote_size, e.etag, path)
+            return bool(state.done) and state.is_done(e.key, e.remote_size, e.etag, path, verify=rehash)
 
         return compare(root, store, prefix, by=by, source="remote", include=include, exclude=exclude,
                        workers=workers, known=known, progress=progress)
