@@ -143,6 +143,7 @@ def run(n: int, repeat: int, endpoint: str, log: Path, only: set[str] | None) ->
     cpus: dict[str, list[float]] = {k: [] for k in cmds}
     reqs: dict[str, dict[str, int]] = {}
     codes: dict[str, int] = {}
+    failed: dict[str, int] = {}
     for _ in range(repeat):
         for name, cmd in cmds.items():
             time.sleep(0.5)                 # the access log of the previous run flushed
@@ -154,11 +155,17 @@ def run(n: int, repeat: int, endpoint: str, log: Path, only: set[str] | None) ->
             ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             time.sleep(0.5)
             counts, offset = requests_since(log, offset)
+            print(f"  {n} {name}: {dt:.2f} s (exit {r.returncode}) {counts}", file=sys.stderr, flush=True)
+            if r.returncode not in (0, 1) or (r.returncode == 1 and "check" not in name):
+                # a run that failed is no measurement: said, and left out of the medians
+                failed[name] = failed.get(name, 0) + 1
+                print(f"    FAILED: {r.stderr.decode(errors='replace').strip()[-400:]}", file=sys.stderr,
+                      flush=True)
+                continue
             reqs[name] = counts
             codes[name] = r.returncode
             times[name].append(dt)
             cpus[name].append((ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime))
-            print(f"  {n} {name}: {dt:.2f} s (exit {r.returncode}) {counts}", file=sys.stderr, flush=True)
     print(f"\n### No-op sync / check of {n:,} unchanged 1 KiB objects\n")
     print(f"Load average {os.getloadavg()[0]:.1f} at the end; median of {repeat}; requests of the last "
           "run.\n")
@@ -166,13 +173,17 @@ def run(n: int, repeat: int, endpoint: str, log: Path, only: set[str] | None) ->
           "| exit |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in cmds:
+        if not times[name]:
+            print(f"| `{name}` | every run failed | | | | | | | |")
+            continue
         med = statistics.median(times[name])
         base = times.get(f"{name.split(':')[0]}: s5cmd sync")
         ratio = f"{statistics.median(base) / med:.2f}x" if base else "-"
         c = reqs[name]
         side, _, what = name.partition(": ")
         print(f"| `{what}` ({side}) | {med:.2f} | {statistics.median(cpus[name]):.2f} "
-              f"| {ratio} | {c['LIST']} | {c['HEAD']} | {c['GET']} | {c['PUT']} | {codes[name]} |")
+              f"| {ratio} | {c['LIST']} | {c['HEAD']} | {c['GET']} | {c['PUT']} | {codes[name]}"
+              + (f" ({failed[name]} run(s) failed, left out)" if name in failed else "") + " |")
     sys.stdout.flush()
 
 
