@@ -35,6 +35,7 @@ SHARED = {
     ("shard", "status"): {JSON, PROFILE},
     ("pull",): {JOBS, DRY, FILTER, "--exclude", JSON, QUIET, PROGRESS, FILES, PROFILE, "--no-checksum"},
     ("pull", "verify"): {JOBS, JSON, QUIET, PROGRESS, PROFILE},
+    ("check",): {JOBS, FILTER, "--exclude", JSON, QUIET, PROGRESS, PROFILE},
     ("cache", "warm"): {JOBS, JSON, QUIET, PROGRESS, FILES, PROFILE},
     ("cache", "stats"): {JSON},
     ("cache", "evict"): {DRY, JSON, QUIET, PROFILE},

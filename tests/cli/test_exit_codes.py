@@ -72,6 +72,7 @@ VERBS: dict[str, list[str]] = {
     "manyfiles rm": ["manyfiles", "rm", "{T}"],
     "manyfiles shard verify": ["manyfiles", "shard", "verify", "{T}"],
     "manyfiles pull": ["manyfiles", "pull", "{S3}", "{T}"],
+    "manyfiles check": ["manyfiles", "check", "{T}", "{S3}"],
     "cache warm": ["manyfiles", "cache", "warm", "--dir", "{T}", "{S3}"],
     "cache stats": ["manyfiles", "cache", "stats", "--dir", "{T}"],
     "cache evict": ["manyfiles", "cache", "evict", "--dir", "{T}"],
@@ -82,7 +83,7 @@ VERBS: dict[str, list[str]] = {
     "info": ["manyfiles", "info"],
 }
 PROFILED = {v for v in VERBS if v not in ("cache stats", "trace summary", "trace export", "info")}
-S3_VERBS = {"s3pull", "manyfiles pull", "cache warm"}
+S3_VERBS = {"s3pull", "manyfiles pull", "cache warm", "manyfiles check"}
 NO_PATH = "takes no path"
 
 NOT_APPLICABLE: dict[tuple[str, str], str] = {
