@@ -205,7 +205,7 @@ class Pusher:
         return file._replace(size=st.st_size, mtime_ns=st.st_mtime_ns)
 
     def _failed(self, file: LocalFile, exc: TransferError) -> None:
-        stop = stopping_error(exc, f"s3://{self.store.bucket}/{file.key}")
+        stop = stopping_error(exc, f"s3://{self.store.bucket}")
         if stop is not None:
             stop.__cause__ = exc
             self._stop(stop)
@@ -338,7 +338,13 @@ class _Upload:
         store = self.p.store
         if not self._resume():
             alg = None if self.alg == "md5" else self.alg
-            self.uid = store.create_multipart(self.file.key, checksum_algorithm=alg, full_object=True)
+            retried: list[TransferError] = []
+            if self.p.journal is not None:
+                self.p.journal.append(t="intent", key=self.file.key)
+            self.uid = store.with_options(on_retry=retried.append).create_multipart(
+                self.file.key, checksum_algorithm=alg, full_object=True)
+            if retried and self.p.journal is not None:     # an upload whose answer was lost may exist
+                self.p.journal.append(t="intent", key=self.file.key)
             if self.p.journal is not None:
                 self.p.journal.start(self.file.key, self.uid, self.file.path, self.st.st_size,
                                      self.st.st_mtime_ns, self.st.st_ino, self.how.part_size, self.alg)
@@ -359,11 +365,15 @@ class _Upload:
                     data = _read(self.fd, (n - 1) * self.how.part_size, size)
                     reached("push-read", (self.file.path,))
                     checksum, content_md5 = self.p._checksum(data)
-                    part = self.p.store.upload_part(self.file.key, self.uid, n, data, checksum=checksum,
-                                                    content_md5=content_md5)
-                if content_md5 is not None and part.etag.lower() != content_md5.hex() \
-                        and _MD5_ETAG.match(part.etag.lower()):
-                    raise IntegrityError(f"part {n}: the server's ETag is not the MD5 of the bytes sent")
+                    for again in range(self.p.reread):
+                        part = self.p.store.upload_part(self.file.key, self.uid, n, data, checksum=checksum,
+                                                        content_md5=content_md5)
+                        etag = part.etag.lower()
+                        if content_md5 is None or etag == content_md5.hex() or not _MD5_ETAG.match(etag):
+                            break
+                        # an answer for other bytes: the part is sent again (it replaces the last one)
+                        if again + 1 == self.p.reread:
+                            raise IntegrityError(f"part {n}: the server's ETag is not the MD5 of the bytes sent")
                 part = Part(n, part.etag, size, checksum)
                 if self.p.journal is not None:
                     self.p.journal.append(t="part", uid=self.uid, n=n, etag=part.etag, size=size,
@@ -464,7 +474,11 @@ class _Upload:
 
 
 def abort_unneeded(store: S3Store, journal: Journal, keep: Iterable[str]) -> int:
-    """Abort the uploads the journal holds whose file was not taken over by this run; returns how many."""
+    """Abort the uploads the journal holds whose file was not taken over by this run, and the
+    uploads a CreateMultipartUpload made without its answer reaching the journal (a kill right after
+    it, or a retried create): for each such key, its uploads that the journal does not know.
+    Returns how many were aborted."""
+    keep = set(keep)
     n = 0
     for uid, rec in list(journal.uploads.items()):
         if uid in keep:
@@ -473,6 +487,13 @@ def abort_unneeded(store: S3Store, journal: Journal, keep: Iterable[str]) -> int
             store.abort_multipart(rec["key"], uid)
         journal.append(t="end", uid=uid)
         n += 1
+    for key in sorted(journal.intents):
+        for upload in list(store.list_multipart_uploads(key)):
+            if upload.key == key and upload.upload_id not in journal.uploads:
+                with contextlib.suppress(TransferError):
+                    store.abort_multipart(key, upload.upload_id)
+                n += 1
+        journal.append(t="cleared", key=key)
     return n
 
 

@@ -12,6 +12,11 @@ absent after kill -9; a torn last line is ignored):
     the upload was completed or aborted
 ``{"t": "done", "key", "path", "size", "mtime", "ino"}``
     the file is in the bucket, checked
+``{"t": "intent", "key"}``
+    a CreateMultipartUpload is about to be sent (again after a retry: its first answer may be lost);
+    an intent with no ``start`` after it makes the next run abort the key's uploads it does not know
+``{"t": "cleared", "key"}``
+    those were aborted
 
 A rerun keeps an upload whose file is the same (path, size, mtime, inode, part size, algorithm)
 and keeps of its listed parts only those whose ETag and size are the ones recorded (never by
@@ -64,6 +69,8 @@ class Journal:
         self._lock = threading.Lock()
         self.uploads: dict[str, dict[str, Any]] = {}    # uid -> start record + "parts": {n: record}
         self.done: dict[str, dict[str, Any]] = {}       # key -> done record
+        self.intents: set[str] = set()    # keys whose CreateMultipartUpload answer may be lost
+        self._intended: set[str] = set()
         self._load()
 
     def _load(self) -> None:
@@ -74,29 +81,39 @@ class Journal:
                     rec = json.loads(line)
                 except ValueError:
                     continue            # a line cut by a kill: never acted on
-                kind = rec.get("t")
-                if kind == "start":
-                    self.uploads[rec["uid"]] = {**rec, "parts": {}}
-                elif kind == "part" and rec.get("uid") in self.uploads:
-                    self.uploads[rec["uid"]]["parts"][rec["n"]] = rec
-                elif kind == "end":
-                    self.uploads.pop(rec.get("uid"), None)
-                elif kind == "done":
-                    self.done[rec["key"]] = rec
+                self._apply(rec, loading=True)
 
     def append(self, **rec: Any) -> None:
         data = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
         with self._lock:
             os.write(self._fd, data)
-            kind = rec["t"]
-            if kind == "start":
-                self.uploads[rec["uid"]] = {**rec, "parts": {}}
-            elif kind == "part" and rec["uid"] in self.uploads:
-                self.uploads[rec["uid"]]["parts"][rec["n"]] = rec
-            elif kind == "end":
-                self.uploads.pop(rec["uid"], None)
-            elif kind == "done":
-                self.done[rec["key"]] = rec
+            self._apply(rec, loading=False)
+
+    def _apply(self, rec: dict[str, Any], *, loading: bool) -> None:
+        kind = rec.get("t")
+        if kind == "start":
+            self.uploads[rec["uid"]] = {**rec, "parts": {}}
+            if loading:     # the create's answer reached the journal (this run: see the retried case)
+                self.intents.discard(rec["key"])
+        elif kind == "part" and rec.get("uid") in self.uploads:
+            self.uploads[rec["uid"]]["parts"][rec["n"]] = rec
+        elif kind == "end":
+            self.uploads.pop(rec.get("uid"), None)
+        elif kind == "done":
+            self.done[rec["key"]] = rec
+        elif kind == "intent" and (loading or rec["key"] in self.intents or self._second_intent(rec["key"])):
+            self.intents.add(rec["key"])
+        elif kind == "cleared":
+            self.intents.discard(rec["key"])
+
+    def _second_intent(self, key: str) -> bool:
+        """This run's first intent of a key only marks the create; a second one (the create was
+        retried) is what needs the cleanup."""
+        seen = self._intended
+        if key in seen:
+            return True
+        seen.add(key)
+        return False
 
     def start(self, key: str, uid: str, path: bytes, size: int, mtime: int, ino: int, psize: int, alg: str) -> None:
         self.append(t="start", key=key, uid=uid, path=os.fsdecode(path), size=size, mtime=mtime, ino=ino,
@@ -120,6 +137,7 @@ class Journal:
                 lines += [json.dumps(p, separators=(",", ":")) for u in self.uploads.values()
                           for p in u["parts"].values()]
                 lines += [json.dumps(d, separators=(",", ":")) for d in self.done.values()]
+                lines += [json.dumps({"t": "intent", "key": k}, separators=(",", ":")) for k in self.intents]
                 tmp = self.path + ".tmp"
                 with open(tmp, "w") as f:
                     f.write("".join(line + "\n" for line in lines))

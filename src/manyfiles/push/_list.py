@@ -111,6 +111,8 @@ def _walk_tree(root: bytes, base: bytes, prefix: str, keep, follow: bool, thread
             mode = st.st_mode
             if _stat.S_ISDIR(mode):
                 continue
+            if keep is not None and not keep(os.fsdecode(rel_dir + entry.name)):
+                continue        # (a name that is not UTF-8 is matched with its bytes as surrogates)
             if _stat.S_ISLNK(mode):
                 if not follow:
                     yield Skip(path, "a symlink, not followed (--follow-symlinks)")
@@ -128,10 +130,7 @@ def _walk_tree(root: bytes, base: bytes, prefix: str, keep, follow: bool, thread
                 continue
             rel = base + rel_dir + entry.name
             key = _key_of(prefix, rel, path)
-            if isinstance(key, Refusal):
-                yield key
-            elif keep is None or keep((rel_dir + entry.name).decode()):
-                yield _file(path, st, key)
+            yield key if isinstance(key, Refusal) else _file(path, st, key)
 
 
 def _errno_name(exc: OSError) -> str:
