@@ -40,6 +40,7 @@ MODULES = (
     "manyfiles.listing",
     "manyfiles.ml",
     "manyfiles.profiling",
+    "manyfiles.push",
     "manyfiles.remove",
     "manyfiles.s3",
     "manyfiles.scale",

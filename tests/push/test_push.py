@@ -4,7 +4,6 @@ read, a failing CompleteMultipartUpload then a rerun that resumes, and the journ
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
@@ -93,7 +92,8 @@ def test_faults_leave_no_wrong_byte_and_no_partial_object(tmp_path, dest, state,
 
     proxy.random_faults = (0.2, ("503", "reset", "truncate"), writes)
     proxy.request_faults += [(single, "flip-request"), (single, "flip-request"), (part, "flip-request"),
-                             (single, "lie-etag"), (part, "lie-checksum" if checksum != "md5" else "lie-etag")]
+                             (single, "lie-etag"),
+                             (part, "lie-checksum" if checksum != "md5" else "lie-etag")]
     report = run(dest, state, [f"{tmp_path / 'src'}/"], checksum=checksum)
     assert report.ok, report.failures
     assert not proxy.request_faults        # every planted fault was met
@@ -123,7 +123,8 @@ def test_a_file_changing_while_read_is_read_again_then_reported(tmp_path, dest, 
     assert sorted((os.path.basename(f.path), f.code) for f in report.failures) == [
         ("bigmoving", "changed"), ("moving", "changed")]
     got = bucket_contents(dest)
-    assert got == {"p/steady": b"s" * 100, "p/once": (src / "once").read_bytes()}   # read again: the new bytes
+    # read again: the new bytes
+    assert got == {"p/steady": b"s" * 100, "p/once": (src / "once").read_bytes()}
     assert got["p/once"] == b"o" * 100 + b"+" and uploads_in_progress(dest) == []
 
 
@@ -179,7 +180,8 @@ def test_abort_stale_aborts_only_uploads_older_than_the_age(dest):
     dry = abort_stale(dest.url("old/"), 3600, settings=dest.settings, dry_run=True)
     assert len(dry.aborted) == 2 and len(uploads_in_progress(dest)) == 3
     done = abort_stale(dest.url("old/"), 3600, settings=dest.settings)
-    assert sorted(a["key"] for a in done.aborted) == ["old/a", "old/b"] and uploads_in_progress(dest) == ["other/c"]
+    assert sorted(a["key"] for a in done.aborted) == ["old/a", "old/b"]
+    assert uploads_in_progress(dest) == ["other/c"]
 
 
 def test_hostile_names_are_refused_one_each_and_symlinks_are_not_followed(tmp_path, dest, state):

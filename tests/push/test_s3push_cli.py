@@ -35,7 +35,8 @@ def test_json_and_the_dry_run_and_manyfiles_push(run_cli, tmp_path, dest, state)
     src = f"{tmp_path / 'src'}/"
     dry = run_cli("s3push", src, dest.url("p/"), "-n", *SMALL, env=env_of(dest, state))
     assert dry.returncode == 0, dry.stderr
-    assert sorted(line.split("\t")[0] for line in dry.stdout.decode().splitlines()) == ["p/a.txt", "p/d/b.bin"]
+    keys = sorted(line.split("\t")[0] for line in dry.stdout.decode().splitlines())
+    assert keys == ["p/a.txt", "p/d/b.bin"]
     assert contents(dest) == {}
     out = run_cli("manyfiles", "push", src, dest.url("p/"), "--json", *SMALL, env=env_of(dest, state))
     assert out.returncode == 0 and out.stderr == b"", out.stderr
@@ -62,7 +63,8 @@ def test_bad_input_is_one_line_with_the_exit_code_of_the_table(run_cli, tmp_path
     assert contents(dest) == {"p/ok.txt": b"ok"}
     good = tmp_path / "good"
     tree(good, {"g.txt": b"g"})
-    for argv, code in [([f"{good}/", "not-s3/"], 2), ([f"{good}/"], 2), ([f"{good}/", dest.url("p/"), "-j", "0"], 2),
+    for argv, code in [([f"{good}/", "not-s3/"], 2), ([f"{good}/"], 2),
+                       ([f"{good}/", dest.url("p/"), "-j", "0"], 2),
                        ([f"{good}/", "s3://no-such-bucket-here/p/"], 1), ([f"{good}/", "s3:///p/"], 2),
                        (["--abort-stale", dest.url("p/"), "--older-than", "soon"], 2)]:
         r = run_cli("s3push", *argv, env=env)
@@ -72,7 +74,8 @@ def test_bad_input_is_one_line_with_the_exit_code_of_the_table(run_cli, tmp_path
 
 def test_abort_stale_on_the_command_line(run_cli, dest, state):
     dest.admin.create_multipart_upload(Bucket=dest.bucket, Key="p/x")
-    r = run_cli("s3push", "--abort-stale", dest.url("p/"), "--older-than", "1h", "--json", env=env_of(dest, state))
+    r = run_cli("s3push", "--abort-stale", dest.url("p/"), "--older-than", "1h", "--json",
+                env=env_of(dest, state))
     assert r.returncode == 0, r.stderr
     assert [json.loads(line)["event"] for line in r.stdout.decode().splitlines()] == ["aborted", "summary"]
     assert dest.admin.list_multipart_uploads(Bucket=dest.bucket).get("Uploads", []) == []

@@ -417,8 +417,8 @@ class FaultProxy:
                         v = proxy._as_s3(v, resp_headers)
                     if lk == "etag" and fault == "head-etag" and self.command == "HEAD":
                         v = '"' + hashlib.md5(b"lie:" + v.encode()).hexdigest() + '"'
-                    if (lk == "etag" and lie == "lie-etag") or (lk.startswith("x-amz-checksum-") and
-                                                                  lk != "x-amz-checksum-type" and lie == "lie-checksum"):
+                    a_checksum = lk.startswith("x-amz-checksum-") and lk != "x-amz-checksum-type"
+                    if (lk == "etag" and lie == "lie-etag") or (a_checksum and lie == "lie-checksum"):
                         v = _lie(v)
                     self.send_header(k, v)
                 an_object = self.command in ("GET", "HEAD") and "list-type" not in self.path
@@ -431,7 +431,8 @@ class FaultProxy:
                 if lie is not None and data:
                     tag = b"ETag" if lie == "lie-etag" else b"Checksum[A-Z0-9]+"
                     data = re.sub(rb"<(" + tag + rb")>([^<]*)</",
-                                  lambda m: b"<" + m.group(1) + b">" + _lie(m.group(2).decode()).encode() + b"</",
+                                  lambda m: (b"<" + m.group(1) + b">" + _lie(m.group(2).decode()).encode()
+                                             + b"</"),
                                   data)
                 if proxy.sse_kms and b"<ETag>" in data:
                     data = re.sub(rb"<ETag>([^<]*)</ETag>",

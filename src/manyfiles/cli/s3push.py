@@ -34,10 +34,10 @@ from manyfiles.errors import EXIT_FAILED, FailureLines, UsageError, shown
 
 EPILOG = """\b
 Examples:
-  s3push ./shards/ s3://bucket/shards/         the folder's contents under shards/
-  s3push ./shards s3://bucket/data/            keeps the name: data/shards/...
+  s3push ./shards/ s3://bucket/shards/    the folder's contents under shards/
+  s3push ./shards s3://bucket/data/       keeps the name: data/shards/...
   s3push a.bin b.bin s3://bucket/in/ --exclude '*.tmp' -j 128
-  s3push ./ckpt/ s3://bucket/ckpt/ -n          what would be sent, and how
+  s3push ./ckpt/ s3://bucket/ckpt/ -n     what would be sent, and how
   s3push --abort-stale s3://bucket/ckpt/ --older-than 1d
 
 \b
@@ -79,7 +79,8 @@ def parse_age(text: str) -> float:
 @click.option("--state-dir", type=click.Path(file_okay=False), default=None,
               help="Where the resume journal lives [default: $XDG_STATE_HOME/manyfiles/s3push].")
 @click.option("--abort-stale", "abort_stale", default=None, metavar="s3://BUCKET/PREFIX",
-              help="Instead of uploading: abort the multipart uploads under this prefix older than --older-than.")
+              help="Instead of uploading: abort the multipart uploads under this prefix older than "
+                   "--older-than.")
 @click.option("--older-than", default="1d", show_default=True, metavar="AGE",
               help="With --abort-stale: the age (s, m, h, d, w) from which an upload is stale.")
 @dry_run_option("List and plan only: print each file's key and how it would go; nothing is sent.")
@@ -115,7 +116,8 @@ def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude
 
     prog = prog_name()
     settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,
-                              path_style=path_style, connect_timeout=connect_timeout, read_timeout=read_timeout)
+                              path_style=path_style, connect_timeout=connect_timeout,
+                              read_timeout=read_timeout)
     base = retry_base()
     retry = RetryPolicy(attempts=retries + 1, base=RetryPolicy.base if base is None else base,
                         stall_timeout=stall_timeout)
@@ -162,7 +164,8 @@ def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude
             how = "put" if rec["how"] == "put" else f"multipart {rec['parts']} x {rec['part_size']}"
             click.echo(f"{shown(rec['key'])}\t{rec['size']}\t{how}")
 
-    report = push(sources, dest, jobs=jobs, include=include, exclude=exclude, dry_run=dry_run, settings=settings,
+    report = push(sources, dest, jobs=jobs, include=include, exclude=exclude, dry_run=dry_run,
+                  settings=settings,
                   progress=show_progress, on_event=on_event, part_size=part_size,
                   multipart_threshold=multipart_threshold, checksum=checksum, follow_symlinks=follow_symlinks,
                   retry=retry, state_dir=state_dir)

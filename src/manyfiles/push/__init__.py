@@ -69,7 +69,8 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
          include: Iterable[str] = (), exclude: Iterable[str] = (), dry_run: bool = False,
          settings: ClientSettings | None = None, progress: ProgressArg = False,
          on_event: Callable[[dict[str, Any]], None] | None = None, part_size: int = PART_SIZE,
-         multipart_threshold: int = MULTIPART_THRESHOLD, checksum: str = "auto", follow_symlinks: bool = False,
+         multipart_threshold: int = MULTIPART_THRESHOLD, checksum: str = "auto",
+         follow_symlinks: bool = False,
          retry: RetryPolicy | None = None, reread: int = 3, memory: int = 512 * MiB,
          state_dir: str | os.PathLike | None = None) -> PushReport:
     """Upload every file under ``sources`` (files and folders; ``DIR/`` puts the folder's contents
@@ -240,7 +241,8 @@ def abort_stale(prefix_url: str, older_than: float, *, dry_run: bool = False,
             continue
         if not dry_run:
             store.abort_multipart(upload.key, upload.upload_id)
-        report.aborted.append({"key": upload.key, "upload_id": upload.upload_id, "initiated": upload.initiated})
+        report.aborted.append({"key": upload.key, "upload_id": upload.upload_id,
+                               "initiated": upload.initiated})
     report.seconds = time.monotonic() - t0
     return report
 

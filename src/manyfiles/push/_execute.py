@@ -136,7 +136,7 @@ class Pusher:
             try:
                 if not self.cancel.is_set():
                     fn(*args)
-            except BaseException as exc:      # noqa: BLE001 - a bug must stop the run, not vanish
+            except BaseException as exc:
                 self._stop(exc)
             finally:
                 if bounded:
@@ -291,7 +291,8 @@ class _Upload:
         self.p, self.file, self.fd, self.st, self.how, self.attempt = pusher, file, fd, st, how, attempt
         self.alg = pusher.algorithm
         self.parts: dict[int, Part] = {}
-        self.sizes = {n: min(how.part_size, st.st_size - (n - 1) * how.part_size) for n in range(1, how.parts + 1)}
+        self.sizes = {n: min(how.part_size, st.st_size - (n - 1) * how.part_size)
+                      for n in range(1, how.parts + 1)}
         self.error: BaseException | None = None
         self.lock = threading.Lock()
         self.left = 0
@@ -310,7 +311,8 @@ class _Upload:
         for uid, rec in list(journal.uploads.items()):
             if rec["key"] != self.file.key:
                 continue
-            if (rec["path"], rec["size"], rec["mtime"], rec["ino"], rec["psize"], rec["alg"]) != self._identity():
+            fields = (rec["path"], rec["size"], rec["mtime"], rec["ino"], rec["psize"], rec["alg"])
+            if fields != self._identity():
                 continue
             try:
                 listed = {p.number: p for p in store.list_parts(self.file.key, uid)}
@@ -327,7 +329,8 @@ class _Upload:
                     continue
                 if got.checksum is not None and got.checksum[1] != sent["sum"]:
                     continue
-                self.parts[n] = Part(n, sent["etag"], sent["size"], None if self.alg == "md5" else (self.alg, sent["sum"]))
+                checksum = None if self.alg == "md5" else (self.alg, sent["sum"])
+                self.parts[n] = Part(n, sent["etag"], sent["size"], checksum)
             self.uid = uid
             self.p.touched.add(uid)
             self.resumed = len(self.parts)
@@ -373,7 +376,8 @@ class _Upload:
                             break
                         # an answer for other bytes: the part is sent again (it replaces the last one)
                         if again + 1 == self.p.reread:
-                            raise IntegrityError(f"part {n}: the server's ETag is not the MD5 of the bytes sent")
+                            raise IntegrityError(f"part {n}: the server's ETag is not the MD5 of the "
+                                                 "bytes sent")
                 part = Part(n, part.etag, size, checksum)
                 if self.p.journal is not None:
                     self.p.journal.append(t="part", uid=self.uid, n=n, etag=part.etag, size=size,
@@ -381,7 +385,7 @@ class _Upload:
                 with self.lock:
                     self.parts[n] = part
                 reached("push-part", (self.file.path, n))
-        except BaseException as exc:       # noqa: BLE001 - kept for the one who completes
+        except BaseException as exc:
             with self.lock:
                 if self.error is None:
                     self.error = exc
@@ -456,7 +460,8 @@ class _Upload:
         if whole is not None and whole[0] in said and said[whole[0]].partition("-")[0] != whole[1]:
             wrong = f"the object's {whole[0]} is not the one of the parts sent"
         elif whole is None and etag and all(_MD5_ETAG.match(q.etag.lower()) for q in parts):
-            want = hashlib.md5(b"".join(bytes.fromhex(q.etag) for q in parts), usedforsecurity=False).hexdigest()
+            digests = b"".join(bytes.fromhex(q.etag) for q in parts)
+            want = hashlib.md5(digests, usedforsecurity=False).hexdigest()
             if etag.lower() != f"{want}-{n}":
                 wrong = "the object's ETag is not the multipart MD5 of the parts sent"
         if etag and "-" in etag and not etag.endswith(f"-{n}"):

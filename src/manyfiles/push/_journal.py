@@ -59,7 +59,8 @@ class Journal:
         name = hashlib.sha256(where.encode()).hexdigest()[:24] + ".jsonl"
         self.path = os.path.join(state_dir, name)
         self.where = where
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+        self._fd = os.open(self.path, flags, 0o600)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -115,7 +116,8 @@ class Journal:
         seen.add(key)
         return False
 
-    def start(self, key: str, uid: str, path: bytes, size: int, mtime: int, ino: int, psize: int, alg: str) -> None:
+    def start(self, key: str, uid: str, path: bytes, size: int, mtime: int, ino: int, psize: int,
+              alg: str) -> None:
         self.append(t="start", key=key, uid=uid, path=os.fsdecode(path), size=size, mtime=mtime, ino=ino,
                     psize=psize, alg=alg, at=time.time())
 

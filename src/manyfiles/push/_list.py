@@ -67,7 +67,8 @@ def _file(path: bytes, st: os.stat_result, key: str) -> LocalFile:
     return LocalFile(path, key, st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
 
 
-def list_files(sources: Iterable[str | os.PathLike], prefix: str, *, keep: Callable[[str], bool] | None = None,
+def list_files(sources: Iterable[str | os.PathLike], prefix: str, *,
+               keep: Callable[[str], bool] | None = None,
                follow_symlinks: bool = False, threads: int = 16) -> Iterator[LocalFile | Refusal | Skip]:
     """Every file under ``sources`` as a :class:`LocalFile` (key = ``prefix`` + its relative
     name), or a :class:`Refusal` / :class:`Skip`, in walk order.  ``keep(rel)`` filters by the

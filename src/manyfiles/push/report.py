@@ -37,8 +37,9 @@ class PushReport(Report):
             return (f"would upload {len(self.planned):,} files ({human_bytes(total)}) to {self.dest}"
                     + (f", {self.skipped:,} skipped" if self.skipped else ""))
         rate = self.bytes / self.seconds if self.seconds > 0 else 0.0
-        out = (f"uploaded {self.uploaded:,} of {self.listed:,} files ({human_bytes(self.bytes)}) to {self.dest} "
-               f"in {self.seconds:.2f} s ({human_bytes(rate)}/s); {self.puts:,} PUT, {self.multipart:,} multipart "
+        out = (f"uploaded {self.uploaded:,} of {self.listed:,} files ({human_bytes(self.bytes)}) "
+               f"to {self.dest} in {self.seconds:.2f} s ({human_bytes(rate)}/s); {self.puts:,} PUT, "
+               f"{self.multipart:,} multipart "
                f"({self.parts:,} parts), checked by {self.checksum}")
         extra = [f"{self.resumed_parts:,} parts resumed" if self.resumed_parts else "",
                  f"{self.skipped:,} skipped" if self.skipped else "",
