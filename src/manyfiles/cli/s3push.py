@@ -174,7 +174,7 @@ def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude
     else:
         for line in lines.rest():
             click.echo(line, err=True)
-        if not quiet:
+        if not quiet and (report.listed or report.ok):    # nothing listed: the failure lines say it all
             click.echo(f"{prog}: {report.summary()}" + (f"; {len(report.failures):,} failed"
                                                           if report.failures else ""), err=True)
     return 0 if report.ok else EXIT_FAILED

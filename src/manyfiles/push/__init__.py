@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from manyfiles._core.progress import ProgressArg, check_progress, progress_for
-from manyfiles.errors import UsageError
+from manyfiles.errors import UsageError, from_oserror
 from manyfiles.push._execute import MiB, Pusher, abort_unneeded, route
 from manyfiles.push._journal import Journal, default_state_dir
 from manyfiles.push._list import LocalFile, Refusal, Skip, list_files
@@ -139,7 +139,7 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
         cancel = threading.Event()
         store = store_for(settings, bucket, retry=retry or RetryPolicy(), cancel=cancel)
         where = f"{settings.endpoint_url or 'aws'}|{bucket}|{prefix}"
-        journal = Journal(os.fspath(state_dir or default_state_dir()), where)
+        journal: Journal | None = None      # opened with the first file (nothing listed: nothing written)
         lock = threading.Lock()
 
         def record(kind: str, file: LocalFile, **info: Any) -> None:
@@ -164,7 +164,7 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
                     report.retried += 1
                     emit({"event": "retry", "key": file.key, "path": path, **info})
 
-        pusher = Pusher(store, journal, jobs=jobs, threshold=multipart_threshold, part_size=part_size,
+        pusher = Pusher(store, None, jobs=jobs, threshold=multipart_threshold, part_size=part_size,
                         algorithm=alg, reread=reread, budget=memory, follow_symlinks=follow_symlinks,
                         record=record, cancel=cancel)
         try:
@@ -173,6 +173,8 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
                     continue
                 with lock:
                     report.listed += 1
+                if journal is None:
+                    journal = pusher.journal = _journal(state_dir, where)
                 if journal.is_done(item.key, item.path, item.size, item.mtime_ns, item.ino):
                     with lock:
                         report.skipped += 1
@@ -188,16 +190,26 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
         except BaseException:
             cancel.set()
             pusher.wait()
-            journal.close()
+            if journal is not None:
+                journal.close()
             raise
         drain()
-        if pusher.stop is not None:
-            journal.close()
-            raise pusher.stop
-        report.aborted = abort_unneeded(store, journal, pusher.touched)
-        journal.finish(complete=report.ok)
+        if journal is not None:
+            if pusher.stop is not None:
+                journal.close()
+                raise pusher.stop
+            report.aborted = abort_unneeded(store, journal, pusher.touched)
+            journal.finish(complete=report.ok)
     report.seconds = time.monotonic() - t0
     return report
+
+
+def _journal(state_dir: str | os.PathLike | None, where: str) -> Journal:
+    folder = os.fspath(state_dir or default_state_dir())
+    try:
+        return Journal(folder, where)
+    except OSError as exc:
+        raise from_oserror(exc, folder) from exc
 
 
 def _refused(item: LocalFile | Refusal | Skip, report: PushReport, emit, shown, lock=None) -> bool:

@@ -130,7 +130,7 @@ class Journal:
         """End of a run: remove the journal if the run completed (nothing left to resume), else
         rewrite it with only what is still live; release the lock."""
         with self._lock:
-            if complete and not self.uploads:
+            if (complete or not self.done) and not self.uploads and not self.intents:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.path)
             else:
