@@ -187,8 +187,9 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
                 if cancel.is_set():
                     break
             pusher.wait(drain)
-        except BaseException:
+        except BaseException:      # Ctrl-C, a closed output: requests in flight end now, nothing completes
             cancel.set()
+            store.interrupt()
             pusher.wait()
             if journal is not None:
                 journal.close()

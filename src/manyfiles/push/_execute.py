@@ -119,7 +119,12 @@ class Pusher:
         self.threshold, self.part_size, self.algorithm = threshold, part_size, algorithm
         self.reread, self.follow = reread, follow_symlinks
         self.budget = Budget(budget)
-        self.record, self.cancel = record, cancel
+        self._record, self.cancel = record, cancel
+        # multipart uploads open at once (each holds an fd and a server-side upload): taken by the
+        # producer before it queues a large file, given back with the file's outcome
+        self._uploads = threading.Semaphore(max(4, jobs // 4))
+        self._holding: set[bytes] = set()
+        self._holding_lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="s3push")
         self.stop: BaseException | None = None    # the error that stops the run
         self.touched: set[str] = set()            # the upload ids this run began or resumed
@@ -153,11 +158,32 @@ class Pusher:
         self.cancel.set()
 
     def push(self, file: LocalFile) -> None:
-        """Queue one file (blocks while 4 x jobs files are queued: the listing keeps its pace)."""
-        while not self._inflight.acquire(timeout=0.5):
-            if self.cancel.is_set():
+        """Queue one file (blocks while 4 x jobs files, or jobs / 4 multipart uploads, are in
+        flight: the listing keeps the uploads' pace)."""
+        if route(file.size, self.threshold, self.part_size).how == "multipart":
+            if not self._acquire(self._uploads):
                 return
+            with self._holding_lock:
+                self._holding.add(file.path)
+        if not self._acquire(self._inflight):
+            return
         self._submit(self._file, file, 0, bounded=True)
+
+    def _acquire(self, sem: threading.Semaphore) -> bool:
+        while not sem.acquire(timeout=0.5):
+            if self.cancel.is_set():
+                return False
+        return True
+
+    def record(self, kind: str, file: LocalFile, **info: Any) -> None:
+        """Report an outcome; a file's last one gives back its multipart slot."""
+        if kind in ("done", "failed"):
+            with self._holding_lock:
+                held = file.path in self._holding
+                self._holding.discard(file.path)
+            if held:
+                self._uploads.release()
+        self._record(kind, file, **info)
 
     def wait(self, tick: Callable[[], None] = lambda: None) -> None:
         """Until every queued file and part is finished (``tick`` about every 0.2 s)."""
