@@ -303,7 +303,7 @@ LAYERS = {
     "manyfiles.fastls": ("tool", "listing"),        # public alias of manyfiles.listing.fastls
     "manyfiles.table": ("tool", "listing"),         # public alias of manyfiles.listing.table
     **{f"manyfiles.{tool}": ("tool", tool)
-       for tool in ("listing", "shard", "remove", "s3", "push", "cache", "ml")},
+       for tool in ("listing", "shard", "remove", "s3", "mirror", "push", "cache", "ml")},
 }
 # the tools each tool may import besides itself (the order of docs/architecture.md)
 TOOLS_MAY_USE = {
@@ -311,7 +311,8 @@ TOOLS_MAY_USE = {
     "shard": ("listing",),
     "remove": ("listing",),
     "s3": ("shard",),
-    "push": ("listing", "s3"),
+    "mirror": ("listing", "s3", "shard"),
+    "push": ("listing", "mirror", "s3"),
     "cache": ("listing", "s3", "shard"),
     "ml": ("cache", "listing", "s3"),
 }

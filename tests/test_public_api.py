@@ -39,6 +39,7 @@ MODULES = (
     "manyfiles.iotrace",
     "manyfiles.listing",
     "manyfiles.ml",
+    "manyfiles.mirror",
     "manyfiles.profiling",
     "manyfiles.push",
     "manyfiles.remove",

@@ -36,6 +36,7 @@ SHARED = {
     ("pull",): {JOBS, DRY, FILTER, "--exclude", JSON, QUIET, PROGRESS, FILES, PROFILE, "--no-checksum"},
     ("pull", "verify"): {JOBS, JSON, QUIET, PROGRESS, PROFILE},
     ("push",): {JOBS, DRY, FILTER, "--exclude", JSON, QUIET, PROGRESS, PROFILE, "--abort-stale"},
+    ("check",): {JOBS, FILTER, "--exclude", JSON, QUIET, PROGRESS, PROFILE},
     ("cache", "warm"): {JOBS, JSON, QUIET, PROGRESS, FILES, PROFILE},
     ("cache", "stats"): {JSON},
     ("cache", "evict"): {DRY, JSON, QUIET, PROFILE},

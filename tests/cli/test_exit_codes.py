@@ -74,6 +74,7 @@ VERBS: dict[str, list[str]] = {
     "manyfiles pull": ["manyfiles", "pull", "{S3}", "{T}"],
     "s3push": ["s3push", "{T}", "{S3}"],
     "manyfiles push": ["manyfiles", "push", "{T}", "{S3}"],
+    "manyfiles check": ["manyfiles", "check", "{T}", "{S3}"],
     "cache warm": ["manyfiles", "cache", "warm", "--dir", "{T}", "{S3}"],
     "cache stats": ["manyfiles", "cache", "stats", "--dir", "{T}"],
     "cache evict": ["manyfiles", "cache", "evict", "--dir", "{T}"],
@@ -84,7 +85,7 @@ VERBS: dict[str, list[str]] = {
     "info": ["manyfiles", "info"],
 }
 PROFILED = {v for v in VERBS if v not in ("cache stats", "trace summary", "trace export", "info")}
-S3_VERBS = {"s3pull", "manyfiles pull", "cache warm", "s3push", "manyfiles push"}
+S3_VERBS = {"s3pull", "manyfiles pull", "cache warm", "manyfiles check", "s3push", "manyfiles push"}
 NO_PATH = "takes no path"
 
 NOT_APPLICABLE: dict[tuple[str, str], str] = {

@@ -1,8 +1,8 @@
 """The ``manyfiles`` command: a click group whose subcommands load lazily.
 
 Each verb lives in its own module (``ls``, ``shard``, ``s3pull``, ``rm``, ``trace``, ``info``,
-``cache``); all but ``info`` and ``cache`` are also installed as standalone scripts (``fastls``,
-``shard``, ...).  The
+``cache``, ``check``); all but ``info``, ``cache`` and ``check`` are also installed as standalone
+scripts (``fastls``, ``shard``, ...).  The
 CLI only parses, calls the library and renders; exit codes (``_common.exit_code``, the table in
 docs/cli.md): 0 ok, 1 runtime failure, 2 usage error, 130 interrupted.
 """
@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "rm": "rm",
     "trace": "trace",
     "cache": "cache",
+    "check": "check",
 }
 
 

@@ -280,6 +280,37 @@ def timeout_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
+def aws_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The S3 connection options of the verbs that talk to a bucket (s3pull, check), passed as
+    ``aws_profile``, ``region``, ``endpoint_url``, ``path_style`` and ``no_sign_request``."""
+    return _shared(
+        click.option("--aws-profile", default=None, metavar="NAME",
+                     help="AWS credentials profile (as AWS_PROFILE)."),
+        click.option("--region", default=None, help="AWS region (default: from the profile/environment)."),
+        click.option("--endpoint-url", default=None, metavar="URL",
+                     help="Custom S3 endpoint (default: $AWS_ENDPOINT_URL); implies path-style addressing."),
+        click.option("--path-style/--virtual-style", "path_style", default=None,
+                     help="Force the addressing style (default: path-style iff a custom endpoint is set)."),
+        click.option("--no-sign-request", is_flag=True, help="Anonymous requests (public buckets)."),
+    )(fn)
+
+
+def s3_connection(*, aws_profile: str | None, region: str | None, endpoint_url: str | None,
+                  path_style: bool | None, no_sign_request: bool, connect_timeout: float, read_timeout: float,
+                  stall_timeout: float, retries: int) -> tuple[Any, Any]:
+    """``(ClientSettings, RetryPolicy)`` of an S3 verb's options (:func:`aws_options`,
+    :func:`timeout_options`, ``--retries``; the backoff base from ``MANYFILES_RETRY_BASE``)."""
+    from manyfiles.s3 import ClientSettings, RetryPolicy
+
+    settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,
+                              no_sign=no_sign_request, path_style=path_style, connect_timeout=connect_timeout,
+                              read_timeout=read_timeout)
+    base = retry_base()
+    retry = RetryPolicy(attempts=retries + 1, base=RetryPolicy.base if base is None else base,
+                        stall_timeout=stall_timeout)
+    return settings, retry
+
+
 #: a documented setting (docs/cli.md): the base of s3pull's and the cache's S3 retry backoff
 ENV_RETRY_BASE = "MANYFILES_RETRY_BASE"
 

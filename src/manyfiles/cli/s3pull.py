@@ -17,6 +17,7 @@ import click
 from manyfiles.cli._common import (
     Directory,
     Size,
+    aws_options,
     cluster_option,
     deprecated_alias,
     dry_run_option,
@@ -30,12 +31,13 @@ from manyfiles.cli._common import (
     progress_option,
     quiet_option,
     resolve_progress,
-    retry_base,
     run_main,
+    s3_connection,
     timeout_options,
     version_option,
 )
-from manyfiles.errors import EXIT_FAILED, FailureLines
+from manyfiles.errors import EXIT_FAILED, FailureLines, shown
+from manyfiles.mirror.options import BY, MAX_DELETE
 from manyfiles.s3.routing import CANDIDATES, STRATEGIES
 
 EPILOG = """\b
@@ -113,24 +115,31 @@ class _PullOrVerify(click.Command):
 @click.option("--cache", "cache_dir", type=Directory(), default=None,
               help="Read through this manyfiles cache: objects it holds at the listed ETag are copied "
                    "from it (and checked), the others fill it (see docs/cache.md).")
+@click.option("--sync", is_flag=True,
+              help="Mirror SOURCE (a folder, ending in '/'): fetch only objects missing or differing in DEST "
+                   "(by --compare); files s3pull installed and left unchanged are kept unhashed.")
+@click.option("--compare", "compare_by", type=click.Choice(BY), default="checksum", show_default=True,
+              help="With --sync: how a file of the same size is found the same (checksum: its bytes against "
+                   "the object's MD5 ETag or checksum; size-mtime: not older than the object; size).")
+@click.option("--delete", is_flag=True,
+              help="With --sync: remove files under DEST that no object has (after every object was fetched; "
+                   "-n lists them; never outside DEST, never through a symlink).")
+@click.option("--max-delete", type=click.IntRange(-1), default=MAX_DELETE, show_default=True,
+              metavar="N",
+              help="With --delete: refuse the whole run if it would delete more than N files (-1: no limit).")
 @dry_run_option("List and plan only: print each object's engine; nothing is written.")
 @json_option("Print one JSON event a line on stdout, then the summary.")
 @quiet_option("No progress bar, no summary (errors still go to stderr).")
 @progress_option
-@click.option("--aws-profile", default=None, metavar="NAME", help="AWS credentials profile (as AWS_PROFILE).")
-@click.option("--region", default=None, help="AWS region (default: from the profile/environment).")
-@click.option("--endpoint-url", default=None, metavar="URL",
-              help="Custom S3 endpoint (default: $AWS_ENDPOINT_URL); implies path-style addressing.")
-@click.option("--path-style/--virtual-style", "path_style", default=None,
-              help="Force the addressing style (default: path-style iff a custom endpoint is set).")
-@click.option("--no-sign-request", is_flag=True, help="Anonymous requests (public buckets).")
+@aws_options
 @timeout_options
 @cluster_option
 @instrumented
 def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
             include: tuple[str, ...], exclude: tuple[str, ...], files_from: str | None, layout: str,
             part_size: int, retries: int, no_checksum: bool, etag_only: bool, verify_existing: bool,
-            fsync: bool, cache_dir: str | None, dry_run: bool,
+            fsync: bool, cache_dir: str | None, sync: bool, compare_by: str, delete: bool, max_delete: int,
+            dry_run: bool,
             as_json: bool, quiet: bool, progress: bool | None, aws_profile: str | None, region: str | None,
             endpoint_url: str | None,
             path_style: bool | None, no_sign_request: bool, connect_timeout: float, read_timeout: float,
@@ -144,17 +153,20 @@ def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
     there and resumes large objects part by part; failed objects are listed in
     DEST/.s3pull/failures.tsv and make the exit code 1.
     """
-    from manyfiles.s3 import ClientSettings, RetryPolicy, pull
+    from manyfiles.s3 import pull
 
     if no_checksum and etag_only:
         raise click.UsageError("--no-checksum and --etag-only exclude each other: --no-checksum checks "
                                "no content, --etag-only checks it against the ETag")
-    settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,
-                              no_sign=no_sign_request, path_style=path_style, connect_timeout=connect_timeout,
-                              read_timeout=read_timeout)
-    base = retry_base()
-    retry = RetryPolicy(attempts=retries + 1, base=RetryPolicy.base if base is None else base,
-                        stall_timeout=stall_timeout)
+    if not sync and (delete or compare_by != "checksum"):
+        raise click.UsageError(f"{'--delete' if delete else '--compare'} needs --sync")
+    if sync and (cluster or files_from or layout != "folder"):
+        raise click.UsageError("--sync mirrors a folder on this machine: not with --cluster, --files-from "
+                               "or --layout sharded")
+    settings, retry = s3_connection(aws_profile=aws_profile, region=region, endpoint_url=endpoint_url,
+                                    path_style=path_style, no_sign_request=no_sign_request,
+                                    connect_timeout=connect_timeout, read_timeout=read_timeout,
+                                    stall_timeout=stall_timeout, retries=retries)
     view = _View(prog_name(), as_json=as_json, dry_run=dry_run, quiet=quiet, progress=progress)
     with contextlib.ExitStack() as stack:
         cache = None
@@ -162,12 +174,20 @@ def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
             from manyfiles.cache import Cache
 
             cache = stack.enter_context(Cache(cache_dir, settings=settings.resolved()))
-        on_cluster = {"cluster": cluster} if cluster else {}
-        report = pull(source, dest, strategy=strategy, concurrency=jobs, processes=processes,
-                      include=include, exclude=exclude, manifest=files_from, layout=layout, dry_run=dry_run,
-                      settings=settings, on_event=None if cluster else view.on_event, progress=view.progress,
-                      retry=retry, part_size=part_size, verify=not no_checksum, checksum_mode=not etag_only,
-                      verify_existing=verify_existing, fsync=fsync, cache=cache, **on_cluster)
+        options = dict(strategy=strategy, concurrency=jobs, processes=processes, include=include,
+                       exclude=exclude, layout=layout, dry_run=dry_run, settings=settings,
+                       on_event=None if cluster else view.on_event, progress=view.progress, retry=retry,
+                       part_size=part_size, verify=not no_checksum, checksum_mode=not etag_only,
+                       verify_existing=verify_existing, fsync=fsync, cache=cache)
+        if sync:
+            from manyfiles.mirror import pull_sync
+
+            report = pull_sync(source, dest, compare_by=compare_by, delete=delete,
+                               max_delete=None if max_delete < 0 else max_delete, **options)
+        else:
+            report = pull(source, dest, manifest=files_from, **options,
+                          **({"cluster": cluster} if cluster else {}))
+    view.deletions(report)
     if report.ok and getattr(report, "listed", None) == 0 and files_from is None:
         # like s5cmd's "no object found": an empty prefix is S3's missing path (exit 1), not a success
         if as_json:
@@ -260,6 +280,14 @@ class _View:
                 self._out.write(f"{how}\t{size}\t{ev.key}\n")
             elif kind == "skip":
                 self._out.write(f"skip\t{ev.size}\t{ev.key}\t({ev.value})\n")
+
+    def deletions(self, report) -> None:
+        """A sync's deleted files (a dry run's: would delete): a JSON record or a plan line each."""
+        for path in getattr(report, "deletions", ()):
+            if self.as_json:
+                self._json({"event": "delete", "path": path, "dry_run": self.dry_run})
+            elif self.dry_run:
+                self._out.write(f"delete\t\t{shown(path)}\n")
 
     def summary(self, report) -> None:
         if self.as_json:

@@ -74,7 +74,7 @@ def pull(source: str | None = None, dest: str | os.PathLike | None = None, *, st
          manifest: str | None = None, layout: str = "folder", dry_run: bool = False,
          settings: ClientSettings | None = None, plan: PullPlan | None = None, progress: ProgressArg = False,
          on_event: Callable[[Event], None] | None = None, page_size: int = 1000, cluster: object = None,
-         **config: Any) -> PullReport:
+         objects: Iterable[ObjectInfo] | None = None, **config: Any) -> PullReport:
     """Download every object under ``source`` (``s3://bucket/prefix``, wildcards allowed) into ``dest``.
 
     Returns a :class:`PullReport`; per-object failures are collected there (and in
@@ -85,6 +85,8 @@ def pull(source: str | None = None, dest: str | os.PathLike | None = None, *, st
     a :class:`~manyfiles._core.progress.Snapshot` (objects done/total, bytes).  ``on_event``
     receives every :class:`Event` in the calling thread.  Extra keyword arguments go to
     :class:`PullConfig` (``verify``, ``verify_existing``, ``fsync``, ``part_size``, ``retry``...).
+    ``objects``: fetch these listed objects (``ObjectInfo(key, size, etag)`` under ``source``)
+    instead of listing ``source`` (what a sync decided: :func:`manyfiles.mirror.pull_sync`).
     ``cluster`` (``"local:N"``, ``"tcp://HOST:8786"``, a ``distributed.Client``): listing and
     downloads run on Dask workers into the shared ``dest`` (:func:`pull_on_cluster`); the
     result is then a ``ClusterReport`` whose ``result`` is this report merged over every slice.
@@ -96,6 +98,8 @@ def pull(source: str | None = None, dest: str | os.PathLike | None = None, *, st
         (120000, [])
     """
     _check_call(progress, on_event)
+    if objects is not None and (plan is not None or manifest is not None or cluster is not None):
+        raise UsageError("objects=: not with plan=, a manifest or a cluster (each says what to fetch)")
     if cluster is not None:     # key ranges and slices on Dask workers: see pull_on_cluster
         if plan is not None:
             raise UsageError("plan=: not with a cluster (a cluster lists on its workers)")
@@ -112,7 +116,7 @@ def pull(source: str | None = None, dest: str | os.PathLike | None = None, *, st
             raise UsageError(f"the plan is for {plan.dest}, not {os.fspath(dest)}")
         url, settings, cfg, dest = parse_url(plan.source), plan.settings, plan.config, plan.dest
         watch = stall_watch(cfg, settings, url)
-        objects: Iterable[ObjectInfo] = [ObjectInfo(j.key, j.size, j.etag) for j in plan.objects]
+        objects = [ObjectInfo(j.key, j.size, j.etag) for j in plan.objects]
         keep = None
         report = PullReport(failures=list(plan.failures))
     else:
@@ -124,7 +128,8 @@ def pull(source: str | None = None, dest: str | os.PathLike | None = None, *, st
         keep = make_filter(tuple(include), tuple(exclude))
         settings = (settings or ClientSettings()).resolved()
         watch = stall_watch(cfg, settings, url)
-        objects = _source(url, settings, manifest, cfg.retry, page_size, watch)
+        if objects is None:
+            objects = _source(url, settings, manifest, cfg.retry, page_size, watch)
         report = PullPlan(source=source, dest=os.path.abspath(dest), settings=settings, config=cfg) \
             if dry_run else PullReport()
     with progress_for(progress, "s3pull (dry run)" if dry_run else "s3pull", unit="objects") as p:

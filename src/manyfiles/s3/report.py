@@ -62,6 +62,8 @@ class PullReport(Report):
     budget: str = ""
     failures_file: str | None = None
     dry_run: bool = False
+    deleted: int = 0            # local files a sync removed (``--sync --delete``; dry run: would remove)
+    deletions: list[str] = field(default_factory=list, repr=False)   # their paths, relative to DEST
 
     @property
     def rate(self) -> float:
@@ -88,14 +90,17 @@ class PullReport(Report):
         if self.dry_run:
             plan = ", ".join(f"{k} {v.objects} ({format_size(v.bytes)})"
                              for k, v in sorted(self.planned.items()))
+            gone = f", would delete {self.deleted}" if self.deleted else ""
             return (f"dry run: {self.listed} listed, {self.skipped} already present, "
-                    f"would fetch: {plan or 'nothing'}; budget {self.budget}")
+                    f"would fetch: {plan or 'nothing'}{gone}; budget {self.budget}")
         secs = max(self.seconds, 1e-9)
         text = (f"{self.done} downloaded ({format_size(self.bytes)}) in {self.seconds:.2f} s, "
                 f"{format_size(self.bytes / secs)}/s, {self.done / secs:.0f} objects/s; "
                 f"{self.skipped} skipped, {len(self.failures)} failed, {self.retries} retries")
         if self.resumed_parts:
             text += f", {self.resumed_parts} parts resumed"
+        if self.deleted:
+            text += f", {self.deleted} deleted"
         if self.verified:
             text += "; verified: " + ", ".join(f"{k} {v}" for k, v in sorted(self.verified.items()))
         if self.engines:
@@ -108,6 +113,7 @@ class PullReport(Report):
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
+        out.pop("deletions", None)      # one "delete" record each on the CLI
         out["failed"] = len(self.failures)
         return out
 
