@@ -11,6 +11,7 @@ import pytest
 from s3util import blob
 
 from manyfiles._core import checkpoints
+from manyfiles.mirror import TooManyDeletions
 from manyfiles.push import abort_stale, push
 from manyfiles.s3 import RetryPolicy
 
@@ -202,3 +203,29 @@ def test_hostile_names_are_refused_one_each_and_symlinks_are_not_followed(tmp_pa
     assert bucket_contents(dest, "f/") == {"f/ok.txt": b"fine", "f/link.txt": b"secret",
                                            "f/linkdir/secret.txt": b"secret"}
     assert [f.code for f in followed.failures] == ["bad-name"]
+
+
+def test_a_sync_sends_only_what_differs_and_a_second_sends_nothing(tmp_path, dest, state):
+    src = tmp_path / "src"
+    files = {f"d/f{i}": blob(200 + i, f"y{i}") for i in range(8)}
+    files["big"] = blob(6 * MiB, "sync")
+    make_tree(src, files)
+    assert run(dest, state, [f"{src}/"], sync=True).uploaded == 9
+    dest.proxy.requests.clear()
+    again = run(dest, state, [f"{src}/"], sync=True)
+    assert again.ok and (again.uploaded, again.same) == (0, 9)
+    assert not [r for r in dest.proxy.requests if r[0] in ("PUT", "POST")]
+    # same size, other bytes; a new file; an object no file has
+    (src / "d" / "f3").write_bytes(blob(203, "other"))
+    (src / "new").write_bytes(b"new")
+    dest.put("p/extra", b"x")
+    plan = run(dest, state, [f"{src}/"], sync=True, delete=True, dry_run=True)
+    assert sorted((p["key"], p["how"]) for p in plan.planned) == [
+        ("p/d/f3", "put"), ("p/extra", "delete"), ("p/new", "put")]
+    with pytest.raises(TooManyDeletions, match="max-delete"):
+        run(dest, state, [f"{src}/"], sync=True, delete=True, max_delete=0)
+    assert "p/new" not in bucket_contents(dest)         # refused before any change
+    report = run(dest, state, [f"{src}/"], sync=True, delete=True)
+    assert report.ok and (report.uploaded, report.deleted, report.same) == (2, 1, 8)
+    assert bucket_contents(dest) == {f"p/{k}": v.read_bytes() for k, v in
+                                     ((str(p.relative_to(src)), p) for p in src.rglob("*") if p.is_file())}

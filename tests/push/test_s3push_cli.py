@@ -100,3 +100,19 @@ def test_kill_9_then_the_same_command_again_is_exact(run_cli, tmp_path, dest, st
         assert summary["resumed_parts"] >= 3
     assert contents(dest) == {f"p/{k}": v for k, v in files.items()}
     assert dest.admin.list_multipart_uploads(Bucket=dest.bucket).get("Uploads", []) == []
+
+
+def test_sync_delete_on_the_command_line_and_its_max_delete_guard(run_cli, tmp_path, dest, state):
+    tree(tmp_path / "src", {"a": b"a", "b": b"b"})
+    for key in ("p/old1", "p/old2"):
+        dest.put(key, b"o")
+    argv = [f"{tmp_path / 'src'}/", dest.url("p/"), "--sync", "--delete"]
+    refused = run_cli("s3push", *argv, "--max-delete", "1", env=env_of(dest, state))
+    assert refused.returncode == 1 and len(refused.stderr.decode().splitlines()) == 1, refused.stderr
+    assert b"--max-delete" in refused.stderr and sorted(contents(dest)) == ["p/old1", "p/old2"]
+    shown = run_cli("s3push", *argv, "-n", env=env_of(dest, state))
+    assert sorted(shown.stdout.decode().splitlines()) == ["p/a\t1\tput", "p/b\t1\tput", "p/old1\t0\tdelete",
+                                                          "p/old2\t0\tdelete"]
+    done = run_cli("s3push", *argv, env=env_of(dest, state))
+    assert done.returncode == 0, done.stderr
+    assert contents(dest) == {"p/a": b"a", "p/b": b"b"}

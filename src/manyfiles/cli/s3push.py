@@ -38,6 +38,7 @@ Examples:
   s3push ./shards s3://bucket/data/       keeps the name: data/shards/...
   s3push a.bin b.bin s3://bucket/in/ --exclude '*.tmp' -j 128
   s3push ./ckpt/ s3://bucket/ckpt/ -n     what would be sent, and how
+  s3push ./ds/ s3://bucket/ds/ --sync --delete -n    what a mirror would do
   s3push --abort-stale s3://bucket/ckpt/ --older-than 1d
 
 \b
@@ -78,6 +79,16 @@ def parse_age(text: str) -> float:
               help="Retries per request on 5xx, SlowDown, resets and refused bodies.")
 @click.option("--state-dir", type=click.Path(file_okay=False), default=None,
               help="Where the resume journal lives [default: $XDG_STATE_HOME/manyfiles/s3push].")
+@click.option("--sync", is_flag=True,
+              help="Upload only what is missing under the prefix or differs from its object "
+                   "(one folder SRC).")
+@click.option("--compare", "compare_by", type=click.Choice(["checksum", "size-mtime", "size"]),
+              default="checksum", show_default=True,
+              help="With --sync: how a file and its object are found the same.")
+@click.option("--delete", is_flag=True,
+              help="With --sync: then remove the objects under the prefix that no file has (-n shows them).")
+@click.option("--max-delete", type=click.IntRange(0), default=1000, show_default=True, metavar="N",
+              help="With --delete: refuse (before any change) to delete more than N objects.")
 @click.option("--abort-stale", "abort_stale", default=None, metavar="s3://BUCKET/PREFIX",
               help="Instead of uploading: abort the multipart uploads under this prefix older than "
                    "--older-than.")
@@ -97,7 +108,8 @@ def parse_age(text: str) -> float:
 @instrumented
 def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude: tuple[str, ...],
             part_size: int, multipart_threshold: int, checksum: str, follow_symlinks: bool, retries: int,
-            state_dir: str | None, abort_stale: str | None, older_than: str, dry_run: bool, as_json: bool,
+            state_dir: str | None, sync: bool, compare_by: str, delete: bool, max_delete: int,
+            abort_stale: str | None, older_than: str, dry_run: bool, as_json: bool,
             quiet: bool, progress: bool | None, aws_profile: str | None, region: str | None,
             endpoint_url: str | None, path_style: bool | None, connect_timeout: float, read_timeout: float,
             stall_timeout: float) -> int:
@@ -161,14 +173,17 @@ def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude
         elif as_json:
             echo_json(rec)
         elif kind == "plan":
-            how = "put" if rec["how"] == "put" else f"multipart {rec['parts']} x {rec['part_size']}"
+            how = rec["how"]
+            if how == "multipart":
+                how = f"multipart {rec['parts']} x {rec['part_size']}"
             click.echo(f"{shown(rec['key'])}\t{rec['size']}\t{how}")
 
     report = push(sources, dest, jobs=jobs, include=include, exclude=exclude, dry_run=dry_run,
                   settings=settings,
                   progress=show_progress, on_event=on_event, part_size=part_size,
                   multipart_threshold=multipart_threshold, checksum=checksum, follow_symlinks=follow_symlinks,
-                  retry=retry, state_dir=state_dir)
+                  retry=retry, state_dir=state_dir, sync=sync, compare_by=compare_by, delete=delete,
+                  max_delete=max_delete)
     if as_json:
         echo_summary_json(report)
     else:

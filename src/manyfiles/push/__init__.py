@@ -29,7 +29,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from manyfiles._core.progress import ProgressArg, check_progress, progress_for
-from manyfiles.errors import UsageError, from_oserror
+from manyfiles.errors import ManyfilesError, UsageError, from_oserror, shown
+from manyfiles.mirror.options import BY, MAX_DELETE
+from manyfiles.mirror.sync import TooManyDeletions
 from manyfiles.push._execute import MiB, Pusher, abort_unneeded, route
 from manyfiles.push._journal import Journal, default_state_dir
 from manyfiles.push._list import LocalFile, Refusal, Skip, list_files
@@ -72,7 +74,8 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
          multipart_threshold: int = MULTIPART_THRESHOLD, checksum: str = "auto",
          follow_symlinks: bool = False,
          retry: RetryPolicy | None = None, reread: int = 3, memory: int = 512 * MiB,
-         state_dir: str | os.PathLike | None = None) -> PushReport:
+         state_dir: str | os.PathLike | None = None, sync: bool = False, compare_by: str = "checksum",
+         delete: bool = False, max_delete: int | None = MAX_DELETE) -> PushReport:
     """Upload every file under ``sources`` (files and folders; ``DIR/`` puts the folder's contents
     under the prefix, ``DIR`` keeps its name) to ``dest`` (``s3://bucket/prefix/``).
 
@@ -86,6 +89,11 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
     MD5), ``crc64nvme``, ``crc32c`` or ``md5`` (Content-MD5).  ``reread``: tries of a file that
     changes while read.  ``state_dir``: where the journal lives (default
     ``$XDG_STATE_HOME/manyfiles/s3push``).
+
+    ``sync=True`` (one folder as the source): only the files missing under the prefix or differing
+    from their object (``compare_by``: ``checksum``, ``size-mtime`` or ``size``; the comparison of
+    :func:`manyfiles.mirror.compare`) are uploaded; with ``delete`` the objects no file has are then
+    removed (not after a run with failures), refused up front beyond ``max_delete`` (None: no limit).
     """
     check_progress(progress)
     if isinstance(sources, (str, os.PathLike)):
@@ -103,6 +111,10 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
         raise UsageError("part_size must be at most 5 GiB (S3's limit)")
     bucket, prefix = _dest(dest)
     alg = _algorithm(checksum)
+    if delete and not sync:
+        raise UsageError("delete removes what the source does not have: it needs sync")
+    if sync:
+        _check_sync(sources, compare_by, max_delete)
     keep = make_filter(tuple(include), tuple(exclude))
     report = PushReport(dest=f"s3://{bucket}/{prefix}", dry_run=dry_run, checksum=alg)
     t0 = time.monotonic()
@@ -121,10 +133,18 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
             on_event(rec)
 
     listing = list_files(sources, prefix, keep=keep, follow_symlinks=follow_symlinks)
+    wanted: set[str] | None = None      # --sync: the keys to upload
+    deletions: list[str] = []
+    if sync:
+        settings = (settings or ClientSettings()).resolved()
+        wanted, deletions = _sync_plan(sources[0], store_for(settings, bucket, retry=retry or RetryPolicy()),
+                                       prefix, compare_by, include, exclude, delete, max_delete, report)
     with progress_for(progress, "s3push (dry run)" if dry_run else "s3push", unit="files") as shown:
         if dry_run:
             for item in listing:
                 if _refused(item, report, emit, shown):
+                    continue
+                if wanted is not None and item.key not in wanted:
                     continue
                 how = route(item.size, multipart_threshold, part_size)
                 rec = {"key": item.key, "path": os.fsdecode(item.path), "size": item.size, "how": how.how,
@@ -132,6 +152,10 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
                 report.listed += 1
                 report.planned.append(rec)
                 emit({"event": "plan", **rec})
+                drain()
+            for key in deletions:
+                report.planned.append({"key": key, "how": "delete", "size": 0})
+                emit({"event": "plan", "key": key, "how": "delete", "size": 0})
                 drain()
             report.seconds = time.monotonic() - t0
             return report
@@ -171,6 +195,8 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
             for item in listing:
                 if _refused(item, report, emit, shown, lock):
                     continue
+                if wanted is not None and item.key not in wanted:
+                    continue        # the same as its object (counted in report.same)
                 with lock:
                     report.listed += 1
                 if journal is None:
@@ -201,8 +227,52 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
                 raise pusher.stop
             report.aborted = abort_unneeded(store, journal, pusher.touched)
             journal.finish(complete=report.ok)
+        if deletions and report.ok:       # (after failures nothing is deleted: rclone's rule too)
+            failed = store.delete_objects(deletions)
+            report.deleted = len(deletions) - len(failed)
+            for f in failed:
+                report.add_failure(f.key, f"not deleted: {f.message or f.code}", f.code)
+            for key in sorted(set(deletions) - {f.key for f in failed}):
+                emit({"event": "deleted", "key": key})
+            drain()
+        elif deletions:
+            report.add_failure(report.dest, f"{len(deletions):,} objects with no file were not deleted: "
+                               "some uploads failed", "not-deleted")
     report.seconds = time.monotonic() - t0
     return report
+
+
+def _check_sync(sources: list[str], compare_by: str, max_delete: int | None) -> None:
+    if len(sources) != 1 or not os.path.isdir(sources[0]):
+        raise UsageError("sync mirrors one folder: give exactly one SRC, a folder")
+    if compare_by not in BY:
+        raise UsageError(f"compare_by must be one of {', '.join(BY)}, not {compare_by!r}")
+    if max_delete is not None and (isinstance(max_delete, bool) or not isinstance(max_delete, int)
+                                   or max_delete < 0):
+        raise UsageError(f"max_delete must be an integer >= 0 or None, not {max_delete!r}")
+
+
+def _sync_plan(source: str, store: Any, prefix: str, compare_by: str, include: Iterable[str],
+               exclude: Iterable[str], delete: bool, max_delete: int | None,
+               report: PushReport) -> tuple[set[str], list[str]]:
+    """The keys a sync uploads (missing or differing) and, with ``delete``, the keys it removes."""
+    from manyfiles.mirror import compare
+
+    root = os.fspath(source)
+    below = prefix if root.endswith("/") else prefix + os.path.basename(root.rstrip("/")) + "/"
+    c = compare(root, store, below, by=compare_by, source="local", include=include, exclude=exclude)
+    report.same = len(c.same)
+    deletions = sorted(e.key for e in c.missing_local) if delete else []
+    if deletions and c.local_files == 0:
+        raise ManyfilesError(f"{shown(root)}: no file; nothing deleted (an empty folder never empties "
+                             f"{report.dest})")
+    if max_delete is not None and len(deletions) > max_delete:
+        raise TooManyDeletions(f"{report.dest}: the sync would delete {len(deletions):,} objects, more than "
+                               f"--max-delete {max_delete:,}; nothing was uploaded or deleted (raise "
+                               "--max-delete, or check SRC)")
+    for f in c.failures:
+        report.failures.append(f)
+    return {below + e.path for e in [*c.missing_remote, *c.differing]}, deletions
 
 
 def _journal(state_dir: str | os.PathLike | None, where: str) -> Journal:

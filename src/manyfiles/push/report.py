@@ -26,6 +26,8 @@ class PushReport(Report):
     resumed_parts: int = 0
     skipped: int = 0
     aborted: int = 0
+    same: int = 0
+    deleted: int = 0
     retried: int = 0
     checksum: str = ""
     dry_run: bool = False
@@ -33,8 +35,12 @@ class PushReport(Report):
 
     def summary(self) -> str:
         if self.dry_run:
-            total = sum(p["size"] for p in self.planned)
-            return (f"would upload {len(self.planned):,} files ({human_bytes(total)}) to {self.dest}"
+            uploads = [p for p in self.planned if p["how"] != "delete"]
+            total = sum(p["size"] for p in uploads)
+            gone = len(self.planned) - len(uploads)
+            return (f"would upload {len(uploads):,} files ({human_bytes(total)}) to {self.dest}"
+                    + (f", {self.same:,} already there" if self.same else "")
+                    + (f", delete {gone:,} objects" if gone else "")
                     + (f", {self.skipped:,} skipped" if self.skipped else ""))
         rate = self.bytes / self.seconds if self.seconds > 0 else 0.0
         out = (f"uploaded {self.uploaded:,} of {self.listed:,} files ({human_bytes(self.bytes)}) "
@@ -44,6 +50,8 @@ class PushReport(Report):
         extra = [f"{self.resumed_parts:,} parts resumed" if self.resumed_parts else "",
                  f"{self.skipped:,} skipped" if self.skipped else "",
                  f"{self.aborted:,} stale uploads aborted" if self.aborted else "",
+                 f"{self.same:,} already there" if self.same else "",
+                 f"{self.deleted:,} deleted" if self.deleted else "",
                  f"{self.retried:,} re-read" if self.retried else ""]
         return out + "".join(f", {e}" for e in extra if e)
 
