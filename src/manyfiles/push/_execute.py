@@ -20,6 +20,7 @@ import os
 import re
 import stat as _stat
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -123,7 +124,7 @@ class Pusher:
         # multipart uploads open at once (each holds an fd and a server-side upload): taken by the
         # producer before it queues a large file, given back with the file's outcome
         self._uploads = threading.Semaphore(max(4, jobs // 4))
-        self._holding: set[bytes] = set()
+        self._holding: Counter[tuple[bytes, str]] = Counter()
         self._holding_lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="s3push")
         self.stop: BaseException | None = None    # the error that stops the run
@@ -164,7 +165,7 @@ class Pusher:
             if not self._acquire(self._uploads):
                 return
             with self._holding_lock:
-                self._holding.add(file.path)
+                self._holding[file.path, file.key] += 1
         if not self._acquire(self._inflight):
             return
         self._submit(self._file, file, 0, bounded=True)
@@ -179,18 +180,21 @@ class Pusher:
         """Report an outcome; a file's last one gives back its multipart slot."""
         if kind in ("done", "failed"):
             with self._holding_lock:
-                held = file.path in self._holding
-                self._holding.discard(file.path)
+                held = self._holding[file.path, file.key] > 0
+                if held:
+                    self._holding[file.path, file.key] -= 1
             if held:
                 self._uploads.release()
         self._record(kind, file, **info)
 
     def wait(self, tick: Callable[[], None] = lambda: None) -> None:
         """Until every queued file and part is finished (``tick`` about every 0.2 s)."""
-        with self._idle:
-            while self._pending:
+        while True:
+            with self._idle:
+                if not self._pending:
+                    break
                 self._idle.wait(0.2)
-                tick()
+            tick()          # (outside the lock: the workers finishing need it)
         self.pool.shutdown(wait=True)
 
     # -- one file ---------------------------------------------------------------------------------
@@ -257,6 +261,11 @@ class Pusher:
     # -- one PUT ----------------------------------------------------------------------------------
     def _put(self, file: LocalFile) -> None:
         fd, st = self._open(file)
+        if st.st_size > self.threshold:     # grew past the threshold since it was listed
+            os.close(fd)
+            grown = file._replace(size=st.st_size)
+            self._multipart(grown, route(st.st_size, self.threshold, self.part_size), 0)
+            return
         try:
             with self.budget.hold(st.st_size):
                 data = _read(fd, 0, st.st_size)
