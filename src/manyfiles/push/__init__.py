@@ -31,7 +31,6 @@ from typing import Any
 from manyfiles._core.progress import ProgressArg, check_progress, progress_for
 from manyfiles.errors import ManyfilesError, UsageError, from_oserror, shown
 from manyfiles.mirror.options import BY, MAX_DELETE
-from manyfiles.mirror.sync import TooManyDeletions
 from manyfiles.push._execute import MiB, Pusher, abort_unneeded, route
 from manyfiles.push._journal import Journal, default_state_dir
 from manyfiles.push._list import LocalFile, Refusal, Skip, list_files
@@ -256,7 +255,7 @@ def _sync_plan(source: str, store: Any, prefix: str, compare_by: str, include: I
                exclude: Iterable[str], delete: bool, max_delete: int | None,
                report: PushReport) -> tuple[set[str], list[str]]:
     """The keys a sync uploads (missing or differing) and, with ``delete``, the keys it removes."""
-    from manyfiles.mirror import compare
+    from manyfiles.mirror import TooManyDeletions, compare  # (only a sync loads the comparison)
 
     root = os.fspath(source)
     below = prefix if root.endswith("/") else prefix + os.path.basename(root.rstrip("/")) + "/"
