@@ -14,6 +14,7 @@ import click
 
 from manyfiles.cli._common import (
     Size,
+    aws_options,
     dry_run_option,
     echo_json,
     echo_summary_json,
@@ -25,8 +26,8 @@ from manyfiles.cli._common import (
     progress_option,
     quiet_option,
     resolve_progress,
-    retry_base,
     run_main,
+    s3_connection,
     timeout_options,
     version_option,
 )
@@ -98,12 +99,7 @@ def parse_age(text: str) -> float:
 @json_option("Print one JSON event a line on stdout, then the summary.")
 @quiet_option()
 @progress_option
-@click.option("--aws-profile", default=None, metavar="NAME", help="AWS credentials profile (as AWS_PROFILE).")
-@click.option("--region", default=None, help="AWS region (default: from the profile/environment).")
-@click.option("--endpoint-url", default=None, metavar="URL",
-              help="Custom S3 endpoint (default: $AWS_ENDPOINT_URL); implies path-style addressing.")
-@click.option("--path-style/--virtual-style", "path_style", default=None,
-              help="Force the addressing style (default: path-style iff a custom endpoint is set).")
+@aws_options
 @timeout_options
 @instrumented
 def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude: tuple[str, ...],
@@ -111,8 +107,8 @@ def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude
             state_dir: str | None, sync: bool, compare_by: str, delete: bool, max_delete: int,
             abort_stale: str | None, older_than: str, dry_run: bool, as_json: bool,
             quiet: bool, progress: bool | None, aws_profile: str | None, region: str | None,
-            endpoint_url: str | None, path_style: bool | None, connect_timeout: float, read_timeout: float,
-            stall_timeout: float) -> int:
+            endpoint_url: str | None, path_style: bool | None, no_sign_request: bool, connect_timeout: float,
+            read_timeout: float, stall_timeout: float) -> int:
     """Upload files and folders (SRC...) to DEST (s3://bucket/prefix/).
 
     SRC/ puts the folder's contents under the prefix, SRC keeps its name.  Files up to
@@ -124,15 +120,12 @@ def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude
     """
     from manyfiles.push import abort_stale as abort_uploads
     from manyfiles.push import push
-    from manyfiles.s3 import ClientSettings, RetryPolicy
 
     prog = prog_name()
-    settings = ClientSettings(profile=aws_profile, region=region, endpoint_url=endpoint_url,
-                              path_style=path_style, connect_timeout=connect_timeout,
-                              read_timeout=read_timeout)
-    base = retry_base()
-    retry = RetryPolicy(attempts=retries + 1, base=RetryPolicy.base if base is None else base,
-                        stall_timeout=stall_timeout)
+    settings, retry = s3_connection(aws_profile=aws_profile, region=region, endpoint_url=endpoint_url,
+                                    path_style=path_style, no_sign_request=no_sign_request,
+                                    connect_timeout=connect_timeout, read_timeout=read_timeout,
+                                    stall_timeout=stall_timeout, retries=retries)
     lines = FailureLines(prog)
     if abort_stale is not None:
         if paths:
