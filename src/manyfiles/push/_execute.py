@@ -501,6 +501,9 @@ class _Upload:
                 wrong = "the object's ETag is not the multipart MD5 of the parts sent"
         if etag and "-" in etag and not etag.endswith(f"-{n}"):
             wrong = f"the object has {etag.rpartition('-')[2]} parts, not {n}"
+        elif result is None and not (etag or "").endswith(f"-{n}") and not (whole and whole[0] in said):
+            # Complete said NoSuchUpload and nothing proves the object under the key is this upload's
+            raise IntegrityError("the upload is gone and the object under the key is not its result")
         if wrong is not None:
             with contextlib.suppress(TransferError):
                 store.delete(key)
