@@ -314,8 +314,8 @@ LAYERS = {
     "manyfiles.scale": ("scale", "scale"),
     "manyfiles.fastls": ("tool", "listing"),        # public alias of manyfiles.listing.fastls
     "manyfiles.table": ("tool", "listing"),         # public alias of manyfiles.listing.table
-    **{f"manyfiles.{tool}": ("tool", tool) for tool in ("listing", "shard", "remove", "s3", "mirror", "cache",
-                                                                 "ml")},
+    **{f"manyfiles.{tool}": ("tool", tool)
+       for tool in ("listing", "shard", "remove", "s3", "mirror", "push", "cache", "ml")},
 }
 # the tools each tool may import besides itself (the order of docs/architecture.md)
 TOOLS_MAY_USE = {
@@ -324,6 +324,7 @@ TOOLS_MAY_USE = {
     "remove": ("listing",),
     "s3": ("shard",),
     "mirror": ("listing", "s3", "shard"),
+    "push": ("listing", "mirror", "s3"),
     "cache": ("listing", "s3", "shard"),
     "ml": ("cache", "listing", "s3"),
 }

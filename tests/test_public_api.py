@@ -41,6 +41,7 @@ MODULES = (
     "manyfiles.ml",
     "manyfiles.mirror",
     "manyfiles.profiling",
+    "manyfiles.push",
     "manyfiles.remove",
     "manyfiles.s3",
     "manyfiles.scale",

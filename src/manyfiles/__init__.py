@@ -59,7 +59,8 @@ _EXPORTS: dict[str, str] = {
 }
 
 # subpackages reachable as attributes (``mf.s3.pull(...)``) without importing them first
-_SUBMODULES = ("cache", "errors", "listing", "mirror", "ml", "remove", "s3", "shard", "table", "trace")
+_SUBMODULES = ("cache", "errors", "listing", "mirror", "ml", "push", "remove", "s3", "shard", "table",
+               "trace")
 
 __all__ = [*sorted(_EXPORTS), *_SUBMODULES, "__version__"]
 

@@ -35,6 +35,7 @@ SHARED = {
     ("shard", "status"): {JSON, PROFILE},
     ("pull",): {JOBS, DRY, FILTER, "--exclude", JSON, QUIET, PROGRESS, FILES, PROFILE, "--no-checksum"},
     ("pull", "verify"): {JOBS, JSON, QUIET, PROGRESS, PROFILE},
+    ("push",): {JOBS, DRY, FILTER, "--exclude", JSON, QUIET, PROGRESS, PROFILE, "--abort-stale"},
     ("check",): {JOBS, FILTER, "--exclude", JSON, QUIET, PROGRESS, PROFILE},
     ("cache", "warm"): {JOBS, JSON, QUIET, PROGRESS, FILES, PROFILE},
     ("cache", "stats"): {JSON},
@@ -282,7 +283,7 @@ def test_fastls_auto_progress_rule_keeps_the_terminal_listing_clean() -> None:
 # -- issue 17: --version everywhere, help text as printed --------------------------------------------
 
 
-@pytest.mark.parametrize("script", ["fastls", "shard", "s3pull", "fastrm", "manyfiles"])
+@pytest.mark.parametrize("script", ["fastls", "shard", "s3pull", "s3push", "fastrm", "manyfiles"])
 def test_every_entry_point_has_version(run_cli, script: str) -> None:
     from manyfiles import __version__
 
@@ -294,7 +295,7 @@ def _commands():
     """(entry point, its click command, the words to the command) for every command and group."""
     import click
 
-    from manyfiles.cli import ls, rm, s3pull, shard
+    from manyfiles.cli import ls, rm, s3pull, s3push, shard
 
     def walk(root: str, top: click.Command, cmd: click.Command, words: list[str]):
         yield root, top, words
@@ -304,7 +305,7 @@ def _commands():
                 yield from walk(root, top, cmd.get_command(ctx, name), [*words, name])
 
     for root, top in (("manyfiles", group), ("fastls", ls.command), ("shard", shard.command),
-                      ("s3pull", s3pull.command), ("fastrm", rm.command)):
+                      ("s3pull", s3pull.command), ("s3push", s3push.command), ("fastrm", rm.command)):
         yield from walk(root, top, top, [])
     yield "s3pull", s3pull.command, ["verify"]
 

@@ -72,6 +72,8 @@ VERBS: dict[str, list[str]] = {
     "manyfiles rm": ["manyfiles", "rm", "{T}"],
     "manyfiles shard verify": ["manyfiles", "shard", "verify", "{T}"],
     "manyfiles pull": ["manyfiles", "pull", "{S3}", "{T}"],
+    "s3push": ["s3push", "{T}", "{S3}"],
+    "manyfiles push": ["manyfiles", "push", "{T}", "{S3}"],
     "manyfiles check": ["manyfiles", "check", "{T}", "{S3}"],
     "cache warm": ["manyfiles", "cache", "warm", "--dir", "{T}", "{S3}"],
     "cache stats": ["manyfiles", "cache", "stats", "--dir", "{T}"],
@@ -83,7 +85,7 @@ VERBS: dict[str, list[str]] = {
     "info": ["manyfiles", "info"],
 }
 PROFILED = {v for v in VERBS if v not in ("cache stats", "trace summary", "trace export", "info")}
-S3_VERBS = {"s3pull", "manyfiles pull", "cache warm", "manyfiles check"}
+S3_VERBS = {"s3pull", "manyfiles pull", "cache warm", "manyfiles check", "s3push", "manyfiles push"}
 NO_PATH = "takes no path"
 
 NOT_APPLICABLE: dict[tuple[str, str], str] = {
@@ -92,6 +94,10 @@ NOT_APPLICABLE: dict[tuple[str, str], str] = {
     **{(v, c): NO_PATH for v in ("info",) for c in ("wrong-kind", "missing", "no-permission")},
     ("s3pull", "missing"): "a DEST that does not exist is created (a SOURCE naming nothing: nothing-matched)",
     ("manyfiles pull", "missing"): "as s3pull",
+    **{(v, "wrong-kind"): "a SRC may be a file or a folder (a file is uploaded)"
+       for v in ("s3push", "manyfiles push")},
+    **{(v, "nothing-matched"): "DEST is a prefix written to, not matched"
+       for v in ("s3push", "manyfiles push")},
     ("cache warm", "missing"): "warm makes the cache a new --dir names (the other cache verbs: exit 1, "
                                "nothing created)",
     **{(v, "aws-profile"): "uses no S3 (an AWS profile, even from AWS_PROFILE, is not read)"

@@ -211,6 +211,23 @@ def _body_refusal(method: str, path: str, headers, body: bytes) -> Refusal | Non
                     return 400, "BadDigest", {}, b""
     return None
 
+def _lie(value: str) -> str:
+    """Another value of the same form: an ETag's hex digits or a base64 checksum changed."""
+    quoted = value.startswith('"')
+    core = value.strip('"')
+    head, dash, tail = core.partition("-")
+    if re.fullmatch(r"[0-9a-f]{32}", head):
+        head = hashlib.md5(b"lie:" + head.encode()).hexdigest()
+    else:
+        import base64
+
+        raw = bytearray(base64.b64decode(head))
+        raw[0] ^= 0x01
+        head = base64.b64encode(bytes(raw)).decode()
+    out = head + dash + tail
+    return f'"{out}"' if quoted else out
+
+
 # What each fault kind does to one request (the proxy stays a real HTTP/1.1 server in front of moto).
 CONTENT_FAULTS = ("flip", "wrong-range", "wrong-range-honest", "other-body")
 TRANSPORT_FAULTS = ("503", "reset", "truncate", "ignore-range")
@@ -278,6 +295,7 @@ class FaultProxy:
 
         self.upstream = urlsplit(upstream)
         self.faults: list[tuple] = []
+        self.request_faults: list[tuple] = []    # see _take_request_fault
         self.random_faults: tuple | None = None
         self.rng = random.Random(seed)
         self.decoy_path: str | None = None
@@ -308,6 +326,14 @@ class FaultProxy:
                 if proxy.down is not None:
                     self._outage()
                     return
+                lie = None
+                request_fault = proxy._take_request_fault(self.command, self.path, self.headers)
+                if request_fault == "flip-request" and body:
+                    # the wire changed one byte of what the client sent (the body check must catch it)
+                    i = proxy.rng.randrange(len(body))
+                    body = body[:i] + bytes([body[i] ^ 0x01]) + body[i + 1:]
+                elif request_fault in ("lie-etag", "lie-checksum"):
+                    lie = request_fault
                 refusal = proxy._refusal(self.command, self.path, self.headers) \
                     or _body_refusal(self.command, self.path, self.headers, body or b"")
                 if refusal is not None:
@@ -391,6 +417,9 @@ class FaultProxy:
                         v = proxy._as_s3(v, resp_headers)
                     if lk == "etag" and fault == "head-etag" and self.command == "HEAD":
                         v = '"' + hashlib.md5(b"lie:" + v.encode()).hexdigest() + '"'
+                    a_checksum = lk.startswith("x-amz-checksum-") and lk != "x-amz-checksum-type"
+                    if (lk == "etag" and lie == "lie-etag") or (a_checksum and lie == "lie-checksum"):
+                        v = _lie(v)
                     self.send_header(k, v)
                 an_object = self.command in ("GET", "HEAD") and "list-type" not in self.path
                 if proxy.sse_kms == "sse-c" and an_object:
@@ -399,6 +428,12 @@ class FaultProxy:
                 elif proxy.sse_kms and an_object:
                     self.send_header("x-amz-server-side-encryption", "aws:kms")
                     self.send_header("x-amz-server-side-encryption-aws-kms-key-id", "arn:aws:kms:test")
+                if lie is not None and data:
+                    tag = b"ETag" if lie == "lie-etag" else b"Checksum[A-Z0-9]+"
+                    data = re.sub(rb"<(" + tag + rb")>([^<]*)</",
+                                  lambda m: (b"<" + m.group(1) + b">" + _lie(m.group(2).decode()).encode()
+                                             + b"</"),
+                                  data)
                 if proxy.sse_kms and b"<ETag>" in data:
                     data = re.sub(rb"<ETag>([^<]*)</ETag>",
                                   lambda m: b"<ETag>" + proxy._fake_etag(m.group(1).decode()).encode()
@@ -620,6 +655,18 @@ class FaultProxy:
             out += [(f"x-amz-checksum-{alg}", base64.b64encode(digest).decode()),
                     ("x-amz-checksum-type", "COMPOSITE")]
         return 206, out, data
+
+    def _take_request_fault(self, method, path, headers) -> str | None:
+        """The first of ``request_faults`` whose predicate matches (consumed): "flip-request" (one
+        byte of the request body flipped on its way to the server), "lie-etag" / "lie-checksum"
+        (the answer's ETag / x-amz-checksum-* replaced by another value of the same form)."""
+        with self.lock:
+            for i, (pred, kind) in enumerate(self.request_faults):
+                if pred(method, path, headers):
+                    del self.request_faults[i]
+                    self.applied.append(kind)
+                    return kind
+        return None
 
     def _take(self, method, path, headers) -> str | None:
         with self.lock:

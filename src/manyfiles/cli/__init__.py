@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "ls": "ls",
     "shard": "shard",
     "pull": "s3pull",
+    "push": "s3push",
     "rm": "rm",
     "trace": "trace",
     "cache": "cache",

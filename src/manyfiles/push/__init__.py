@@ -1,0 +1,332 @@
+"""Bulk uploads to S3 (``s3push``): list -> plan -> execute -> report, every file checked end to end.
+
+Public API:
+
+* :func:`push` -- upload files and folders to ``s3://bucket/prefix/``; returns a :class:`PushReport`.
+* :func:`abort_stale` -- abort the multipart uploads under a prefix older than an age.
+* :class:`PushReport`, :class:`AbortReport`.
+
+Small files go as concurrent PUTs, large ones as multipart uploads with parallel parts; every body
+carries a checksum the server verifies (CRC64NVME with awscrt, else Content-MD5) and every answer
+is checked; a file that changes while it is read is read again, then reported, never uploaded as
+is; a multipart upload completes only with every part checked, and a journal lets a rerun after
+kill -9 resume it (see ``_journal.py``, docs/s3push.md).
+
+Example:
+    >>> from manyfiles.push import push
+    >>> report = push(["./shards/"], "s3://bucket/shards/", progress=True)   # doctest: +SKIP
+    >>> report.raise_for_failures()                                          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from manyfiles._core.progress import ProgressArg, check_progress, progress_for
+from manyfiles.errors import ManyfilesError, UsageError, from_oserror, shown
+from manyfiles.mirror.options import BY, MAX_DELETE
+from manyfiles.push._execute import MiB, Pusher, abort_unneeded, route
+from manyfiles.push._journal import Journal, default_state_dir
+from manyfiles.push._list import LocalFile, Refusal, Skip, list_files
+from manyfiles.push.report import AbortReport, PushReport
+from manyfiles.s3.client import ClientSettings
+from manyfiles.s3.keys import make_filter, parse_url
+from manyfiles.s3.retry import RetryPolicy
+from manyfiles.s3.store import store_for
+
+CHECKSUMS = ("auto", "crc64nvme", "crc32c", "md5")
+PART_SIZE = 16 * MiB
+MULTIPART_THRESHOLD = 16 * MiB
+
+
+def _algorithm(checksum: str) -> str:
+    if checksum not in CHECKSUMS:
+        raise UsageError(f"checksum must be one of {', '.join(CHECKSUMS)}, not {checksum!r}")
+    has_crt = importlib.util.find_spec("awscrt") is not None
+    if checksum == "auto":
+        return "crc64nvme" if has_crt else "md5"
+    if checksum != "md5" and not has_crt:
+        raise UsageError(f"checksum {checksum} needs awscrt: pip install 'manyfiles[checksums]'")
+    return checksum
+
+
+def _dest(dest: str) -> tuple[str, str]:
+    url = parse_url(dest)
+    if url.pattern is not None:
+        raise UsageError(f"{dest}: a destination is a prefix, not a pattern")
+    prefix = url.prefix
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    return url.bucket, prefix
+
+
+def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *, jobs: int = 64,
+         include: Iterable[str] = (), exclude: Iterable[str] = (), dry_run: bool = False,
+         settings: ClientSettings | None = None, progress: ProgressArg = False,
+         on_event: Callable[[dict[str, Any]], None] | None = None, part_size: int = PART_SIZE,
+         multipart_threshold: int = MULTIPART_THRESHOLD, checksum: str = "auto",
+         follow_symlinks: bool = False,
+         retry: RetryPolicy | None = None, reread: int = 3, memory: int = 512 * MiB,
+         state_dir: str | os.PathLike | None = None, sync: bool = False, compare_by: str = "checksum",
+         delete: bool = False, max_delete: int | None = MAX_DELETE) -> PushReport:
+    """Upload every file under ``sources`` (files and folders; ``DIR/`` puts the folder's contents
+    under the prefix, ``DIR`` keeps its name) to ``dest`` (``s3://bucket/prefix/``).
+
+    Returns a :class:`PushReport`; per-file failures are collected there, not raised
+    (``report.raise_for_failures()`` does).  A failure every file would meet (no such bucket,
+    credentials refused) stops the run and is raised.  ``dry_run=True`` lists and plans only
+    (``report.planned``).  ``on_event`` receives one dict per event (``plan``, ``done``,
+    ``failed``, ``skip``, ``retry``) in the calling thread.  Files up to ``multipart_threshold``
+    go as one PUT, larger ones in parts of ``part_size``; ``jobs`` requests in flight, with at
+    most ``memory`` bytes of bodies read.  ``checksum``: ``auto`` (CRC64NVME with awscrt, else
+    MD5), ``crc64nvme``, ``crc32c`` or ``md5`` (Content-MD5).  ``reread``: tries of a file that
+    changes while read.  ``state_dir``: where the journal lives (default
+    ``$XDG_STATE_HOME/manyfiles/s3push``).
+
+    ``sync=True`` (one folder as the source): only the files missing under the prefix or differing
+    from their object (``compare_by``: ``checksum``, ``size-mtime`` or ``size``; the comparison of
+    :func:`manyfiles.mirror.compare`) are uploaded; with ``delete`` the objects no file has are then
+    removed (not after a run with failures), refused up front beyond ``max_delete`` (None: no limit).
+    """
+    check_progress(progress)
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    sources = [os.fspath(s) for s in sources]
+    if not sources:
+        raise UsageError("push needs at least one source")
+    if on_event is not None and not callable(on_event):
+        raise UsageError(f"on_event must be a callable taking a dict, not {on_event!r}")
+    for name, value, low in (("jobs", jobs, 1), ("part_size", part_size, 5 * MiB), ("reread", reread, 1),
+                             ("multipart_threshold", multipart_threshold, 0), ("memory", memory, MiB)):
+        if not isinstance(value, int) or value < low:
+            raise UsageError(f"{name} must be an integer >= {low:,}, not {value!r}")
+    if part_size > 5 << 30:
+        raise UsageError("part_size must be at most 5 GiB (S3's limit)")
+    bucket, prefix = _dest(dest)
+    alg = _algorithm(checksum)
+    if delete and not sync:
+        raise UsageError("delete removes what the source does not have: it needs sync")
+    if sync:
+        _check_sync(sources, compare_by, max_delete)
+    keep = make_filter(tuple(include), tuple(exclude))
+    report = PushReport(dest=f"s3://{bucket}/{prefix}", dry_run=dry_run, checksum=alg)
+    t0 = time.monotonic()
+    events: queue.SimpleQueue = queue.SimpleQueue()
+
+    def emit(rec: dict[str, Any]) -> None:
+        if on_event is not None:
+            events.put(rec)
+
+    def drain() -> None:
+        while on_event is not None:
+            try:
+                rec = events.get_nowait()
+            except queue.Empty:
+                return
+            on_event(rec)
+
+    listing = list_files(sources, prefix, keep=keep, follow_symlinks=follow_symlinks)
+    wanted: set[str] | None = None      # --sync: the keys to upload
+    deletions: list[str] = []
+    if sync:
+        settings = (settings or ClientSettings()).resolved()
+        wanted, deletions = _sync_plan(sources[0], store_for(settings, bucket, retry=retry or RetryPolicy()),
+                                       prefix, compare_by, include, exclude, delete, max_delete, report)
+    with progress_for(progress, "s3push (dry run)" if dry_run else "s3push", unit="files") as shown:
+        if dry_run:
+            for item in listing:
+                if _refused(item, report, emit, shown):
+                    continue
+                if wanted is not None and item.key not in wanted:
+                    continue
+                how = route(item.size, multipart_threshold, part_size)
+                rec = {"key": item.key, "path": os.fsdecode(item.path), "size": item.size, "how": how.how,
+                       "parts": how.parts, "part_size": how.part_size}
+                report.listed += 1
+                report.planned.append(rec)
+                emit({"event": "plan", **rec})
+                drain()
+            for key in deletions:
+                report.planned.append({"key": key, "how": "delete", "size": 0})
+                emit({"event": "plan", "key": key, "how": "delete", "size": 0})
+                drain()
+            report.seconds = time.monotonic() - t0
+            return report
+        settings = (settings or ClientSettings()).resolved()
+        cancel = threading.Event()
+        store = store_for(settings, bucket, retry=retry or RetryPolicy(), cancel=cancel)
+        where = f"{settings.endpoint_url or 'aws'}|{bucket}|{prefix}"
+        journal: Journal | None = None      # opened with the first file (nothing listed: nothing written)
+        lock = threading.Lock()
+
+        def record(kind: str, file: LocalFile, **info: Any) -> None:
+            path = os.fsdecode(file.path)
+            with lock:
+                if kind == "done":
+                    report.uploaded += 1
+                    report.bytes += file.size
+                    if info["how"] == "put":
+                        report.puts += 1
+                    else:
+                        report.multipart += 1
+                        report.parts += info["parts"] - info["resumed"]
+                        report.resumed_parts += info["resumed"]
+                    shown.add(1, bytes=file.size)
+                    emit({"event": "done", "key": file.key, "path": path, "size": file.size, **info})
+                elif kind == "failed":
+                    report.add_failure(path, info["reason"], info.get("code", ""))
+                    shown.add(failures=1)
+                    emit({"event": "failed", "key": file.key, "path": path, **info})
+                elif kind == "retry":
+                    report.retried += 1
+                    emit({"event": "retry", "key": file.key, "path": path, **info})
+
+        pusher = Pusher(store, None, jobs=jobs, threshold=multipart_threshold, part_size=part_size,
+                        algorithm=alg, reread=reread, budget=memory, follow_symlinks=follow_symlinks,
+                        record=record, cancel=cancel)
+        try:
+            for item in listing:
+                if _refused(item, report, emit, shown, lock):
+                    continue
+                if wanted is not None and item.key not in wanted:
+                    continue        # the same as its object (counted in report.same)
+                with lock:
+                    report.listed += 1
+                if journal is None:
+                    journal = pusher.journal = _journal(state_dir, where)
+                if journal.is_done(item.key, item.path, item.size, item.mtime_ns, item.ino):
+                    with lock:
+                        report.skipped += 1
+                    shown.add(1)
+                    emit({"event": "skip", "key": item.key, "path": os.fsdecode(item.path),
+                          "reason": "uploaded by the run that was interrupted"})
+                else:
+                    pusher.push(item)
+                drain()
+                if cancel.is_set():
+                    break
+            pusher.wait(drain)
+        except BaseException:      # Ctrl-C, a closed output: requests in flight end now, nothing completes
+            cancel.set()
+            store.interrupt()
+            pusher.wait()
+            if journal is not None:
+                journal.close()
+            raise
+        drain()
+        if journal is not None:
+            if pusher.stop is not None:
+                journal.close()
+                raise pusher.stop
+            report.aborted = abort_unneeded(store, journal, pusher.touched)
+            journal.finish(complete=report.ok)
+        if deletions and report.ok:       # (after failures nothing is deleted: rclone's rule too)
+            failed = store.delete_objects(deletions)
+            report.deleted = len(deletions) - len(failed)
+            for f in failed:
+                report.add_failure(f.key, f"not deleted: {f.message or f.code}", f.code)
+            for key in sorted(set(deletions) - {f.key for f in failed}):
+                emit({"event": "deleted", "key": key})
+            drain()
+        elif deletions:
+            report.add_failure(report.dest, f"{len(deletions):,} objects with no file were not deleted: "
+                               "some uploads failed", "not-deleted")
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def _check_sync(sources: list[str], compare_by: str, max_delete: int | None) -> None:
+    if len(sources) != 1 or not os.path.isdir(sources[0]):
+        raise UsageError("sync mirrors one folder: give exactly one SRC, a folder")
+    if compare_by not in BY:
+        raise UsageError(f"compare_by must be one of {', '.join(BY)}, not {compare_by!r}")
+    if max_delete is not None and (isinstance(max_delete, bool) or not isinstance(max_delete, int)
+                                   or max_delete < 0):
+        raise UsageError(f"max_delete must be an integer >= 0 or None, not {max_delete!r}")
+
+
+def _sync_plan(source: str, store: Any, prefix: str, compare_by: str, include: Iterable[str],
+               exclude: Iterable[str], delete: bool, max_delete: int | None,
+               report: PushReport) -> tuple[set[str], list[str]]:
+    """The keys a sync uploads (missing or differing) and, with ``delete``, the keys it removes."""
+    from manyfiles.mirror import TooManyDeletions, compare  # (only a sync loads the comparison)
+
+    root = os.fspath(source)
+    below = prefix if root.endswith("/") else prefix + os.path.basename(root.rstrip("/")) + "/"
+    c = compare(root, store, below, by=compare_by, source="local", include=include, exclude=exclude)
+    report.same = len(c.same)
+    deletions = sorted(e.key for e in c.missing_local) if delete else []
+    if deletions and c.local_files == 0:
+        raise ManyfilesError(f"{shown(root)}: no file; nothing deleted (an empty folder never empties "
+                             f"{report.dest})")
+    if max_delete is not None and len(deletions) > max_delete:
+        raise TooManyDeletions(f"{report.dest}: the sync would delete {len(deletions):,} objects, more than "
+                               f"--max-delete {max_delete:,}; nothing was uploaded or deleted (raise "
+                               "--max-delete, or check SRC)")
+    for f in c.failures:
+        report.failures.append(f)
+    return {below + e.path for e in [*c.missing_remote, *c.differing]}, deletions
+
+
+def _journal(state_dir: str | os.PathLike | None, where: str) -> Journal:
+    folder = os.fspath(state_dir or default_state_dir())
+    try:
+        return Journal(folder, where)
+    except OSError as exc:
+        raise from_oserror(exc, folder) from exc
+
+
+def _refused(item: LocalFile | Refusal | Skip, report: PushReport, emit, shown, lock=None) -> bool:
+    """Count a refused or skipped listing entry; True if ``item`` is not a file to push."""
+    if isinstance(item, LocalFile):
+        return False
+    path = os.fsdecode(item.path)
+    if lock is not None:
+        lock.acquire()
+    try:
+        if isinstance(item, Refusal):
+            report.add_failure(path, item.reason, item.code)
+            shown.add(failures=1)
+            emit({"event": "failed", "path": path, "reason": item.reason, "code": item.code})
+        else:
+            report.skipped += 1
+            emit({"event": "skip", "path": path, "reason": item.reason})
+    finally:
+        if lock is not None:
+            lock.release()
+    return True
+
+
+def abort_stale(prefix_url: str, older_than: float, *, dry_run: bool = False,
+                settings: ClientSettings | None = None, retry: RetryPolicy | None = None) -> AbortReport:
+    """Abort the multipart uploads under ``prefix_url`` (``s3://bucket/prefix``) started more than
+    ``older_than`` seconds ago (as the server dates them); ``dry_run``: only list them."""
+    if not isinstance(older_than, (int, float)) or older_than < 0:
+        raise UsageError(f"older_than must be a number of seconds >= 0, not {older_than!r}")
+    url = parse_url(prefix_url)
+    if url.pattern is not None:
+        raise UsageError(f"{prefix_url}: a prefix, not a pattern")
+    settings = (settings or ClientSettings()).resolved()
+    store = store_for(settings, url.bucket, retry=retry or RetryPolicy())
+    report = AbortReport(prefix=f"s3://{url.bucket}/{url.prefix}", dry_run=dry_run)
+    t0 = time.monotonic()
+    now = time.time()
+    for upload in store.list_multipart_uploads(url.prefix):
+        report.listed += 1
+        if upload.initiated is not None and now - upload.initiated < older_than:
+            continue
+        if not dry_run:
+            store.abort_multipart(upload.key, upload.upload_id)
+        report.aborted.append({"key": upload.key, "upload_id": upload.upload_id,
+                               "initiated": upload.initiated})
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+__all__ = ["CHECKSUMS", "AbortReport", "PushReport", "abort_stale", "push"]

@@ -1,0 +1,118 @@
+"""The s3push command as a real process: exit codes and one line per bad input, --json, -n,
+``manyfiles push``, --abort-stale, and kill -9 at each phase then the same command again: exact."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from s3util import blob
+
+MiB = 1 << 20
+SMALL = ["--part-size", "5MiB", "--multipart-threshold", "5MiB", "-j", "8"]
+
+
+def contents(dest) -> dict[str, bytes]:
+    out = {}
+    for obj in dest.admin.list_objects_v2(Bucket=dest.bucket).get("Contents", []):
+        out[obj["Key"]] = dest.admin.get_object(Bucket=dest.bucket, Key=obj["Key"])["Body"].read()
+    return out
+
+
+def tree(root, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+
+
+def env_of(dest, state) -> dict[str, str]:
+    return {**dest.env, "XDG_STATE_HOME": os.fspath(state)}
+
+
+def test_json_and_the_dry_run_and_manyfiles_push(run_cli, tmp_path, dest, state):
+    tree(tmp_path / "src", {"a.txt": b"a", "d/b.bin": blob(6 * MiB)})
+    src = f"{tmp_path / 'src'}/"
+    dry = run_cli("s3push", src, dest.url("p/"), "-n", *SMALL, env=env_of(dest, state))
+    assert dry.returncode == 0, dry.stderr
+    keys = sorted(line.split("\t")[0] for line in dry.stdout.decode().splitlines())
+    assert keys == ["p/a.txt", "p/d/b.bin"]
+    assert contents(dest) == {}
+    out = run_cli("manyfiles", "push", src, dest.url("p/"), "--json", *SMALL, env=env_of(dest, state))
+    assert out.returncode == 0 and out.stderr == b"", out.stderr
+    records = [json.loads(line) for line in out.stdout.decode().splitlines()]
+    assert sorted(r["key"] for r in records if r["event"] == "done") == ["p/a.txt", "p/d/b.bin"]
+    assert records[-1]["event"] == "summary" and records[-1]["uploaded"] == 2 and records[-1]["ok"]
+    assert contents(dest) == {"p/a.txt": b"a", "p/d/b.bin": blob(6 * MiB)}
+
+
+def test_bad_input_is_one_line_with_the_exit_code_of_the_table(run_cli, tmp_path, dest, state):
+    src = tmp_path / "src"
+    tree(src, {"ok.txt": b"ok"})
+    with open(os.path.join(os.fsencode(src), b"bad\xff"), "wb") as f:
+        f.write(b"x")
+    (src / "nl\nname").write_bytes(b"y")
+    env = env_of(dest, state)
+    r = run_cli("s3push", f"{src}/", os.fspath(tmp_path / "nope"), dest.url("p/"), env=env)
+    err = r.stderr.decode().splitlines()
+    assert r.returncode == 1 and b"Traceback" not in r.stderr
+    assert sorted(line.split(": ", 2)[-1] for line in err[:-1]) == [
+        "No such file or directory", "name holds a newline or carriage return: rename it",
+        "name is not valid UTF-8 (S3 keys are UTF-8): rename it"]
+    assert any("bad\\xff" in line for line in err) and any("nl\\nname" in line for line in err)
+    assert contents(dest) == {"p/ok.txt": b"ok"}
+    good = tmp_path / "good"
+    tree(good, {"g.txt": b"g"})
+    for argv, code in [([f"{good}/", "not-s3/"], 2), ([f"{good}/"], 2),
+                       ([f"{good}/", dest.url("p/"), "-j", "0"], 2),
+                       ([f"{good}/", "s3://no-such-bucket-here/p/"], 1), ([f"{good}/", "s3:///p/"], 2),
+                       (["--abort-stale", dest.url("p/"), "--older-than", "soon"], 2)]:
+        r = run_cli("s3push", *argv, env=env)
+        assert (r.returncode, len(r.stderr.decode().splitlines())) == (code, 1), (argv, r.stderr)
+        assert b"Traceback" not in r.stderr and b"Error:" not in r.stderr
+
+
+def test_abort_stale_on_the_command_line(run_cli, dest, state):
+    dest.admin.create_multipart_upload(Bucket=dest.bucket, Key="p/x")
+    r = run_cli("s3push", "--abort-stale", dest.url("p/"), "--older-than", "1h", "--json",
+                env=env_of(dest, state))
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line)["event"] for line in r.stdout.decode().splitlines()] == ["aborted", "summary"]
+    assert dest.admin.list_multipart_uploads(Bucket=dest.bucket).get("Uploads", []) == []
+
+
+@pytest.mark.parametrize("point", ["push-put:5", "push-part:3", "push-read:9"])
+def test_kill_9_then_the_same_command_again_is_exact(run_cli, tmp_path, dest, state, point):
+    """SIGKILL after the 5th PUT, after the 3rd checked part, mid-read; the rerun resumes the
+    multipart upload from its checked parts, and the bucket holds exactly the tree."""
+    files = {f"s{i}.bin": blob(500 + i, f"k{i}") for i in range(10)}
+    files["big.bin"] = blob(16 * MiB + 1, "kill")      # 4 parts
+    tree(tmp_path / "src", files)
+    argv = [f"{tmp_path / 'src'}/", dest.url("p/"), *SMALL, "-j", "2", "--json"]
+    killed = run_cli("s3push", *argv, env=env_of(dest, state), faults=["--kill-at", point])
+    assert killed.returncode == -9
+    seen = contents(dest)
+    assert all(files[k[2:]] == v for k, v in seen.items())        # whatever is visible is whole and right
+    again = run_cli("s3push", *argv, env=env_of(dest, state))
+    assert again.returncode == 0, again.stderr
+    summary = json.loads(again.stdout.decode().splitlines()[-1])
+    if point.startswith("push-part"):
+        assert summary["resumed_parts"] >= 3
+    assert contents(dest) == {f"p/{k}": v for k, v in files.items()}
+    assert dest.admin.list_multipart_uploads(Bucket=dest.bucket).get("Uploads", []) == []
+
+
+def test_sync_delete_on_the_command_line_and_its_max_delete_guard(run_cli, tmp_path, dest, state):
+    tree(tmp_path / "src", {"a": b"a", "b": b"b"})
+    for key in ("p/old1", "p/old2"):
+        dest.put(key, b"o")
+    argv = [f"{tmp_path / 'src'}/", dest.url("p/"), "--sync", "--delete"]
+    refused = run_cli("s3push", *argv, "--max-delete", "1", env=env_of(dest, state))
+    assert refused.returncode == 1 and len(refused.stderr.decode().splitlines()) == 1, refused.stderr
+    assert b"--max-delete" in refused.stderr and sorted(contents(dest)) == ["p/old1", "p/old2"]
+    shown = run_cli("s3push", *argv, "-n", env=env_of(dest, state))
+    assert sorted(shown.stdout.decode().splitlines()) == ["p/a\t1\tput", "p/b\t1\tput", "p/old1\t0\tdelete",
+                                                          "p/old2\t0\tdelete"]
+    done = run_cli("s3push", *argv, env=env_of(dest, state))
+    assert done.returncode == 0, done.stderr
+    assert contents(dest) == {"p/a": b"a", "p/b": b"b"}
