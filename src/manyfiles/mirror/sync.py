@@ -40,6 +40,17 @@ class TooManyDeletions(ManyfilesError):
     """A sync would delete more local files than its ``max_delete`` allows: nothing was done."""
 
 
+def check_deletions(n: int, sources: int, max_delete: int | None, *, empty_source: str,
+                    too_many: Callable[[int, int], str]) -> None:
+    """The two guards of a mirror's ``n`` deletions, before anything changes: a source with nothing in
+    it (``sources`` == 0: a mistyped prefix or folder) never empties the other side, and more than
+    ``max_delete`` raises :class:`TooManyDeletions` with ``too_many(n, max_delete)``."""
+    if n and sources == 0:
+        raise ManyfilesError(empty_source)
+    if max_delete is not None and n > max_delete:
+        raise TooManyDeletions(too_many(n, max_delete))
+
+
 def pull_sync(source: str, dest: str | os.PathLike, *, compare_by: str = "checksum", delete: bool = False,
               max_delete: int | None = MAX_DELETE, include: Iterable[str] = (), exclude: Iterable[str] = (),
               dry_run: bool = False, settings: ClientSettings | None = None, progress: ProgressArg = False,
@@ -75,13 +86,12 @@ def pull_sync(source: str, dest: str | os.PathLike, *, compare_by: str = "checks
              for e in sorted([*seen.missing_local, *seen.differing, *(e for e in seen.skipped if e.key)],
                              key=lambda e: e.key)]
     deletions = [e.path for e in seen.missing_remote] if delete else []
-    if deletions and seen.remote_objects == 0:
-        raise ManyfilesError(f"{source}: no object matched; nothing deleted (a prefix with no object never "
-                             f"empties {dest})")
-    if max_delete is not None and len(deletions) > max_delete:
-        raise TooManyDeletions(f"{dest}: the sync would delete {len(deletions):,} files, more than "
-                               f"--max-delete {max_delete:,}; nothing was fetched or deleted (raise "
-                               "--max-delete if that is meant, or check SOURCE)")
+    check_deletions(len(deletions), seen.remote_objects, max_delete,
+                    empty_source=f"{source}: no object matched; nothing deleted (a prefix with no object "
+                                 f"never empties {dest})",
+                    too_many=lambda n, limit: f"{dest}: the sync would delete {n:,} files, more than "
+                                              f"--max-delete {limit:,}; nothing was fetched or deleted "
+                                              "(raise --max-delete if that is meant, or check SOURCE)")
     report = pull(source, dest, objects=fetch, dry_run=dry_run, settings=settings, progress=progress,
                   on_event=on_event, **pull_options)
     report.listed += len(seen.same)

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from manyfiles._core.progress import ProgressArg, check_progress, progress_for
-from manyfiles.errors import ManyfilesError, UsageError, from_oserror, shown
+from manyfiles.errors import UsageError, from_oserror, shown
 from manyfiles.mirror.options import BY, MAX_DELETE
 from manyfiles.push._execute import MiB, Pusher, abort_unneeded, route
 from manyfiles.push._journal import Journal, default_state_dir
@@ -255,20 +255,20 @@ def _sync_plan(source: str, store: Any, prefix: str, compare_by: str, include: I
                exclude: Iterable[str], delete: bool, max_delete: int | None,
                report: PushReport) -> tuple[set[str], list[str]]:
     """The keys a sync uploads (missing or differing) and, with ``delete``, the keys it removes."""
-    from manyfiles.mirror import TooManyDeletions, compare  # (only a sync loads the comparison)
+    from manyfiles.mirror import compare  # (only a sync loads the comparison)
+    from manyfiles.mirror.sync import check_deletions
 
     root = os.fspath(source)
     below = prefix if root.endswith("/") else prefix + os.path.basename(root.rstrip("/")) + "/"
     c = compare(root, store, below, by=compare_by, source="local", include=include, exclude=exclude)
     report.same = len(c.same)
     deletions = sorted(e.key for e in c.missing_local) if delete else []
-    if deletions and c.local_files == 0:
-        raise ManyfilesError(f"{shown(root)}: no file; nothing deleted (an empty folder never empties "
-                             f"{report.dest})")
-    if max_delete is not None and len(deletions) > max_delete:
-        raise TooManyDeletions(f"{report.dest}: the sync would delete {len(deletions):,} objects, more than "
-                               f"--max-delete {max_delete:,}; nothing was uploaded or deleted (raise "
-                               "--max-delete, or check SRC)")
+    check_deletions(len(deletions), c.local_files, max_delete,
+                    empty_source=f"{shown(root)}: no file; nothing deleted (an empty folder never empties "
+                                 f"{report.dest})",
+                    too_many=lambda n, limit: f"{report.dest}: the sync would delete {n:,} objects, more "
+                                              f"than --max-delete {limit:,}; nothing was uploaded or deleted "
+                                              "(raise --max-delete, or check SRC)")
     for f in c.failures:
         report.failures.append(f)
     return {below + e.path for e in [*c.missing_remote, *c.differing]}, deletions
