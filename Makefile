@@ -12,7 +12,10 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # tests in parallel, one worker per core; tests sharing an expensive session fixture (the Dask
 # cluster, the fresh venvs) run on one worker (xdist groups, see tests/conftest.py)
-PYTEST := MANYFILES_REQUIRE_C_EXTENSION=1 $(PY) -m pytest -q -n auto --dist loadgroup --no-loadscope-reorder
+# one pytest worker per core and one more: many tests wait on a subprocess, a timeout or a fault's
+# length, and the extra worker fills that idle CPU (docs/benchmarks.md, "The test gate")
+XDIST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+PYTEST := MANYFILES_REQUIRE_C_EXTENSION=1 $(PY) -m pytest -q -n $(XDIST_WORKERS) --dist loadgroup --no-loadscope-reorder
 FLAKE_RUNS   ?= 5
 FLAKE_RANDOM ?= 2
 

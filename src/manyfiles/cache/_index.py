@@ -343,6 +343,11 @@ class Index:
         row = self._conn().execute("SELECT method, claim FROM verified WHERE objid=?", (objid,)).fetchone()
         return None if row is None else (row[0], row[1])
 
+    def verified_at(self, objid: bytes) -> float | None:
+        """When ``objid``'s whole-object check was recorded (a packed record: when it was accounted)."""
+        row = self._conn().execute("SELECT at FROM verified WHERE objid=?", (objid,)).fetchone()
+        return None if row is None else row[0]
+
     def verifications(self) -> dict[bytes, tuple[str, str | None]]:
         """objid -> (method, claim) of every entry whose whole object was checked (``cache verify``)."""
         rows = self._conn().execute(

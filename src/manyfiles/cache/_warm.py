@@ -216,9 +216,14 @@ MTIME_SLACK = 0.05     # seconds: file times come from the kernel's coarse clock
 
 
 def _written_since(store: Any, v: Any, since: float) -> bool:
-    """Were the files holding ``v`` (its whole file, else its blocks) written at or after ``since``?"""
+    """Was ``v`` written at or after ``since``: its whole file, else its record in a pack (when it was
+    accounted: a pack's own time is that of its latest record, maybe another object's), else its
+    blocks?"""
     if store.has_whole(v.objid):
         paths = [store.whole_path(v.objid)]
+    elif store.packs.locate(v.objid) is not None:
+        at = store.index.verified_at(v.objid)
+        return at is not None and at >= since - MTIME_SLACK
     else:
         paths = [store.block_path(v.objid, i) for i in range(store.nblocks(v.size))]
     try:
