@@ -88,6 +88,25 @@ def _written(writer: Any, data: Any) -> None:
 _TRANSPORTS: weakref.WeakSet = weakref.WeakSet()    # every Transport of the process, for a fork
 
 
+def _body_start(status: int, headers: Headers, rest: bytes, begin: BodyStart,
+                on_bytes: Callable[[int], None] | None) -> tuple[int, Any, int]:
+    """After a GET's headers (both shells): its length (an answer without Content-Length is refused,
+    retryable), the writer ``begin`` returns, and how many bytes of the body came with the headers
+    (written to it)."""
+    length = http1.content_length(headers)
+    if length < 0:
+        raise TransferError("response without Content-Length", retryable=True, status=status)
+    writer = begin(status, headers, length)
+    n = 0
+    if rest:
+        rest = rest[:length]
+        _written(writer, rest)
+        n = len(rest)
+        if on_bytes is not None:
+            on_bytes(n)
+    return length, writer, n
+
+
 def _forget_connections_in_child() -> None:
     """A forked child's transports hold its parent's connections (the forking thread's): forget them
     (never close them: the parent still uses those sockets)."""
@@ -146,16 +165,7 @@ class Transport:
         try:
             steps = http1.exchange(self.route, "GET", path, extra, query, None, ok)
             status, headers, rest = self._drive(steps)
-            length = http1.content_length(headers)
-            if length < 0:
-                raise TransferError("response without Content-Length", retryable=True, status=status)
-            writer = begin(status, headers, length)
-            if rest:
-                rest = rest[:length]
-                _written(writer, rest)
-                n = len(rest)
-                if on_bytes is not None:
-                    on_bytes(n)
+            length, writer, n = _body_start(status, headers, rest, begin, on_bytes)
             if n < length:
                 sock, flags = self._local.sock, self._local.flags
                 buf = self._buffer()
@@ -505,16 +515,7 @@ class AsyncConnection:
         try:
             status, headers, rest = await self._drive(http1.exchange(self.route, "GET", path, extra, query,
                                                                      None, ok))
-            length = http1.content_length(headers)
-            if length < 0:
-                raise TransferError("response without Content-Length", retryable=True, status=status)
-            writer = begin(status, headers, length)
-            if rest:
-                rest = rest[:length]
-                _written(writer, rest)
-                n = len(rest)
-                if on_bytes is not None:
-                    on_bytes(n)
+            length, writer, n = _body_start(status, headers, rest, begin, on_bytes)
             reader = self.reader
             while n < length:
                 chunk = await asyncio.wait_for(reader.read(min(CHUNK, length - n)), self.timeout)
