@@ -218,7 +218,9 @@ def test_region_redirects_are_followed_for_listing_and_gets(strategy, corpus, ed
                   manifest=manifest_for(tmp_path, data), **cfg())
     assert report.failures == [] and files_under(tmp_path / "m") == want(data)
     assert edge.refused and all(code == "AuthorizationHeaderMalformed" for _, _, code in edge.refused)
-    assert any(m == "GET" and "list-type" not in p for m, p, _ in edge.refused)
+    # an object request met it (not a listing): a GET, or the HEAD auto sends first, whose answer
+    # teaches the region to the GETs that follow (in a fresh-clone run no GET was refused after it)
+    assert any(m in ("GET", "HEAD") and "list-type" not in p for m, p, _ in edge.refused)
 
 
 def test_a_redirect_is_followed_once(corpus, edge, aws_env, tmp_path):
