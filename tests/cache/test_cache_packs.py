@@ -187,6 +187,79 @@ def test_verify_drops_a_damaged_record_and_forgets_a_pack_gone(tmp_path: Path):
     assert _kept_wrong(cache_dir, files) == []
 
 
+def test_verify_keeps_a_pack_another_process_accounted_after_verify_listed_the_folder(tmp_path: Path):
+    # Another process (a second Cache on the same folder, a pack of its own) creates a pack and accounts
+    # its records right after verify listed the packs folder: the pack is in the index but not in the
+    # listing, and it is a healthy pack, not a lost one.
+    first = _small_files(tmp_path / "a", 20, "a")
+    second = _small_files(tmp_path / "b", 20, "b")
+    cache_dir = str(tmp_path / "c")
+    with Cache(cache_dir) as verifier, Cache(cache_dir) as other:
+        verifier.warm([str(tmp_path / "a")])
+        verifier.flush()
+        packs = verifier._store.packs
+        real_listing = packs.files
+
+        def listing_then_another_fill() -> dict[int, str]:
+            listed = real_listing()
+            other.warm([str(tmp_path / "b")])
+            other.flush()
+            return listed
+
+        packs.files = listing_then_another_fill
+        report = verifier.verify()
+        assert (report.missing, report.wrong) == (0, 0)
+        assert verifier.stats().entries == 40, "the other process's pack was taken for a lost one"
+        assert all(other.get_bytes(p) == data for p, data in {**first, **second}.items())
+    assert _kept_wrong(cache_dir, {**first, **second}) == []
+
+
+def test_verify_judges_a_reread_record_before_an_eviction_can_remove_its_check(tmp_path: Path):
+    # Verify's first read of a record met its pack's descriptor emptied (a removal elsewhere was in
+    # flight: the payload read as nothing), so it reads the record again.  An eviction in another
+    # process that removes the object between that reread and its judgement must not make verify take a
+    # good record for a corrupt one: the judgement is made under the index's write lock, where such an
+    # eviction cannot commit (it is tried with no wait: "database is locked").
+    files = _small_files(tmp_path / "src", 10)
+    cache_dir = str(tmp_path / "c")
+    with Cache(cache_dir) as cache:
+        cache.warm([str(tmp_path / "src")])
+        cache.flush()
+        store = cache._store
+        real_sound = store.packed_sound
+        evictions: list = []
+
+        def sound_with_an_eviction_in_flight(objid: bytes, data: bytes) -> bool:
+            if evictions[:1] not in ([], [objid]) or len(evictions) > 2:
+                return real_sound(objid, data)                    # (the other records: as they are)
+            if not evictions:
+                evictions.append(objid)                           # the first read: an emptied descriptor
+                return real_sound(objid, b"")
+            elsewhere = sqlite3.connect(os.path.join(cache_dir, fmt.INDEX), timeout=0, isolation_level=None)
+            try:
+                elsewhere.execute("BEGIN IMMEDIATE")
+                elsewhere.execute("DELETE FROM verified WHERE objid=?", (objid,))
+                elsewhere.execute("DELETE FROM packed WHERE objid=?", (objid,))
+                elsewhere.execute("DELETE FROM entries WHERE objid=?", (objid,))
+                elsewhere.execute("COMMIT")
+                evictions.append("evicted before the judgement")
+            except sqlite3.OperationalError as exc:
+                evictions.append(str(exc))
+            finally:
+                elsewhere.close()
+            return real_sound(objid, data)
+
+        store.packed_sound = sound_with_an_eviction_in_flight
+        report = cache.verify()
+        del store.packed_sound
+        assert evictions[1:] == ["database is locked"], evictions
+        assert (report.wrong, report.corrupt, report.failures) == (0, 0, []), report.failures
+        assert report.blocks == 10 and cache.stats().entries == 10
+    assert cli("cache", "verify", "--dir", cache_dir).returncode == 0
+    with Cache(cache_dir) as cache:
+        assert all(cache.get_bytes(p) == data for p, data in files.items())
+
+
 def _old_cache(cache_dir: Path, files: dict[str, bytes]) -> None:
     """A cache as format 1 (index schema 2) left it: each object a whole file of its own."""
     cache_dir.mkdir()
@@ -279,7 +352,7 @@ def test_records_accounted_after_their_pack_was_removed_do_not_bring_it_back(tmp
     first = packs.append(_version("a", b"x" * 100), b"x" * 100, "sha256", "{}", 1)
     second = packs.append(_version("b", b"y" * 100), b"y" * 100, "sha256", "{}", 1)
     assert index.record_fills([first], time.time()).packs_seen == {first.pack}
-    index.remove_packs([first.pack])
+    index.reconcile_packs([first.pack], lambda pack: None)          # (its file found gone)
     packs.unlink(first.pack)
     out = index.record_fills([second], time.time())
     assert out.lost_packs == {first.pack}

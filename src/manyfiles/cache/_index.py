@@ -606,15 +606,24 @@ class Index:
             self._removed(victims)
         return victims
 
-    def remove_packs(self, packs: Iterable[int]) -> list[Victim]:
-        """Remove whole packs and every object they hold (``cache verify``: a pack file gone or
-        not a pack)."""
+    def reconcile_packs(self, packs: Iterable[int], file_size: Callable[[int], int | None]) -> list[Victim]:
+        """``cache verify``'s judgement of ``packs`` against their files, made under the write lock
+        (no pack is accounted, grown or removed meanwhile, so a pack created or evicted by another
+        process while verify listed the folder is not mistaken for a lost one): each pack still
+        accounted whose file is gone or is not that pack (``file_size`` None) is removed with every
+        object it holds; the others take their file's size (appends whose accounting a kill cut short
+        are in it).  Returns the removed packs' Victims."""
         victims: list[Victim] = []
         with self.write() as c:
             for pack in packs:
                 row = c.execute("SELECT size FROM packs WHERE id=?", (pack,)).fetchone()
-                if row is not None:
+                if row is None:
+                    continue
+                size = file_size(pack)
+                if size is None:
                     victims.append(_delete_pack(c, pack, row[0]))
+                elif size != row[0]:
+                    c.execute("UPDATE packs SET size=? WHERE id=?", (size, pack))
             self._count_removed(c, victims, evicted=False)
             self._removed(victims)
         return victims
@@ -645,12 +654,6 @@ class Index:
             c.execute("UPDATE entries SET present=?, disk_bytes=? WHERE objid=?",
                       (bytes(present), disk_bytes - freed, objid))
             self._add(c, {"bytes": -freed})
-
-    def set_pack_sizes(self, sizes: dict[int, int]) -> None:
-        """The bytes each pack takes on disk, as ``cache verify`` found its file (appends whose
-        accounting a kill cut short are in it)."""
-        with self.write() as c:
-            c.executemany("UPDATE packs SET size=? WHERE id=?", [(n, p) for p, n in sizes.items()])
 
     def recount(self) -> tuple[int, int]:
         """Recompute the counters (entries, bytes) and each pack's live bytes from the rows (verify);

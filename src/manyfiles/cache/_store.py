@@ -185,19 +185,22 @@ class BlockStore:
         except OSError:
             return None
 
-    def reread_record(self, objid: bytes, loc: Location) -> tuple[bool, bytes | None]:
-        """A record that failed its check, read again on a descriptor of its own while this holds the
-        index's write lock: a removal of its pack (another thread's or process's eviction) unlinks
-        the file and empties descriptors before its transaction commits, and none is in flight then.
-        Returns (the index still names it there, its payload if its record is sound now)."""
+    def reread_record(self, objid: bytes, loc: Location, sound: Callable[[bytes], bool] | None = None
+                      ) -> tuple[bool, bytes | None]:
+        """A record that failed its check, read again on a descriptor of its own and judged while
+        this holds the index's write lock: a removal of its pack or of the object (another thread's
+        or process's eviction) unlinks files and empties descriptors before its transaction commits,
+        and none is in flight then.  Returns (the index still names it there, its payload if its
+        record is sound now and the payload passes ``sound``, if given)."""
         try:
             with self.index.write():
                 if self.index.packed(objid) != tuple(loc):
                     return False, None
                 try:
-                    return True, self.packs.read_record(loc, objid, fresh=True)
+                    data = self.packs.read_record(loc, objid, fresh=True)
                 except OSError:
-                    return True, None
+                    data = None
+                return True, data if data is not None and (sound is None or sound(data)) else None
         except sqlite3.Error:
             return False, None
 

@@ -152,43 +152,45 @@ def _verify_packed(store: BlockStore, e: Entry, check: tuple[str, str | None] | 
         data = store.packs.read_record(loc, e.objid)
     except OSError:
         data = None
-    sound = data is not None and len(data) == e.size and store.packed_sound(e.objid, data)
-    if not sound:
-        named, data = store.reread_record(e.objid, loc)
+
+    def sound(payload: bytes) -> bool:
+        return len(payload) == e.size and store.packed_sound(e.objid, payload)
+
+    if data is None or not sound(data):
+        # (judged again under the index's write lock: an eviction elsewhere may have removed the object,
+        # its check or its pack since the read above; what fails there is wrong data)
+        named, data = store.reread_record(e.objid, loc, sound)
         if not named:
             return                                                   # removed meanwhile, elsewhere
-        sound = data is not None and len(data) == e.size and store.packed_sound(e.objid, data)
-    _count_whole(store, e, check, report, sound, "record")
+    _count_whole(store, e, check, report, data is not None, "record")
 
 
 def _verify_pack_files(store: BlockStore, report: Any) -> None:
     """Packs against their files: a pack whose file is gone (or is not that pack) is forgotten with
     its objects; a pack file the index does not account is removed once old and free (no live
-    process appends to it); each accounted pack's size is its file's."""
+    process appends to it); each accounted pack's size is its file's.  What looks wrong here is
+    judged again under the index's write lock (``Index.reconcile_packs``): other processes create,
+    grow and evict packs while this runs."""
     packs = store.packs
+
+    def file_size(pack: int) -> int | None:
+        try:
+            with open(packs.path(pack), "rb") as f:
+                if fmt.pack_file_id(f.read(fmt.PACK_HEADER_SIZE)) != pack:
+                    return None
+                return os.fstat(f.fileno()).st_size
+        except OSError:
+            return None
+
     files = packs.files()
     accounted = {r.id: r for r in store.index.packs()}
-    gone, sizes = [], {}
-    for pack, row in accounted.items():
-        path = files.get(pack)
-        try:
-            with open(path, "rb") as f:     # (path None: TypeError, caught below)
-                ok = fmt.pack_file_id(f.read(fmt.PACK_HEADER_SIZE)) == pack
-                size = os.fstat(f.fileno()).st_size
-        except (OSError, TypeError):
-            ok, size = False, 0
-        if not ok:
-            gone.append(pack)
-        elif size != row.size:
-            sizes[pack] = size
-    if gone:
-        victims = store.index.remove_packs(gone)
+    suspects = [pack for pack, row in accounted.items() if file_size(pack) != row.size]
+    if suspects:
+        victims = store.index.reconcile_packs(suspects, file_size)
         report.missing += sum(v.entries for v in victims)
         for v in victims:
             packs.forget(v.pack)
-        packs.removed(len(gone))
-    if sizes:
-        store.index.set_pack_sizes(sizes)
+        packs.removed(len(victims))
     cutoff = time.time() - ORPHAN_AGE
     for pack, path in files.items():
         if pack in accounted:
