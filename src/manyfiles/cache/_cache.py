@@ -11,8 +11,9 @@ operations (warm, verify, evict) and the statistics are plain dataclasses (_repo
 * :class:`~manyfiles.cache._opener.Opener` -- the open path: that version as the reader that
   serves it (its whole file, a checked copy in memory, or a :class:`CachedReader`), and the
   background fetches and completions readers start;
-* :class:`~manyfiles.cache._store.BlockStore` -- the directory: its files, index, write-behind,
-  counters and space (eviction).
+* :class:`~manyfiles.cache._store.BlockStore` -- the directory: its files and index (the file layer),
+  with the write-behind (_fills.py), counters and space (eviction, _space.py) that :func:`open_store`
+  builds over it from (files, index, counters).
 
 The bulk operations live in modules of their own: _warm.py, _verify.py, _exchange.py (s3pull).
 """
@@ -35,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 from manyfiles._core.progress import ProgressArg, check_progress, progress_for
 from manyfiles._core.retry import RetryPolicy
 from manyfiles.cache import _format as fmt
+from manyfiles.cache._counters import Counters
+from manyfiles.cache._fills import Fills
 from manyfiles.cache._index import Version
 from manyfiles.cache._kept import Kept, KeptListing, KeptObject
 from manyfiles.cache._offline import PROBE, REACH, check_mode, endpoint_of, fall_back
@@ -42,6 +45,7 @@ from manyfiles.cache._opener import FETCH_THREADS, Opener
 from manyfiles.cache._origin import FileOrigin, Head, S3Origin, parse_source
 from manyfiles.cache._reader import CachedReader, MemoryFile
 from manyfiles.cache._reports import CacheStats, EvictReport, VerifyReport, WarmReport
+from manyfiles.cache._space import Space, check_low_water
 from manyfiles.cache._store import BlockStore
 from manyfiles.cache._versions import Source, Versions, listed
 from manyfiles.cache._write import WriteThrough
@@ -57,6 +61,19 @@ PROCESS_COUNTERS = ("hits", "misses", "hit_bytes", "miss_bytes", "object_hits", 
                     "fill_bytes", "fills_dropped", "fills_queued", "fill_bytes_queued", "fills_done",
                     "fill_bytes_done")
 
+
+
+def open_store(dir: str | os.PathLike, *, block_size: int | None, max_size: int | None,
+               min_free: float | int | None, low_water: float, verify: bool,
+               fill_queue_bytes: int | None) -> BlockStore:
+    """The cache directory's file layer, with the space keeper, the write-behind and the counters
+    built over it (they see it as :class:`~manyfiles.cache._blockfiles.BlockFiles`)."""
+    check_low_water(low_water)          # before the directory is made
+    files = BlockStore(dir, block_size=block_size, verify=verify)
+    space = Space(files, max_size=max_size, min_free=min_free, low_water=low_water)
+    fills = Fills(files, fill_queue_bytes)
+    files.attach(space, fills, Counters(files.index, degrade=files.degrade, wake=fills.start))
+    return files
 
 class Cache:
     """A persistent local read cache for files and S3 objects in directory ``dir``.
@@ -106,7 +123,7 @@ class Cache:
         offline = check_mode(offline)
         if verify_whole_max < 0:
             raise UsageError(f"verify_whole_max {verify_whole_max}: must not be negative")
-        self._store = BlockStore(dir, block_size=block_size, max_size=max_size, min_free=min_free,
+        self._store = open_store(dir, block_size=block_size, max_size=max_size, min_free=min_free,
                                  low_water=low_water, verify=verify, fill_queue_bytes=fill_queue)
         #: the keyword arguments this cache was opened with (a cluster worker opens its own with them)
         self.options = {"max_size": max_size, "min_free": min_free, "block_size": self._store.block_size,
