@@ -42,6 +42,7 @@ LATE_OUTCOME = textwrap.dedent("""
     from manyfiles._core.retry import RetryPolicy
     from manyfiles.s3.client import ClientSettings
     from manyfiles.s3.engines.base import Ctx, Options
+    from manyfiles.s3.engines.events import JobFailed
     from manyfiles.s3.engines.processes import ProcessesEngine
     from manyfiles.s3.transfer import Job
 
@@ -69,9 +70,9 @@ LATE_OUTCOME = textwrap.dedent("""
     engine.submit(Job("k", "k", 10, None, "processes"))
     engine.close()
     while not ctx.events.empty():
-        kind, job, value = ctx.events.get()
-        if kind == "failed":
-            print(value.reason)
+        ev = ctx.events.get()
+        if type(ev) is JobFailed:
+            print(ev.outcome.reason)
 """)
 
 

@@ -36,6 +36,7 @@ from manyfiles.errors import (
     UsageError,
 )
 from manyfiles.s3.client import ClientSettings
+from manyfiles.s3.engines.events import BytesIn, JobDone, JobFailed, Retried
 from manyfiles.s3.retry import (
     NETWORK_CODES,
     RetryPolicy,
@@ -62,6 +63,13 @@ class FetchResult(NamedTuple):
     data: bytes | memoryview | None
     checked: str | None
     error: ManyfilesError | None
+
+
+class RangeDone(NamedTuple):
+    """A range's outcome, on the engine's event channel beside its :class:`JobDone`/:class:`JobFailed`."""
+
+    request: tuple[str, Range]
+    result: FetchResult
 
 
 class _IntoTarget(MemoryTarget):
@@ -168,7 +176,7 @@ class Fetcher:
         events, ctx = self._ctx.events, self._ctx
         try:
             store = store_for(self.settings, self.bucket, retry=ctx.options.retry, verify=self.verify,
-                              cancel=ctx.cancel, on_retry=lambda err: events.put(("retry", None, str(err))))
+                              cancel=ctx.cancel, on_retry=lambda err: events.put(Retried(None, str(err))))
             got = store.get_range(key, range[0], range[1], if_match=etag, size=size)
             data = got.data
             if into is not None:
@@ -177,7 +185,7 @@ class Fetcher:
             outcome = FetchResult(key, range, data, got.claim and got.claim.method, None)
         except Exception as err:       # (told to the caller with its result, never lost in this thread)
             outcome = FetchResult(key, range, None, None, self._range_error(key, err))
-        events.put(("range", (key, range), outcome))
+        events.put(RangeDone((key, range), outcome))
 
     def _range_error(self, key: str, err: Exception) -> ManyfilesError:
         if isinstance(err, TransferError):
@@ -195,34 +203,36 @@ class Fetcher:
         get = self._ctx.events.get
         while want not in self._done:
             try:
-                kind, job, value = get(timeout=CHECK)
+                ev = get(timeout=CHECK)
             except queue.Empty:
                 watch.tick(None, self._where)
                 continue
-            if kind == "bytes":
+            kind = type(ev)
+            if kind is BytesIn:
                 watch.moving = True
-            elif kind == "retry":
-                watch.failed(value)
-            elif kind in ("done", "failed"):
-                self._outcome(kind, job, value)
-            elif kind == "range":
+            elif kind is Retried:
+                watch.failed(ev.reason)
+            elif kind is JobDone or kind is JobFailed:
+                self._outcome(ev)
+            elif kind is RangeDone:
                 watch.moving = True
-                self._keep(job, value)
+                self._keep(ev.request, ev.result)
         return self._done.pop(want)
 
-    def _outcome(self, kind: str, job: Any, value: Any) -> None:
+    def _outcome(self, ev: JobDone | JobFailed) -> None:
+        key, outcome = ev.job.key, ev.outcome
         with self._lock:
-            data = self._delivered.pop(job.key, None)
-        if kind == "done":
+            data = self._delivered.pop(key, None)
+        if type(ev) is JobDone:
             self._watch.moving = True
-            self._keep((job.key, None), FetchResult(job.key, None, data, value.claim.method, None))
+            self._keep((key, None), FetchResult(key, None, data, outcome.claim.method, None))
             return
-        if value.code in NETWORK_CODES:
-            self._watch.failed(value.reason)
-        elif value.code != "cancelled":
+        if outcome.code in NETWORK_CODES:
+            self._watch.failed(outcome.reason)
+        elif outcome.code != "cancelled":
             self._watch.moving = True
-        error = value.stop or _error(job.key, self.bucket, value.code, value.reason)
-        self._keep((job.key, None), FetchResult(job.key, None, None, None, error))
+        error = outcome.stop or _error(key, self.bucket, outcome.code, outcome.reason)
+        self._keep((key, None), FetchResult(key, None, None, None, error))
 
     def _keep(self, request: tuple[str, Range | None], outcome: FetchResult) -> None:
         if request in self._abandoned:
