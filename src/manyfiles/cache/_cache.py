@@ -15,7 +15,8 @@ operations (warm, verify, evict) and the statistics are plain dataclasses (_repo
   with the write-behind (_fills.py), counters and space (eviction, _space.py) that :func:`open_store`
   builds over it from (files, index, counters).
 
-The bulk operations live in modules of their own: _warm.py, _verify.py, _exchange.py (s3pull).
+The bulk operations live in modules of their own: _warm.py, _verify.py, _handover.py (what is handed
+to and taken from s3pull).
 """
 
 from __future__ import annotations
@@ -383,7 +384,7 @@ class Cache:
         found unreachable by this process less than a minute ago), None when the origin is asked."""
         return self._versions.offline_reason(self.origin(src, settings), offline)
 
-    # -- exchange with other tools (s3pull --cache: _exchange.py) ------------------------------------
+    # -- handed over to and from other tools (s3pull --cache: _handover.py) -------------------------
 
     def export(self, src: Source | S3Origin, etag: str, size: int, write: Callable[[bytes], Any]) -> bool:
         """Hand the cached content of ``src`` at version (``etag``, ``size``) to ``write`` if the
@@ -392,7 +393,7 @@ class Cache:
 
         For tools that know the version from a listing (``s3pull --cache``): no request is made.
         """
-        from manyfiles.cache._exchange import export
+        from manyfiles.cache._handover import export
 
         origin = self.origin(src)
         return export(self._store, origin, self.validated(origin, Head(S3Origin.validator(etag, size), size)),
@@ -407,7 +408,7 @@ class Cache:
         at rest).  Unchecked, it is kept as unverified blocks and checked whole in the background,
         like any range no check covered.  Written in the background, like any fill (dropped, and
         counted, when the fill queue is full)."""
-        from manyfiles.cache._exchange import fill
+        from manyfiles.cache._handover import fill
 
         origin = self.origin(src, settings)
         v = self._versions.resolve(origin, listed=listed(etag, len(data), listed_at))[0]
@@ -419,7 +420,7 @@ class Cache:
         that another tool just downloaded and checked (``s3pull --cache``).  The copy is hashed
         again against ``claim`` (a :class:`manyfiles.s3.integrity.Claim`; default: the MD5 when the
         ETag is one); nothing is cached when there is nothing to check it against, or it fails."""
-        from manyfiles.cache._exchange import import_file
+        from manyfiles.cache._handover import import_file
 
         origin = self.origin(src)
         v = self.validated(origin, Head(S3Origin.validator(etag, size), size))

@@ -27,7 +27,7 @@ from manyfiles.s3.engines.events import (
 from manyfiles.s3.keys import S3Url
 from manyfiles.s3.report import PullReport
 from manyfiles.s3.retry import NETWORK_CODES
-from manyfiles.s3.transfer import Job
+from manyfiles.s3.transfer import Download
 
 CHECK = 1.0     # seconds between two looks at the stall (and renderings while nothing arrives)
 
@@ -140,7 +140,7 @@ class Consumer:
                 self.progress.add(bytes=n)
             yield Event("bytes", None, None, None, n)
 
-    def _done(self, job: Job, outcome: Done) -> Iterator[Event]:
+    def _done(self, job: Download, outcome: Done) -> Iterator[Event]:
         self.slots.release()
         yield from self._counted(self.ctx.take_bytes())   # this object's bytes not sent as an event yet
         self.report.add_done(outcome.engine, outcome.size, outcome.claim.kind, outcome.claim.note,
@@ -156,7 +156,7 @@ class Consumer:
             self.progress.add(1)
         yield Event("done", job.key, outcome.size, outcome.engine, job.rel)
 
-    def _planned(self, job: Job, part_size: int | None) -> Event:
+    def _planned(self, job: Download, part_size: int | None) -> Event:
         self.report.add_planned(job.engine, job.size)
         planned = getattr(self.report, "objects", None)   # a PullPlan collects its jobs
         if planned is not None:
@@ -167,7 +167,7 @@ class Consumer:
             self.progress.add(1)
         return Event("plan", job.key, job.size, job.engine, part_size)
 
-    def _failed(self, job: Job, failed: Failed) -> Event:
+    def _failed(self, job: Download, failed: Failed) -> Event:
         if not self.dry_run and job.engine:
             self.slots.release()
         self.report.add_failure(job.key, failed.reason, failed.code)
@@ -188,7 +188,7 @@ class Consumer:
             raise failed.stop
         return Event("failed", job.key, job.size, job.engine or None, failed.reason)
 
-    def _skipped(self, job: Job, reason: str) -> Event:
+    def _skipped(self, job: Download, reason: str) -> Event:
         self.report.skipped += 1
         if self.progress:
             self.progress.add(1)

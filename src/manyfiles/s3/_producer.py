@@ -23,7 +23,7 @@ from manyfiles.s3.keys import S3Url, UnsafeKey, local_relpath
 from manyfiles.s3.object_listing import ObjectInfo
 from manyfiles.s3.retry import classify
 from manyfiles.s3.state import State
-from manyfiles.s3.transfer import Job
+from manyfiles.s3.transfer import Download
 
 if TYPE_CHECKING:
     from manyfiles.s3._pullconfig import Destination, PullConfig
@@ -41,7 +41,7 @@ def plan_objects(url: S3Url, objects: Iterable[ObjectInfo], cfg: PullConfig, *,
             rel = local_relpath(info.key, url.base)
             path = final_path(rel)
         except UnsafeKey as exc:
-            job = Job(info.key, "", info.size, info.etag)
+            job = Download(info.key, "", info.size, info.etag)
             if info.key.endswith("/") and not info.size:
                 yield Skipped(job, "directory marker")
             else:
@@ -49,11 +49,11 @@ def plan_objects(url: S3Url, objects: Iterable[ObjectInfo], cfg: PullConfig, *,
             continue
         if state is not None and state.done and state.is_done(info.key, info.size, info.etag, path,
                                                               verify=cfg.verify_existing):
-            yield Skipped(Job(info.key, rel, info.size, info.etag), "already downloaded")
+            yield Skipped(Download(info.key, rel, info.size, info.etag), "already downloaded")
             continue
         engine, part_size = routing.choose(cfg.strategy, info.size, ranged_min=cfg.ranged_min,
                                            part_size=cfg.part_size)
-        yield Planned(Job(info.key, rel, info.size, info.etag, engine, part_size), part_size)
+        yield Planned(Download(info.key, rel, info.size, info.etag, engine, part_size), part_size)
 
 
 class Producer:
@@ -101,7 +101,7 @@ class Producer:
         self.engines.close()
         return True
 
-    def _submit(self, job: Job) -> bool:
+    def _submit(self, job: Download) -> bool:
         """Hand ``job`` over once a slot is free; False if the run was cancelled while waiting."""
         while not self.slots.acquire(timeout=0.5):
             if self.ctx.cancel.is_set():
@@ -124,7 +124,7 @@ class Producer:
         return wrapped
 
 
-def from_cache(cfg: PullConfig, sink: Any, url: S3Url, job: Job) -> Done | None:
+def from_cache(cfg: PullConfig, sink: Any, url: S3Url, job: Download) -> Done | None:
     """``--cache``: install the object from the cache if it holds this version (ETag, size).
 
     The exported bytes pass the same check a download would where the listing allows one (a

@@ -149,7 +149,7 @@ class Fetcher:
         """Start fetching ``key`` (pinned to ``etag`` and checked against ``size`` when given), or bytes
         ``range`` = (first, last) of it.  ``into``: a writable buffer of exactly the object's (or the
         range's) length that receives the bytes; the result's ``data`` is then a view of it."""
-        from manyfiles.s3.transfer import Job
+        from manyfiles.s3.transfer import Download
 
         if range is not None and not 0 <= range[0] <= range[1]:
             raise UsageError(f"{key}: not a byte range: {range!r} (first, last inclusive)")
@@ -167,7 +167,7 @@ class Fetcher:
         if view is not None:
             self._ctx.sink.into[key] = view
             size = len(view)
-        self._engine.submit(Job(key, key, size, etag, "lean", 0))
+        self._engine.submit(Download(key, key, size, etag, "lean", 0))
 
     def _fetch_range(self, key: str, range: Range, size: int | None, etag: str | None,
                      into: memoryview | None) -> None:      # a range thread

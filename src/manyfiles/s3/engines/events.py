@@ -18,7 +18,7 @@ from manyfiles.errors import ManyfilesError
 from manyfiles.s3.integrity import Claim
 
 if TYPE_CHECKING:
-    from manyfiles.s3.transfer import Job
+    from manyfiles.s3.transfer import Download
 
 
 @dataclass(frozen=True)
@@ -51,31 +51,31 @@ class BytesIn(NamedTuple):
 class Retried(NamedTuple):
     """A request of ``job`` (None: not a job's, a range of the fetcher's) is tried again after ``reason``."""
 
-    job: Job | None
+    job: Download | None
     reason: str
 
 
 class JobDone(NamedTuple):
     """``job`` is installed (or delivered), having passed ``outcome.claim``."""
 
-    job: Job
+    job: Download
     outcome: Done
 
 
 class JobFailed(NamedTuple):
-    job: Job
+    job: Download
     outcome: Failed
 
 
 class Planned(NamedTuple):
     """The planner chose ``job.engine`` for ``job`` (``part_size`` > 0: in ranges of that size)."""
 
-    job: Job
+    job: Download
     part_size: int
 
 
 class Skipped(NamedTuple):
-    job: Job
+    job: Download
     reason: str
 
 
