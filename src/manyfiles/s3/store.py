@@ -311,6 +311,16 @@ def store_for(settings: ClientSettings | None, bucket: str, *, retry: RetryPolic
                    checksum_mode=checksum_mode, on_retry=on_retry, cancel=cancel)
 
 
+def list_buckets(settings: ClientSettings | None, *, retry: RetryPolicy | None = None) -> list[str]:
+    """The names of the buckets the credentials own, sorted: ListBuckets (``GET /`` on the service
+    endpoint), signed and sent as every store request is, retried under ``retry``.  Raises
+    TransferError (403 AccessDenied when the credentials may not list buckets)."""
+    service = store_for(settings, "", retry=retry)
+    path = service.route.ep.path_prefix.rstrip("/") + "/"
+    root, ns = service._retrying(lambda: service._xml_of("GET", path, ""))
+    return sorted(b.findtext(f"{ns}Name") or "" for b in root.iter(f"{ns}Bucket"))
+
+
 class S3Store:
     """:class:`Store` on S3 (see the module docstring); made by :func:`store_for`.
 
@@ -1119,4 +1129,4 @@ class ObjectStream:
 
 __all__ = ["CHECKSUM_ALGORITHMS", "DELETE_BATCH", "Body", "DeleteFailure", "FileBody", "ObjectExists",
            "ObjectHead", "ObjectInfo", "ObjectStream", "Part", "PutResult", "RangeData", "S3Store", "Store",
-           "Upload", "store_for"]
+           "Upload", "list_buckets", "store_for"]
