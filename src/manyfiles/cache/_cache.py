@@ -63,7 +63,6 @@ PROCESS_COUNTERS = ("hits", "misses", "hit_bytes", "miss_bytes", "object_hits", 
                     "fill_bytes_done")
 
 
-
 def open_store(dir: str | os.PathLike, *, block_size: int | None, max_size: int | None,
                min_free: float | int | None, low_water: float, verify: bool,
                fill_queue_bytes: int | None) -> BlockStore:
@@ -75,6 +74,7 @@ def open_store(dir: str | os.PathLike, *, block_size: int | None, max_size: int 
     fills = Fills(files, fill_queue_bytes)
     files.attach(space, fills, Counters(files.index, degrade=files.degrade, wake=fills.start))
     return files
+
 
 class Cache:
     """A persistent local read cache for files and S3 objects in directory ``dir``.
