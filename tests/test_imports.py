@@ -44,10 +44,6 @@ ALLOWED_PRIVATE: dict[tuple[str, str], str] = {
 }
 # a cycle, as test_no_import_circles prints it (rotated to its smallest module) -> owner
 ALLOWED_CYCLES: dict[tuple[str, ...], str] = {
-    # BlockStore named under TYPE_CHECKING by the fill writers and the space keeper: issue 27 (branch
-    # pack) rebuilds the cache's files layer; issue 26 asks Fills and Space built from (files, index,
-    # counters), which cuts it
-    ("manyfiles.cache._fills", "manyfiles.cache._store"): "issue 27 (pack)",
 }
 
 

@@ -42,8 +42,9 @@ LATE_OUTCOME = textwrap.dedent("""
     from manyfiles._core.retry import RetryPolicy
     from manyfiles.s3.client import ClientSettings
     from manyfiles.s3.engines.base import Ctx, Options
+    from manyfiles.s3.engines.events import JobFailed
     from manyfiles.s3.engines.processes import ProcessesEngine
-    from manyfiles.s3.transfer import Job
+    from manyfiles.s3.transfer import Download
 
     # The reader's first wait for results times out just as the worker, done, writes its outcome
     # and exits (what a loaded machine does to the reader thread): the outcome is in the pipe.
@@ -66,12 +67,12 @@ LATE_OUTCOME = textwrap.dedent("""
     ctx = Ctx(options, None)
     engine = ProcessesEngine(ctx, 1, 1, "threads")
     started.set()
-    engine.submit(Job("k", "k", 10, None, "processes"))
+    engine.submit(Download("k", "k", 10, None, "processes"))
     engine.close()
     while not ctx.events.empty():
-        kind, job, value = ctx.events.get()
-        if kind == "failed":
-            print(value.reason)
+        ev = ctx.events.get()
+        if type(ev) is JobFailed:
+            print(ev.outcome.reason)
 """)
 
 

@@ -13,7 +13,7 @@ from s3util import blob
 from manyfiles.errors import IntegrityError, ObjectChanged
 from manyfiles.s3 import ClientSettings, RetryPolicy
 from manyfiles.s3.integrity import new_hash
-from manyfiles.s3.store import FileBody, ObjectExists, S3Store, Store, store_for
+from manyfiles.s3.store import FileBody, ObjectExists, S3Store, Store, list_buckets, store_for
 
 KiB, MiB = 1 << 10, 1 << 20
 FAST = RetryPolicy(attempts=3, base=0.002, cap=0.01)
@@ -52,6 +52,14 @@ def test_reads_list_head_get_and_ranges(store, bucket, proxy):
     got = store.get_ranges("d/a", [(2000, 2099), (0, 9), (20, 29)], if_match=head.etag, gap=100)
     assert [bytes(g.data) for g in got] == [data["d/a"][2000:2100], data["d/a"][0:10], data["d/a"][20:30]]
     assert len(requests_of(proxy, "GET")) == 2      # 0-9 and 20-29 came in one request
+
+
+def test_list_buckets_is_signed_and_sent_by_the_store(store, bucket, proxy):
+    """ListBuckets (``GET /`` on the service): through the proxy, which checks every signature."""
+    name, _ = bucket
+    proxy.requests.clear()
+    assert name in list_buckets(store.settings)
+    assert [(m, p) for m, p, _ in proxy.requests] == [("GET", "/")]
 
 
 def test_put_is_checked_by_the_server(store, bucket):

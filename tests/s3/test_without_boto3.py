@@ -134,7 +134,7 @@ def test_errors_are_classified_without_botocore(moto_server, tmp_path):
 
 def test_the_ml_readers_run_without_boto3(moto_server, bucket, tmp_path):
     """A Dataset over the prefix, and the fsspec filesystem: a listing, an info of one object that
-    was not listed (one HEAD), a read, a missing object."""
+    was not listed (one HEAD), a read, a missing object, the root (the buckets: ListBuckets)."""
     name, put = bucket
     data = _objects(put, "m/", 5)
     cache = str(tmp_path / "cache")
@@ -147,7 +147,8 @@ def test_the_ml_readers_run_without_boto3(moto_server, bucket, tmp_path):
             "print(info['type'], info['size'])\n"
             f"print(sorted(p.rsplit('/', 1)[1] for p in fs.ls('s3://{name}/m/', detail=False)))\n"
             f"print(hashlib.sha256(fs.cat_file('s3://{name}/m/4.bin')).hexdigest())\n"
-            f"print(fs.exists('s3://{name}/m/nosuch.bin'))\n")
+            f"print(fs.exists('s3://{name}/m/nosuch.bin'))\n"
+            f"print({name!r} in fs.ls('s3://', detail=False))\n")
     r = _python(_env(moto_server, tmp_path), code)
     assert r.returncode == 0, r.stderr
     digest = {k: hashlib.sha256(v).hexdigest() for k, v in data.items()}
@@ -157,4 +158,5 @@ def test_the_ml_readers_run_without_boto3(moto_server, bucket, tmp_path):
         str(sorted(data)),
         digest["4.bin"],
         "False",
+        "True",
     ]

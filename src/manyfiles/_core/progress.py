@@ -432,10 +432,11 @@ class _TerminalDisplay(_Display):
 
     def __init__(self, task: str, unit: str) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import Progress as RichBar  # (our Progress is the counters this draws)
 
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[text]}"),
-                            TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True))
+        self.bar = RichBar(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[text]}"),
+                           TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True))
         self.bar.start()
         self.task = self.bar.add_task(task, total=None, text="")
 

@@ -11,10 +11,12 @@ operations (warm, verify, evict) and the statistics are plain dataclasses (_repo
 * :class:`~manyfiles.cache._opener.Opener` -- the open path: that version as the reader that
   serves it (its whole file, a checked copy in memory, or a :class:`CachedReader`), and the
   background fetches and completions readers start;
-* :class:`~manyfiles.cache._store.BlockStore` -- the directory: its files, index, write-behind,
-  counters and space (eviction).
+* :class:`~manyfiles.cache._store.BlockStore` -- the directory: its files and index (the file layer),
+  with the write-behind (_fills.py), counters and space (eviction, _space.py) that :func:`open_store`
+  builds over it from (files, index, counters).
 
-The bulk operations live in modules of their own: _warm.py, _verify.py, _exchange.py (s3pull).
+The bulk operations live in modules of their own: _warm.py, _verify.py, _handover.py (what is handed
+to and taken from s3pull).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 from manyfiles._core.progress import ProgressArg, check_progress, progress_for
 from manyfiles._core.retry import RetryPolicy
 from manyfiles.cache import _format as fmt
+from manyfiles.cache._counters import Counters
+from manyfiles.cache._fills import Fills
 from manyfiles.cache._index import Version
 from manyfiles.cache._kept import Kept, KeptListing, KeptObject
 from manyfiles.cache._offline import PROBE, REACH, check_mode, endpoint_of, fall_back
@@ -42,6 +46,7 @@ from manyfiles.cache._opener import FETCH_THREADS, Opener
 from manyfiles.cache._origin import FileOrigin, Head, S3Origin, parse_source
 from manyfiles.cache._reader import CachedReader, MemoryFile
 from manyfiles.cache._reports import CacheStats, EvictReport, VerifyReport, WarmReport
+from manyfiles.cache._space import Space, check_low_water
 from manyfiles.cache._store import BlockStore
 from manyfiles.cache._versions import Source, Versions, listed
 from manyfiles.cache._write import WriteThrough
@@ -56,6 +61,19 @@ MODES = ("rb", "wb")
 PROCESS_COUNTERS = ("hits", "misses", "hit_bytes", "miss_bytes", "object_hits", "object_misses", "fills",
                     "fill_bytes", "fills_dropped", "fills_queued", "fill_bytes_queued", "fills_done",
                     "fill_bytes_done")
+
+
+def open_store(dir: str | os.PathLike, *, block_size: int | None, max_size: int | None,
+               min_free: float | int | None, low_water: float, verify: bool,
+               fill_queue_bytes: int | None) -> BlockStore:
+    """The cache directory's file layer, with the space keeper, the write-behind and the counters
+    built over it (they see it as :class:`~manyfiles.cache._blockfiles.BlockFiles`)."""
+    check_low_water(low_water)          # before the directory is made
+    files = BlockStore(dir, block_size=block_size, verify=verify)
+    space = Space(files, max_size=max_size, min_free=min_free, low_water=low_water)
+    fills = Fills(files, fill_queue_bytes)
+    files.attach(space, fills, Counters(files.index, degrade=files.degrade, wake=fills.start))
+    return files
 
 
 class Cache:
@@ -106,7 +124,7 @@ class Cache:
         offline = check_mode(offline)
         if verify_whole_max < 0:
             raise UsageError(f"verify_whole_max {verify_whole_max}: must not be negative")
-        self._store = BlockStore(dir, block_size=block_size, max_size=max_size, min_free=min_free,
+        self._store = open_store(dir, block_size=block_size, max_size=max_size, min_free=min_free,
                                  low_water=low_water, verify=verify, fill_queue_bytes=fill_queue)
         #: the keyword arguments this cache was opened with (a cluster worker opens its own with them)
         self.options = {"max_size": max_size, "min_free": min_free, "block_size": self._store.block_size,
@@ -366,7 +384,7 @@ class Cache:
         found unreachable by this process less than a minute ago), None when the origin is asked."""
         return self._versions.offline_reason(self.origin(src, settings), offline)
 
-    # -- exchange with other tools (s3pull --cache: _exchange.py) ------------------------------------
+    # -- handed over to and from other tools (s3pull --cache: _handover.py) -------------------------
 
     def export(self, src: Source | S3Origin, etag: str, size: int, write: Callable[[bytes], Any]) -> bool:
         """Hand the cached content of ``src`` at version (``etag``, ``size``) to ``write`` if the
@@ -375,7 +393,7 @@ class Cache:
 
         For tools that know the version from a listing (``s3pull --cache``): no request is made.
         """
-        from manyfiles.cache._exchange import export
+        from manyfiles.cache._handover import export
 
         origin = self.origin(src)
         return export(self._store, origin, self.validated(origin, Head(S3Origin.validator(etag, size), size)),
@@ -390,7 +408,7 @@ class Cache:
         at rest).  Unchecked, it is kept as unverified blocks and checked whole in the background,
         like any range no check covered.  Written in the background, like any fill (dropped, and
         counted, when the fill queue is full)."""
-        from manyfiles.cache._exchange import fill
+        from manyfiles.cache._handover import fill
 
         origin = self.origin(src, settings)
         v = self._versions.resolve(origin, listed=listed(etag, len(data), listed_at))[0]
@@ -402,7 +420,7 @@ class Cache:
         that another tool just downloaded and checked (``s3pull --cache``).  The copy is hashed
         again against ``claim`` (a :class:`manyfiles.s3.integrity.Claim`; default: the MD5 when the
         ETag is one); nothing is cached when there is nothing to check it against, or it fails."""
-        from manyfiles.cache._exchange import import_file
+        from manyfiles.cache._handover import import_file
 
         origin = self.origin(src)
         v = self.validated(origin, Head(S3Origin.validator(etag, size), size))

@@ -41,7 +41,7 @@ from manyfiles.cache._index import Fill, Packed, Version, Whole
 from manyfiles.cache._packs import PACK_MAX_OBJECT
 
 if TYPE_CHECKING:
-    from manyfiles.cache._store import BlockStore
+    from manyfiles.cache._blockfiles import BlockFiles
 
 FILLERS = 4                          # writer threads per process
 # Fills are background work: their CPU (mostly the kernel's, allocating page-cache pages for new
@@ -278,7 +278,7 @@ class WholeWriter:
 class Fills:
     """The fill queue of one store, its writer threads and its accounting thread."""
 
-    def __init__(self, store: BlockStore, queue_bytes: int | None) -> None:
+    def __init__(self, store: BlockFiles, queue_bytes: int | None) -> None:
         self.store = store
         self.queue_bytes = FILL_QUEUE_BYTES if queue_bytes is None else queue_bytes
         self._closed = False

@@ -27,7 +27,7 @@ from manyfiles.cache._packs import MIN_PACK_BYTES, PACK_BYTES
 from manyfiles.errors import UsageError, from_oserror
 
 if TYPE_CHECKING:
-    from manyfiles.cache._store import BlockStore
+    from manyfiles.cache._blockfiles import BlockFiles
 
 
 def free_bytes(path: str) -> int:
@@ -54,7 +54,7 @@ class Space:
     ``min_free / low_water`` is free.
     """
 
-    def __init__(self, store: BlockStore, *, max_size: int | None, min_free: float | int | None,
+    def __init__(self, store: BlockFiles, *, max_size: int | None, min_free: float | int | None,
                  low_water: float) -> None:
         self.store = store
         self.low_water = check_low_water(low_water)

@@ -32,6 +32,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from manyfiles._core.procs import pid_alive
 from manyfiles.cache import _format as fmt
@@ -39,8 +40,11 @@ from manyfiles.cache._counters import Counters
 from manyfiles.cache._format import trace
 from manyfiles.cache._index import Fill, Index, Version, Victim, Whole, bits_set, block_disk_bytes
 from manyfiles.cache._packs import PACK_MAX_OBJECT, Location, Packs
-from manyfiles.cache._space import Space, check_low_water
 from manyfiles.errors import IntegrityError, ManyfilesError, from_oserror
+
+if TYPE_CHECKING:
+    from manyfiles.cache._fills import Fills
+    from manyfiles.cache._space import Space
 
 DEGRADED_RETRY = 30.0                # seconds of pass-through after the cache disk failed
 STALE_TEMP_AGE = 3600.0
@@ -49,16 +53,18 @@ _O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
 
 class BlockStore:
-    """One cache directory: its files, and the index, write-behind, counters and space that use them."""
+    """One cache directory's files and index: the file layer
+    (:class:`~manyfiles.cache._blockfiles.BlockFiles`) under the write-behind, counters and space that
+    the Cache builds over it (:meth:`attach`)."""
 
-    def __init__(self, root: str | os.PathLike, *, block_size: int | None = None, max_size: int | None = None,
-                 min_free: float | int | None = 0.1, low_water: float = 0.9, verify: bool = False,
-                 fill_queue_bytes: int | None = None) -> None:
-        from manyfiles.cache._fills import Fills
+    space: Space
+    fills: Fills
+    counters: Counters
 
+    def __init__(self, root: str | os.PathLike, *, block_size: int | None = None,
+                 verify: bool = False) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.verify = verify
-        check_low_water(low_water)          # before the directory is made
         try:
             desc = fmt.open_dir(self.root, block_size)
             self.block_size = int(desc["block_size"])
@@ -71,16 +77,17 @@ class BlockStore:
             raise from_oserror(exc, self.root) from exc
         except sqlite3.DatabaseError as exc:
             raise ManyfilesError(f"{self.root}: cannot use the cache index: {exc}") from exc
-        self.space = Space(self, max_size=max_size, min_free=min_free, low_water=low_water)
-        self.packs.pack_bytes = self.space.pack_bytes()
         self.tmp = os.path.join(self.root, fmt.TMP)
         self._temp_names = itertools.count()
         self._degraded_until = 0.0
         self._warned = False
         self._checked: set[tuple[bytes, int, int]] = set()     # (objid, index, inode) CRC-checked here
-        self.fills = Fills(self, fill_queue_bytes)
-        self.counters = Counters(self.index, degrade=self.degrade, wake=self.fills.start)
         clean_stale_temps(self.tmp)
+
+    def attach(self, space: Space, fills: Fills, counters: Counters) -> None:
+        """The parts built over these files (by the Cache: :func:`manyfiles.cache._cache.open_store`)."""
+        self.space, self.fills, self.counters = space, fills, counters
+        self.packs.pack_bytes = space.pack_bytes()
 
     def after_fork(self) -> None:
         """A forked child (a DataLoader worker) has none of the parent's threads: fresh locks and batches."""

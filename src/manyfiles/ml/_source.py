@@ -5,9 +5,9 @@
   with its ETag and size, which *is* the validation of those objects (no HEAD per object).
 * :class:`CacheRef` -- a cache directory and its options, picklable; ``.get()`` is this process's
   :class:`~manyfiles.cache.Cache` for it (opened once per process, after fork or spawn too).
-* :class:`ObjectFetcher` -- whole-object GETs through s3pull's lean engine (raw sockets, signed
-  by hand), each pinned to its listed ETag and checked whole (MD5 ETag, multipart ETag or S3
-  checksum) before its bytes are handed out and kept in the cache.
+* :class:`ObjectFetcher` -- listed items fetched whole through the public many-objects fetch
+  (:class:`manyfiles.s3.Fetcher`: s3pull's lean engine), each pinned to its listed ETag and checked
+  whole (MD5 ETag, multipart ETag or S3 checksum) before its bytes are handed out and kept in the cache.
 """
 
 from __future__ import annotations
@@ -17,10 +17,13 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from manyfiles.cache import Cache, shared_cache
 from manyfiles.errors import ManyfilesError, NotFound, UsageError
+
+if TYPE_CHECKING:
+    from manyfiles.s3 import FetchResult
 
 PREFETCH_MAX_BYTES = 64 << 20     # larger objects are read through the cache's own streamed path
 
@@ -154,80 +157,33 @@ def _new_lock_in_child() -> None:
 os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
-# -- whole objects through the fast engine -------------------------------------------------------------
-
-class Fetched(NamedTuple):
-    data: bytes | None
-    checked: str | None            # how the whole object was checked ("md5", "crc32c", "size-only")
-    error: ManyfilesError | None
-
+# -- whole objects through the public many-objects fetch ------------------------------------------------
 
 class ObjectFetcher:
-    """Fetches whole objects of one bucket with s3pull's lean engine (``workers`` connections):
-    ``submit(item)`` then ``result(item)`` (in any order).  One per process (not picklable)."""
+    """The listed items of one bucket fetched whole by :class:`manyfiles.s3.Fetcher` (``workers``
+    connections of s3pull's lean engine), each pinned to its listed ETag and size and checked whole:
+    ``submit(item)`` then ``result(item)`` (a :class:`~manyfiles.s3.FetchResult`, in any order).
+    One per process (not picklable)."""
 
     def __init__(self, bucket: str, settings: Any, workers: int) -> None:
-        from manyfiles.s3.engines.base import Ctx, Options
-        from manyfiles.s3.engines.threads import ThreadsEngine
-        from manyfiles.s3.retry import RetryPolicy
-        from manyfiles.s3.sink import MemorySink
+        from manyfiles.s3 import Fetcher
 
-        self.pid = os.getpid()
-        self._lock = threading.Lock()
-        self._delivered: dict[str, bytes] = {}
-        self._done: dict[str, Fetched] = {}
-        self._abandoned: set[str] = set()
-        self._ctx = Ctx(Options(bucket, settings, RetryPolicy(), verify=True), MemorySink(self._deliver))
-        self._engine = ThreadsEngine(self._ctx, workers, name="lean", transport="lean")
-        self.bucket = bucket
-
-    def _deliver(self, key: str, data: bytes) -> None:       # an engine thread, before its "done"
-        with self._lock:
-            self._delivered[key] = data
+        self._fetcher = Fetcher(bucket, settings=settings, workers=workers)
+        self.pid, self.bucket = self._fetcher.pid, bucket
 
     def submit(self, item: Item) -> None:
-        from manyfiles.s3.transfer import Job
+        self._fetcher.submit(item.key, size=item.size, etag=item.etag)
 
-        self._engine.submit(Job(item.key, item.key, item.size, item.etag, "lean", 0))
-
-    def result(self, item: Item) -> Fetched:
+    def result(self, item: Item) -> FetchResult:
         """Wait for ``item`` (submitted before); other objects' outcomes are kept for their turn."""
-        self._abandoned.discard(item.key)
-        while item.key not in self._done:
-            kind, job, value = self._ctx.events.get()
-            if kind not in ("done", "failed"):
-                continue
-            with self._lock:
-                data = self._delivered.pop(job.key, None)
-            if job.key in self._abandoned:
-                self._abandoned.discard(job.key)
-            elif kind == "done":
-                self._done[job.key] = Fetched(data, value.claim.method, None)
-            else:
-                self._done[job.key] = Fetched(None, None, _error(job.key, self.bucket, value))
-        return self._done.pop(item.key)
+        return self._fetcher.result(item.key)
 
     def abandon(self, item: Item) -> None:
         """``item`` was submitted but will not be waited for: drop its outcome when it comes."""
-        if self._done.pop(item.key, None) is None:
-            self._abandoned.add(item.key)
+        self._fetcher.abandon(item.key)
 
     def close(self) -> None:
-        if os.getpid() == self.pid:
-            self._engine.kill()
-
-
-def _error(key: str, bucket: str, failed: Any) -> ManyfilesError:
-    from manyfiles.errors import ObjectChanged, TransferError
-
-    where = f"s3://{bucket}/{key}"
-    if failed.stop is not None:
-        return failed.stop
-    if failed.code in ("changed", "PreconditionFailed"):
-        return ObjectChanged(f"{where}: {failed.reason}")
-    if failed.code in ("NoSuchKey", "NotFound"):
-        return NotFound(f"{where}: {failed.reason}")
-    return TransferError(f"{where}: {failed.reason}")
+        self._fetcher.close()
 
 
 def chunks(seq: list, n: int) -> Iterator[list]:

@@ -276,9 +276,10 @@ class ManyfilesFileSystem(_FsBase):
         with contextlib.suppress(KeyError):
             return self.dircache[""]
         from manyfiles.s3.retry import classify
+        from manyfiles.s3.store import list_buckets
 
         try:
-            names = [b["Name"] for b in self._settings().client(pool=2).list_buckets().get("Buckets", [])]
+            names = list_buckets(self._settings())
         except Exception as exc:
             err = classify(exc)
             if err.status in (401, 403):

@@ -8,6 +8,8 @@ Public API:
 * :func:`verify` -- re-hash every file a pull installed against the check it passed.
 * :func:`iter_objects` / :func:`get_objects` -- the same transfer into memory,
   ``(key, bytes)`` pairs or a dict, for notebooks.
+* :func:`fetch_objects` / :class:`Fetcher` -- many known objects (or byte ranges of them) of one
+  bucket, fetched concurrently into memory, each checked, under the retry policy and stall watch.
 * :func:`list` -- the objects under a prefix (key, size, ETag, mtime) as an :class:`ObjectTable`,
   downloading nothing.
 * :class:`ClientSettings` -- profile, region, endpoint, unsigned requests.
@@ -22,6 +24,7 @@ Example:
 from __future__ import annotations
 
 from manyfiles.s3.client import ClientSettings
+from manyfiles.s3.fetcher import Fetcher, FetchResult, fetch_objects
 from manyfiles.s3.keys import UnsafeKey, local_relpath, parse_url
 from manyfiles.s3.pull import Event, PullConfig, PullPlan, get_objects, iter_objects, plan, pull
 from manyfiles.s3.report import PullReport, VerifyReport
@@ -37,6 +40,8 @@ __all__ = [
     "STRATEGIES",
     "ClientSettings",
     "Event",
+    "FetchResult",
+    "Fetcher",
     "ObjectTable",
     "PullConfig",
     "PullPlan",
@@ -45,6 +50,7 @@ __all__ = [
     "RetryPolicy",
     "UnsafeKey",
     "VerifyReport",
+    "fetch_objects",
     "get_objects",
     "iter_objects",
     "list",

@@ -12,10 +12,22 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from manyfiles._core.progress import LOG_INTERVAL, Progress, StallWatch
 from manyfiles.errors import Stalled
 from manyfiles.s3.engines.base import Ctx, Done, Failed
+from manyfiles.s3.engines.events import (
+    BytesIn,
+    Delivered,
+    End,
+    Fatal,
+    JobDone,
+    JobFailed,
+    Listed,
+    Planned,
+    Retried,
+    Skipped,
+)
 from manyfiles.s3.keys import S3Url
 from manyfiles.s3.report import PullReport
 from manyfiles.s3.retry import NETWORK_CODES
-from manyfiles.s3.transfer import Job
+from manyfiles.s3.transfer import Download
 
 CHECK = 1.0     # seconds between two looks at the stall (and renderings while nothing arrives)
 
@@ -73,41 +85,43 @@ class Consumer:
         next_check = monotonic() + CHECK
         while True:
             try:
-                kind, job, value = get(timeout=CHECK)
+                ev = get(timeout=CHECK)
             except queue.Empty:
-                kind = ""
+                ev = None
             now = monotonic()
             if now >= next_check:
                 next_check = now + CHECK
                 stalled = self._check(now)
                 if stalled is not None:
                     yield stalled
-            if kind == "bytes":
+            kind = type(ev)
+            if kind is BytesIn:
                 watch.moving = True
-                yield from self._counted(value)
-            elif kind == "done":
+                yield from self._counted(ev.n)
+            elif kind is JobDone:
                 watch.moving = True
-                yield from self._done(job, value)
-            elif kind == "data":
-                yield (job, value)
-            elif kind == "plan":
+                yield from self._done(ev.job, ev.outcome)
+            elif kind is Delivered:
+                yield (ev.key, ev.data)
+            elif kind is Planned:
                 if self.dry_run:        # (a run's plans are decisions, not progress)
                     watch.moving = True
-                yield self._planned(job, value)
-            elif kind == "failed":
-                yield self._failed(job, value)
-            elif kind == "retry":
+                yield self._planned(ev.job, ev.part_size)
+            elif kind is JobFailed:
+                yield self._failed(ev.job, ev.outcome)
+            elif kind is Retried:
+                job = ev.job
                 self.report.retries += 1
-                watch.failed(value)
-                yield Event("retry", job.key, job.size, job.engine, value)
-            elif kind == "skip":
+                watch.failed(ev.reason)
+                yield Event("retry", job.key, job.size, job.engine, ev.reason)
+            elif kind is Skipped:
                 watch.moving = True
-                yield self._skipped(job, value)
-            elif kind == "listed":
-                yield self._listed(value)
-            elif kind == "fatal":
-                raise value
-            elif kind == "end":
+                yield self._skipped(ev.job, ev.reason)
+            elif kind is Listed:
+                yield self._listed(ev.count)
+            elif kind is Fatal:
+                raise ev.error
+            elif kind is End:
                 yield from self._counted(self.ctx.take_bytes())
                 return
 
@@ -126,7 +140,7 @@ class Consumer:
                 self.progress.add(bytes=n)
             yield Event("bytes", None, None, None, n)
 
-    def _done(self, job: Job, outcome: Done) -> Iterator[Event]:
+    def _done(self, job: Download, outcome: Done) -> Iterator[Event]:
         self.slots.release()
         yield from self._counted(self.ctx.take_bytes())   # this object's bytes not sent as an event yet
         self.report.add_done(outcome.engine, outcome.size, outcome.claim.kind, outcome.claim.note,
@@ -142,7 +156,7 @@ class Consumer:
             self.progress.add(1)
         yield Event("done", job.key, outcome.size, outcome.engine, job.rel)
 
-    def _planned(self, job: Job, part_size: int | None) -> Event:
+    def _planned(self, job: Download, part_size: int | None) -> Event:
         self.report.add_planned(job.engine, job.size)
         planned = getattr(self.report, "objects", None)   # a PullPlan collects its jobs
         if planned is not None:
@@ -153,7 +167,7 @@ class Consumer:
             self.progress.add(1)
         return Event("plan", job.key, job.size, job.engine, part_size)
 
-    def _failed(self, job: Job, failed: Failed) -> Event:
+    def _failed(self, job: Download, failed: Failed) -> Event:
         if not self.dry_run and job.engine:
             self.slots.release()
         self.report.add_failure(job.key, failed.reason, failed.code)
@@ -174,7 +188,7 @@ class Consumer:
             raise failed.stop
         return Event("failed", job.key, job.size, job.engine or None, failed.reason)
 
-    def _skipped(self, job: Job, reason: str) -> Event:
+    def _skipped(self, job: Download, reason: str) -> Event:
         self.report.skipped += 1
         if self.progress:
             self.progress.add(1)

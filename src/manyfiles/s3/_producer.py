@@ -17,12 +17,13 @@ from manyfiles.errors import IntegrityError, ManyfilesError
 from manyfiles.s3 import routing
 from manyfiles.s3.engines.base import Ctx, Done, Failed
 from manyfiles.s3.engines.engine_set import EngineSet
+from manyfiles.s3.engines.events import End, Fatal, JobDone, JobFailed, Listed, Planned, Skipped
 from manyfiles.s3.integrity import digest_for, object_claim
 from manyfiles.s3.keys import S3Url, UnsafeKey, local_relpath
 from manyfiles.s3.object_listing import ObjectInfo
 from manyfiles.s3.retry import classify
 from manyfiles.s3.state import State
-from manyfiles.s3.transfer import Job
+from manyfiles.s3.transfer import Download
 
 if TYPE_CHECKING:
     from manyfiles.s3._pullconfig import Destination, PullConfig
@@ -30,9 +31,9 @@ if TYPE_CHECKING:
 
 def plan_objects(url: S3Url, objects: Iterable[ObjectInfo], cfg: PullConfig, *,
                  keep: Callable[[str], bool] | None, final_path: Callable[[str], str],
-                 state: State | None) -> Iterator[tuple[str, Job, Any]]:
-    """The planner: ``("plan", job, part_size)``, ``("skip", job, reason)`` or ``("failed", job,
-    Failed)`` for every object ``keep`` accepts, in listing order.  Pure but for the state check."""
+                 state: State | None) -> Iterator[Planned | Skipped | JobFailed]:
+    """The planner: :class:`Planned`, :class:`Skipped` or :class:`JobFailed` (an unsafe key) for every
+    object ``keep`` accepts, in listing order.  Pure but for the state check."""
     for info in objects:
         if keep is not None and not keep(info.key.removeprefix(url.base)):
             continue
@@ -40,19 +41,19 @@ def plan_objects(url: S3Url, objects: Iterable[ObjectInfo], cfg: PullConfig, *,
             rel = local_relpath(info.key, url.base)
             path = final_path(rel)
         except UnsafeKey as exc:
-            job = Job(info.key, "", info.size, info.etag)
+            job = Download(info.key, "", info.size, info.etag)
             if info.key.endswith("/") and not info.size:
-                yield "skip", job, "directory marker"
+                yield Skipped(job, "directory marker")
             else:
-                yield "failed", job, Failed(f"unsafe key: {exc}", "unsafe-key")
+                yield JobFailed(job, Failed(f"unsafe key: {exc}", "unsafe-key"))
             continue
         if state is not None and state.done and state.is_done(info.key, info.size, info.etag, path,
                                                               verify=cfg.verify_existing):
-            yield "skip", Job(info.key, rel, info.size, info.etag), "already downloaded"
+            yield Skipped(Download(info.key, rel, info.size, info.etag), "already downloaded")
             continue
         engine, part_size = routing.choose(cfg.strategy, info.size, ranged_min=cfg.ranged_min,
                                            part_size=cfg.part_size)
-        yield "plan", Job(info.key, rel, info.size, info.etag, engine, part_size), part_size
+        yield Planned(Download(info.key, rel, info.size, info.etag, engine, part_size), part_size)
 
 
 class Producer:
@@ -60,9 +61,10 @@ class Producer:
     once one of ``slots`` is free, which bounds the jobs listed but not finished; the consumer
     frees a slot per outcome.  A dry run only plans.
 
-    Events it sends: each plan's ``plan``/``skip``/``failed``, ``done`` for a cache hit, then
-    ``listed`` (the count) and ``end`` once every engine finished; ``fatal`` (the error, re-raised
-    by the consumer) if listing or submitting failed.  It stops quietly when ``ctx.cancel`` is set.
+    Events it sends (:mod:`manyfiles.s3.engines.events`): each plan's :class:`Planned`/:class:`Skipped`/
+    :class:`JobFailed`, :class:`JobDone` for a cache hit, then :class:`Listed` (the count) and
+    :class:`End` once every engine finished; :class:`Fatal` (the error, re-raised by the consumer) if
+    listing or submitting failed.  It stops quietly when ``ctx.cancel`` is set.
     """
 
     def __init__(self, url: S3Url, objects: Iterable[ObjectInfo], cfg: PullConfig, *,
@@ -80,26 +82,26 @@ class Producer:
             if not self._produce():
                 return
         except BaseException as exc:  # re-raised in the consuming thread
-            self.put(("fatal", None, self._fatal(exc)))
+            self.put(Fatal(self._fatal(exc)))
             return
-        self.put(("end", None, None))
+        self.put(End())
 
     def _produce(self) -> bool:
         """Plan and submit every object; False if the run was cancelled meanwhile."""
         listed = 0
-        for kind, job, value in plan_objects(self.url, self.objects, self.cfg, keep=self.keep,
-                                             final_path=self.dest.final_path, state=self.dest.state):
+        for ev in plan_objects(self.url, self.objects, self.cfg, keep=self.keep,
+                               final_path=self.dest.final_path, state=self.dest.state):
             if self.ctx.cancel.is_set():
                 return False
             listed += 1
-            self.put((kind, job, value))
-            if kind == "plan" and not self.dry_run and not self._submit(job):
+            self.put(ev)
+            if type(ev) is Planned and not self.dry_run and not self._submit(ev.job):
                 return False
-        self.put(("listed", None, listed))
+        self.put(Listed(listed))
         self.engines.close()
         return True
 
-    def _submit(self, job: Job) -> bool:
+    def _submit(self, job: Download) -> bool:
         """Hand ``job`` over once a slot is free; False if the run was cancelled while waiting."""
         while not self.slots.acquire(timeout=0.5):
             if self.ctx.cancel.is_set():
@@ -108,7 +110,7 @@ class Producer:
         if self.cfg.cache is not None and not sink.memory:
             hit = from_cache(self.cfg, sink, self.url, job)
             if hit is not None:
-                self.put(("done", job, hit))
+                self.put(JobDone(job, hit))
                 return True
         self.engines.get(job.engine).submit(job)
         return True
@@ -122,7 +124,7 @@ class Producer:
         return wrapped
 
 
-def from_cache(cfg: PullConfig, sink: Any, url: S3Url, job: Job) -> Done | None:
+def from_cache(cfg: PullConfig, sink: Any, url: S3Url, job: Download) -> Done | None:
     """``--cache``: install the object from the cache if it holds this version (ETag, size).
 
     The exported bytes pass the same check a download would where the listing allows one (a

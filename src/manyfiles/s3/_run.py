@@ -28,6 +28,7 @@ from manyfiles.s3._pullconfig import Destination, PullConfig
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.engines.base import Ctx, Options
 from manyfiles.s3.engines.engine_set import EngineSet
+from manyfiles.s3.engines.events import Delivered
 from manyfiles.s3.keys import S3Url
 from manyfiles.s3.object_listing import ObjectInfo, list_objects_lean, read_manifest
 from manyfiles.s3.report import PullReport
@@ -82,7 +83,7 @@ def run(url: S3Url, objects: Iterable[ObjectInfo], dest: str | None, *, settings
     objects, listed = _first_listed(objects, progress, watch, where)
     writes = listed and not dry_run    # nothing listed: DEST is only read, as for a dry run
     out = Destination.open(dest, cfg, dry_run=not writes, state_slice=state_slice,
-                           on_data=lambda k, d: ctx.events.put(("data", k, d)))
+                           on_data=lambda k, d: ctx.events.put(Delivered(k, d)))
     ctx = Ctx(Options(url.bucket, settings, cfg.retry, cfg.verify, dest, cfg.layout, cfg.fsync,
                       cfg.checksum_mode), out.sink)
     engines = EngineSet(ctx, budget, strategy=cfg.strategy, sub_engine=cfg.sub_engine)

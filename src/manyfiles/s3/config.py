@@ -326,7 +326,8 @@ def proxy_for(scheme: str, host: str) -> tuple[str, int] | None:
 
 
 def resolve_endpoint(settings: Settings, bucket: str, region: str) -> Endpoint:
-    """Where requests for ``bucket`` go (custom endpoints path-style unless configured otherwise)."""
+    """Where requests for ``bucket`` go (custom endpoints path-style unless configured otherwise);
+    ``bucket`` "": the service itself (ListBuckets)."""
     cfg = aws_config(settings)
     if cfg.endpoint_url:
         u = urlsplit(cfg.endpoint_url)
@@ -335,13 +336,15 @@ def resolve_endpoint(settings: Settings, bucket: str, region: str) -> Endpoint:
         port = u.port or (443 if scheme == "https" else 80)
         netloc = u.netloc.rpartition("@")[2]
         base = u.path.rstrip("/")
-        if cfg.addressing_style != "virtual":
+        if cfg.addressing_style != "virtual" or not bucket:
             ep = Endpoint(scheme, netloc, hostname, port, f"{base}/{bucket}")
         else:
             ep = Endpoint(scheme, f"{bucket}.{netloc}", f"{bucket}.{hostname}", port, base)
     else:
         host = f"s3.{region}.amazonaws.com"
-        if "." in bucket or cfg.addressing_style == "path":
+        if not bucket:
+            ep = Endpoint("https", host, host, 443, "")
+        elif "." in bucket or cfg.addressing_style == "path":
             ep = Endpoint("https", host, host, 443, f"/{bucket}")
         else:
             ep = Endpoint("https", f"{bucket}.{host}", f"{bucket}.{host}", 443, "")

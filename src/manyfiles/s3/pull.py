@@ -30,12 +30,14 @@ from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.keys import STATE_DIR, S3Url, make_filter, parse_url
 from manyfiles.s3.object_listing import ObjectInfo
 from manyfiles.s3.report import PullReport
-from manyfiles.s3.transfer import Job
+from manyfiles.s3.transfer import Download
+
+Job = Download      # the name PullPlan.objects' pinned signature (tests/public_api.json) carries
 
 
 @dataclass(kw_only=True)
 class PullPlan(PullReport):
-    """A dry run: what :func:`pull` would fetch (``objects``: one :class:`Job` each, with its
+    """A dry run: what :func:`pull` would fetch (``objects``: one :class:`Download` each, with its
     engine and part size) and how (:meth:`execute`).
 
     Executing fetches exactly these objects, each pinned to the ETag it had when planned (an

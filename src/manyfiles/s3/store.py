@@ -311,6 +311,16 @@ def store_for(settings: ClientSettings | None, bucket: str, *, retry: RetryPolic
                    checksum_mode=checksum_mode, on_retry=on_retry, cancel=cancel)
 
 
+def list_buckets(settings: ClientSettings | None, *, retry: RetryPolicy | None = None) -> list[str]:
+    """The names of the buckets the credentials own, sorted: ListBuckets (``GET /`` on the service
+    endpoint), signed and sent as every store request is, retried under ``retry``.  Raises
+    TransferError (403 AccessDenied when the credentials may not list buckets)."""
+    service = store_for(settings, "", retry=retry)
+    path = service.route.ep.path_prefix.rstrip("/") + "/"
+    root, ns = service._retrying(lambda: service._xml_of("GET", path, ""))
+    return sorted(b.findtext(f"{ns}Name") or "" for b in root.iter(f"{ns}Bucket"))
+
+
 class S3Store:
     """:class:`Store` on S3 (see the module docstring); made by :func:`store_for`.
 
@@ -524,22 +534,14 @@ class S3Store:
         """One GET of the whole object (pinned to ``etag``) appended to ``target`` and checked as it
         is written (:class:`~manyfiles.s3.transfer.WholeBody`: ``layout`` the part sizes learnt, ``()``
         a layout search); not retried (the caller resets the target and tries again)."""
-        extra = self._pin(etag, [("x-amz-checksum-mode", "ENABLED")] if self.checksum_mode else [])
-        verify = self.verify
-
-        def begin(status: int, headers: Headers, length: int) -> WholeBody:
-            return WholeBody(key, size, etag, target, headers, verify=verify, layout=layout)
-
-        t0 = time.monotonic_ns()
+        get = _WholeGet(self, key, target, etag, size, layout)
         try:
-            status, _, n, body = self.transport.fetch(self._path(key), extra, ok=(200,), begin=begin,
+            status, _, n, body = self.transport.fetch(get.path, get.extra, ok=(200,), begin=get.begin,
                                                       on_bytes=on_bytes)
-            fetched = body.finish(n)
+            return get.finished(status, n, body)
         except TransferError as err:
-            _trace("s3.get", self.bucket, key, 0, getattr(err, "received", 0), t0, err.status or -1)
+            get.failed(err)
             raise
-        _trace("s3.get", self.bucket, key, 0, n, t0, status)
-        return fetched
 
     def fetch_range_into(self, key: str, target: Any, start: int, end: int, *, etag: str | None,
                          size: int | None, feed: Any = None,
@@ -580,27 +582,19 @@ class S3Store:
                           on_retry: Callable[[TransferError], None] | None = None) -> Fetched:
         """The twin of :meth:`fetch_into`, on ``conn``; a multipart ETag's part sizes are learnt
         first (:func:`~manyfiles.s3.layouts.alearn_layout`)."""
-        layout = None
-        extra = self._pin(etag, [("x-amz-checksum-mode", "ENABLED")] if self.checksum_mode else [])
-        verify = self.verify
-        t0 = time.monotonic_ns()
+        get = _WholeGet(self, key, target, etag, size, None)
         try:
-            if needs_layout(size, etag, verify):
-                layout = await alearn_layout(size, etag, lambda n: self.ahead_headers(conn, key, etag=etag,
-                                                                                      part_number=n),
-                                             self.retry, on_retry=on_retry)
+            if needs_layout(size, etag, self.verify):
+                def part_head(n: int):
+                    return self.ahead_headers(conn, key, etag=etag, part_number=n)
 
-            def begin(status: int, headers: Headers, length: int) -> WholeBody:
-                return WholeBody(key, size, etag, target, headers, verify=verify, layout=layout)
-
-            status, _, n, body = await conn.fetch(self._path(key), extra, ok=(200,), begin=begin,
+                get.layout = await alearn_layout(size, etag, part_head, self.retry, on_retry=on_retry)
+            status, _, n, body = await conn.fetch(get.path, get.extra, ok=(200,), begin=get.begin,
                                                   on_bytes=on_bytes)
-            fetched = body.finish(n)
+            return get.finished(status, n, body)
         except TransferError as err:
-            _trace("s3.get", self.bucket, key, 0, getattr(err, "received", 0), t0, err.status or -1)
+            get.failed(err)
             raise
-        _trace("s3.get", self.bucket, key, 0, n, t0, status)
-        return fetched
 
     async def aretrying(self, fn, on_retry=None, reset=None):
         return await aretrying(fn, self.retry, classify=classify, on_retry=on_retry or self.on_retry,
@@ -958,6 +952,36 @@ def _trace(op: str, bucket: str, key: str, offset: int, n: int, t0: int, status:
         tr.record(op, f"{bucket}/{key}", offset, n, t0, time.monotonic_ns() - t0, status)
 
 
+class _WholeGet:
+    """One whole-object GET without its I/O, under both shells (:meth:`S3Store.fetch_into` and
+    :meth:`S3Store.afetch_into`): the path and headers sent (pinned to ``etag``, the server's
+    checksums asked for), the body's writer made when the answer begins, and the trace of its end."""
+
+    __slots__ = ("etag", "extra", "key", "layout", "path", "size", "store", "t0", "target")
+
+    def __init__(self, store: S3Store, key: str, target: Any, etag: str | None, size: int | None,
+                 layout: tuple[int, ...] | None) -> None:
+        self.store, self.key, self.target = store, key, target
+        self.etag, self.size, self.layout = etag, size, layout
+        self.path = store._path(key)
+        self.extra = store._pin(etag, [("x-amz-checksum-mode", "ENABLED")] if store.checksum_mode else [])
+        self.t0 = time.monotonic_ns()
+
+    def begin(self, status: int, headers: Headers, length: int) -> WholeBody:
+        return WholeBody(self.key, self.size, self.etag, self.target, headers, verify=self.store.verify,
+                         layout=self.layout)
+
+    def finished(self, status: int, n: int, body: WholeBody) -> Fetched:
+        """The object's checks after its last byte (raises TransferError), then its trace."""
+        fetched = body.finish(n)
+        _trace("s3.get", self.store.bucket, self.key, 0, n, self.t0, status)
+        return fetched
+
+    def failed(self, err: TransferError) -> None:
+        _trace("s3.get", self.store.bucket, self.key, 0, getattr(err, "received", 0), self.t0,
+               err.status or -1)
+
+
 class _Buffer:
     """A ranged GET's target in memory: ``write_at`` absolute offsets of the range ``start..``."""
 
@@ -1119,4 +1143,4 @@ class ObjectStream:
 
 __all__ = ["CHECKSUM_ALGORITHMS", "DELETE_BATCH", "Body", "DeleteFailure", "FileBody", "ObjectExists",
            "ObjectHead", "ObjectInfo", "ObjectStream", "Part", "PutResult", "RangeData", "S3Store", "Store",
-           "Upload", "store_for"]
+           "Upload", "list_buckets", "store_for"]

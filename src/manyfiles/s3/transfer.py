@@ -1,6 +1,6 @@
 """One object or one part: GET, write into a Target, verify.  Shared by all engines.
 
-``Job`` is the unit the planner hands to engines (immutable and picklable, for worker
+``Download`` is the unit the planner hands to engines (immutable and picklable, for worker
 processes); what a transfer produced comes back as a :class:`Fetched`, never written into
 the job.  :class:`WholeBody` is what every whole-object GET does with its body, whatever the
 transport: complete writes into the target, hashing of what was written, and the final checks
@@ -31,7 +31,7 @@ EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"
 
 
 @dataclass(frozen=True)
-class Job:
+class Download:
     """One object to fetch, with the engine the planner chose for it (``size`` None: unknown)."""
 
     key: str
@@ -143,7 +143,7 @@ def head_part_boto3(client, bucket: str, key: str, n: int) -> Mapping[str, str]:
     return resp["ResponseMetadata"]["HTTPHeaders"]
 
 
-def get_kwargs(bucket: str, job: Job, checksum_mode: bool) -> dict:
+def get_kwargs(bucket: str, job: Download, checksum_mode: bool) -> dict:
     """GetObject arguments for boto3/aioboto3: pinned to the listed ETag, checksums asked for."""
     kw = {"Bucket": bucket, "Key": job.key}
     if checksum_mode:
@@ -153,7 +153,7 @@ def get_kwargs(bucket: str, job: Job, checksum_mode: bool) -> dict:
     return kw
 
 
-def get_whole(client, bucket: str, job: Job, target, *, verify: bool = True, checksum_mode: bool = True,
+def get_whole(client, bucket: str, job: Download, target, *, verify: bool = True, checksum_mode: bool = True,
               on_bytes=None, retry=None, on_retry=None) -> Fetched:
     """One GET of the whole object into ``target`` (sequential appends), checked; a multipart
     ETag's part sizes are learnt first (:func:`~manyfiles.s3.layouts.learn_layout`, under ``retry``)."""
@@ -202,5 +202,17 @@ def check_range(status: int, content_range: str | None, start: int, end: int, si
         raise ObjectChanged(f"size changed since listing ({size} -> {total})")
 
 
-__all__ = ["CHUNK", "EMPTY_MD5", "Fetched", "IntegrityError", "Job", "WholeBody", "check_answer",
-           "check_range", "get_kwargs", "get_whole", "needs_layout", "trace_request"]
+__all__ = [
+    "CHUNK",
+    "EMPTY_MD5",
+    "Download",
+    "Fetched",
+    "IntegrityError",
+    "WholeBody",
+    "check_answer",
+    "check_range",
+    "get_kwargs",
+    "get_whole",
+    "needs_layout",
+    "trace_request",
+]

@@ -16,10 +16,10 @@ import time
 from manyfiles.s3.engines.base import Ctx, LoopThreadEngine
 from manyfiles.s3.layouts import alearn_layout
 from manyfiles.s3.retry import cause_of, classify
-from manyfiles.s3.transfer import CHUNK, Fetched, Job, WholeBody, get_kwargs, needs_layout, trace_request
+from manyfiles.s3.transfer import CHUNK, Download, Fetched, WholeBody, get_kwargs, needs_layout, trace_request
 
 
-async def aget_whole(client, bucket: str, job: Job, target, *, verify: bool = True,
+async def aget_whole(client, bucket: str, job: Download, target, *, verify: bool = True,
                      checksum_mode: bool = True, on_bytes=None, retry=None, on_retry=None) -> Fetched:
     """Async twin of :func:`manyfiles.s3.transfer.get_whole`."""
     kw = get_kwargs(bucket, job, checksum_mode)

@@ -3,9 +3,9 @@
 An engine receives jobs with ``submit(job)`` from the planner's thread, runs them
 on its own threads/loop/processes, and reports every outcome through the
 :class:`Ctx` (``bytes``, ``retried``, ``done``, ``failed``), which only queues
-events: the thread that called ``pull()`` consumes them (progress, state file,
-report).  Jobs are immutable; what happened travels in the event (:class:`Done`,
-:class:`Failed`), so engines never share mutable state with the consumer.
+events (typed: :mod:`manyfiles.s3.engines.events`): the thread that called ``pull()`` consumes
+them (progress, state file, report).  Jobs are immutable; what happened travels in the event
+(:class:`Done`, :class:`Failed`), so engines never share mutable state with the consumer.
 ``close()`` waits for all submitted jobs.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from manyfiles._core.retry import aretrying
 from manyfiles.errors import ManyfilesError
 from manyfiles.s3.client import ClientSettings
-from manyfiles.s3.integrity import Claim
+from manyfiles.s3.engines.events import BytesIn, Done, Failed, JobDone, JobFailed, Retried
 from manyfiles.s3.keys import UnsafeKey
 from manyfiles.s3.retry import LocalError, RetryPolicy, TransferError, classify, failure_code, stopping_error
 from manyfiles.s3.transfer import Fetched
@@ -42,27 +42,6 @@ class Options:
     checksum_mode: bool = True       # ask for the server's flexible checksums (x-amz-checksum-mode)
 
 
-@dataclass(frozen=True)
-class Done:
-    """A "done" event's outcome: the object is installed (or delivered) and passed ``claim``."""
-
-    engine: str
-    size: int
-    claim: Claim
-    resumed_parts: int = 0
-    installed: tuple[int, int] | None = None   # the installed file's (inode, mtime_ns), for the state
-
-
-@dataclass(frozen=True)
-class Failed:
-    """A "failed" event's outcome; ``stop`` is set when no other object can succeed either
-    (full disk, no such bucket, refused credentials): the run ends with that error."""
-
-    reason: str
-    code: str
-    stop: ManyfilesError | None = None
-
-
 class Ctx:
     """Event channel from engines to the consuming thread, plus the cancel flag."""
 
@@ -76,7 +55,7 @@ class Ctx:
         self._bytes_lock = threading.Lock()
         self._unsent = 0
 
-    # Called from engine threads.  Event tuples: (kind, job_or_None, value)
+    # Called from engine threads; the events: manyfiles.s3.engines.events
     def bytes(self, n: int) -> None:
         """Count ``n`` bytes received: one "bytes" event per BYTES_BATCH (an event per chunk was a
         third of the consumer's events on small objects); the rest goes with the next outcome."""
@@ -88,7 +67,7 @@ class Ctx:
         self._send_bytes(n)
 
     def _send_bytes(self, n: int) -> None:
-        self.events.put(("bytes", None, n))
+        self.events.put(BytesIn(n))
 
     def take_bytes(self) -> int:
         """Bytes counted but not sent in an event yet (the consumer takes them with each outcome)."""
@@ -97,13 +76,13 @@ class Ctx:
         return n
 
     def retried(self, job, reason: str) -> None:
-        self.events.put(("retry", job, reason))
+        self.events.put(Retried(job, reason))
 
     def done(self, job, outcome: Done) -> None:
-        self.events.put(("done", job, outcome))
+        self.events.put(JobDone(job, outcome))
 
     def failed(self, job, outcome: Failed) -> None:
-        self.events.put(("failed", job, outcome))
+        self.events.put(JobFailed(job, outcome))
 
 
 def open_target(ctx: Ctx, job, identity: str | None = None):

@@ -25,7 +25,7 @@ from manyfiles.s3.config import aws_config
 from manyfiles.s3.engines.base import Ctx, Engine, LoopThreadEngine
 from manyfiles.s3.retry import TransferError, cause_of, classify
 from manyfiles.s3.store import store_for
-from manyfiles.s3.transfer import Fetched, Job, WholeBody, needs_layout, trace_request
+from manyfiles.s3.transfer import Download, Fetched, WholeBody, needs_layout, trace_request
 
 OBSTORE_FEATURE = "the obstore engine (--strategy obstore)"
 
@@ -82,7 +82,7 @@ class ObstoreEngine(LoopThreadEngine):
         self._ready.set()
         await asyncio.gather(*(self._serve(self._fetch) for _ in range(self.workers)))
 
-    async def _fetch(self, job: Job, target) -> Fetched:
+    async def _fetch(self, job: Download, target) -> Fetched:
         opts = self.ctx.options
         t0 = time.monotonic_ns()
         status = 0
@@ -162,12 +162,12 @@ class CrtEngine(Engine):
         self._open = 0
         self._cond = threading.Condition(threading.Lock())
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Download) -> None:
         with self._cond:
             self._open += 1
         self._attempt(job, 0)
 
-    def _attempt(self, job: Job, attempt: int) -> None:
+    def _attempt(self, job: Download, attempt: int) -> None:
         from manyfiles.s3.engines.base import cancelled, open_target
 
         ctx = self.ctx
@@ -189,7 +189,7 @@ class CrtEngine(Engine):
             self._open -= 1
             self._cond.notify_all()
 
-    def _start(self, job: Job, target, attempt: int) -> None:
+    def _start(self, job: Download, target, attempt: int) -> None:
         from awscrt.http import HttpHeaders, HttpRequest
         from awscrt.s3 import S3RequestType
 
@@ -258,7 +258,7 @@ class CrtEngine(Engine):
         self.client.make_request(type=S3RequestType.GET_OBJECT, request=request, on_headers=on_headers,
                                  on_body=on_body, on_done=on_done)
 
-    def _end(self, job: Job, target, fetched, error: TransferError | None, attempt: int) -> None:
+    def _end(self, job: Download, target, fetched, error: TransferError | None, attempt: int) -> None:
         """One attempt ended (on an awscrt thread): retried after our back-off, or finished."""
         import threading
 

@@ -20,6 +20,7 @@ import threading
 from dataclasses import replace
 
 from manyfiles.s3.engines.base import Ctx, Done, Engine, Failed, Options
+from manyfiles.s3.engines.events import BytesIn, JobDone, JobFailed, Retried, WorkerExit
 
 BATCH = 64
 
@@ -42,7 +43,7 @@ class _WorkerCtx(Ctx):
         self.out = out
 
     def _send_bytes(self, n: int) -> None:
-        self.out.put(("bytes", None, n))
+        self.out.put(BytesIn(n))
 
     def _flush_bytes(self) -> None:
         n = self.take_bytes()
@@ -50,14 +51,14 @@ class _WorkerCtx(Ctx):
             self._send_bytes(n)
 
     def retried(self, job, reason: str) -> None:
-        self.out.put(("retry", job, reason))
+        self.out.put(Retried(job, reason))
 
     def done(self, job, outcome: Done) -> None:
         self._flush_bytes()
-        self.out.put(("done", job, replace(outcome, engine="processes")))
+        self.out.put(JobDone(job, replace(outcome, engine="processes")))
 
     def failed(self, job, outcome: Failed) -> None:
-        self.out.put(("failed", job, outcome))
+        self.out.put(JobFailed(job, outcome))
 
 
 def _worker_main(options: Options, sub: str, workers: int, inq, outq) -> None:
@@ -81,7 +82,7 @@ def _worker_main(options: Options, sub: str, workers: int, inq, outq) -> None:
         finally:
             engine.close()
             ctx._flush_bytes()
-            outq.put(("exit", None, os.getpid()))
+            outq.put(WorkerExit(os.getpid()))
 
 
 def _make_sub(ctx: Ctx, sub: str, workers: int) -> Engine:
@@ -178,11 +179,10 @@ class ProcessesEngine(Engine):
                 if gone:
                     return
                 continue
-            kind, job, _value = ev
-            if kind == "exit":
+            if type(ev) is WorkerExit:
                 exited += 1
                 continue
-            if kind in ("done", "failed"):
+            if type(ev) in (JobDone, JobFailed):
                 with self._lock:
-                    self._pending.pop(job.key, None)
+                    self._pending.pop(ev.job.key, None)
             ctx.events.put(ev)

@@ -27,7 +27,7 @@ from manyfiles.s3.engines.base import Ctx, Engine, Failed, cancelled, fail, fini
 from manyfiles.s3.integrity import NO_CHECKSUM, SIZE_ONLY, Claim, Digest, check_or_search
 from manyfiles.s3.retry import Inconsistent, ObjectChanged, TransferError, classify
 from manyfiles.s3.store import store_for
-from manyfiles.s3.transfer import Fetched, Job, get_whole, needs_layout
+from manyfiles.s3.transfer import Download, Fetched, get_whole, needs_layout
 
 SEARCH = "search"    # a whole GET whose multipart layout is searched (the HEADs were no use)
 
@@ -35,7 +35,7 @@ SEARCH = "search"    # a whole GET whose multipart layout is searched (the HEADs
 class _Ranged:
     """Book-keeping of one object being fetched in ranges (``attempt``: whole-object tries so far)."""
 
-    def __init__(self, job: Job, target, claim: Claim, ranges: list[tuple[int, int, int]], *,
+    def __init__(self, job: Download, target, claim: Claim, ranges: list[tuple[int, int, int]], *,
                  attempt: int = 0, resumed: int = 0) -> None:
         self.job, self.target, self.claim, self.ranges = job, target, claim, ranges
         self.attempt, self.resumed = attempt, resumed
@@ -107,7 +107,7 @@ class ThreadsEngine(Engine):
         for t in self.threads:
             t.start()
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Download) -> None:
         with self._cond:
             self._open_jobs += 1
         if len(job.parts) <= 1 or self.store is None:
@@ -158,12 +158,12 @@ class ThreadsEngine(Engine):
             if ended:
                 self._ended()
 
-    def _retrying(self, fn, job: Job, reset=None):
+    def _retrying(self, fn, job: Download, reset=None):
         return retrying(fn, self.ctx.options.retry, classify=classify,
                         on_retry=lambda err: self.ctx.retried(job, str(err)), reset=reset,
                         cancel=self.ctx.cancel)
 
-    def _whole(self, job: Job, hint: str | None = None) -> None:
+    def _whole(self, job: Download, hint: str | None = None) -> None:
         ctx = self.ctx
         if ctx.cancel.is_set():
             cancelled(ctx, job)
@@ -178,7 +178,7 @@ class ThreadsEngine(Engine):
             error = err
         finish(ctx, job, target, self.name, fetched, error)
 
-    def _probe(self, job: Job) -> bool:
+    def _probe(self, job: Download) -> bool:
         """HEAD the object, choose its check and ranges, open (or resume) its temp file, queue ranges.
 
         A HEAD that keeps contradicting the listing, or a multipart layout that cannot be learnt,

@@ -1,4 +1,4 @@
-"""Exchange with ``s3pull --cache``: hand out what the cache holds checked, take in what s3pull fetched.
+"""What is handed to and taken from ``s3pull --cache``: what the cache holds checked, what s3pull fetched.
 
 Only checked bytes leave: :func:`export` hands out an object held whole (its file, or its record
 in a pack, or every block of it checked per part), never unverified blocks.  :func:`import_file`
