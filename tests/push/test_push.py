@@ -11,6 +11,7 @@ import pytest
 from s3util import blob
 
 from manyfiles._core import checkpoints
+from manyfiles.errors import UsageError
 from manyfiles.mirror import TooManyDeletions
 from manyfiles.push import abort_stale, push
 from manyfiles.s3 import RetryPolicy
@@ -229,3 +230,17 @@ def test_a_sync_sends_only_what_differs_and_a_second_sends_nothing(tmp_path, des
     assert report.ok and (report.uploaded, report.deleted, report.same) == (2, 1, 8)
     assert bucket_contents(dest) == {f"p/{k}": v.read_bytes() for k, v in
                                      ((str(p.relative_to(src)), p) for p in src.rglob("*") if p.is_file())}
+
+
+def test_files_from_takes_names_relative_to_the_folder_or_absolute_under_it(tmp_path, dest, state):
+    src = tmp_path / "src"
+    make_tree(src, {"a.bin": b"a", "b/c.bin": b"c", "b/d.tmp": b"d", "e.bin": b"e"})
+    report = run(dest, state, [f"{src}/"], files_from=["a.bin", os.fspath(src / "b" / "c.bin"), "b/d.tmp",
+                                                        "b/../a.bin"], exclude=["*.tmp"])
+    assert report.ok and report.uploaded == 2, report.failures
+    assert bucket_contents(dest) == {"p/a.bin": b"a", "p/b/c.bin": b"c"}
+    listing = tmp_path / "names"
+    listing.write_bytes(b"e.bin\n")
+    assert run(dest, state, [f"{src}/"], files_from=listing).uploaded == 1
+    with pytest.raises(UsageError):
+        run(dest, state, [f"{src}/", f"{src}/"], files_from=["a.bin"])

@@ -116,3 +116,39 @@ def test_sync_delete_on_the_command_line_and_its_max_delete_guard(run_cli, tmp_p
     done = run_cli("s3push", *argv, env=env_of(dest, state))
     assert done.returncode == 0, done.stderr
     assert contents(dest) == {"p/a": b"a", "p/b": b"b"}
+
+
+def test_files_from_uploads_the_listed_files_and_refuses_the_rest_one_line_each(run_cli, tmp_path, dest,
+                                                                               state):
+    src, outside = tmp_path / "src", tmp_path / "outside"
+    tree(src, {"a.txt": b"a", "d/b.txt": b"b", "d/not-listed": b"n"})
+    tree(outside, {"secret": b"s"})
+    (src / "link").symlink_to(outside, target_is_directory=True)
+    (src / "nl\nname").write_bytes(b"y")
+    with open(os.path.join(os.fsencode(src), b"bad\xff"), "wb") as f:
+        f.write(b"x")
+    names = [b"a.txt", b"./d/b.txt", b"a.txt", b"../outside/secret", os.fsencode(outside / "secret"),
+             b"link/secret", b"nope", b"d", b"nl\nname", b"bad\xff"]
+    r = run_cli("s3push", "--files-from", "-", f"{src}/", dest.url("p/"), input=b"\0".join(names) + b"\0",
+                env=env_of(dest, state))
+    assert r.returncode == 1 and b"Traceback" not in r.stderr
+    err = r.stderr.decode().splitlines()
+    assert sorted(line.split(": ", 2)[-1] for line in err[:-1]) == [
+        "No such file or directory", "a folder (--files-from names files)",
+        "link is a symlink, not followed (--follow-symlinks)",
+        "name holds a newline or carriage return: rename it",
+        "name is not valid UTF-8 (S3 keys are UTF-8): rename it",
+        f"not a file under {src} (--files-from names paths relative to SRC)",
+        f"not a file under {src} (--files-from names paths relative to SRC)"]
+    assert contents(dest) == {"p/a.txt": b"a", "p/d/b.txt": b"b"}      # nothing from outside SRC
+    listed = tmp_path / "list.txt"
+    listed.write_bytes(b"d/not-listed\r\n")
+    r = run_cli("s3push", "--files-from", os.fspath(listed), os.fspath(src), dest.url("q/"), "--json",
+                env=env_of(dest, state))
+    assert r.returncode == 0, r.stderr
+    assert contents(dest)["q/src/d/not-listed"] == b"n"          # SRC without '/': its name kept
+    for argv in (["--files-from", os.fspath(tmp_path / "no-list"), f"{src}/", dest.url("p/")],
+                 ["--files-from", os.fspath(listed), f"{src}/", dest.url("p/"), "--sync"],
+                 ["--files-from", os.fspath(listed), f"{src}/a.txt", dest.url("p/")]):
+        r = run_cli("s3push", *argv, env=env_of(dest, state))
+        assert (r.returncode, len(r.stderr.splitlines())) == (2, 1), (argv, r.stderr)

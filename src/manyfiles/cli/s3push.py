@@ -18,6 +18,7 @@ from manyfiles.cli._common import (
     dry_run_option,
     echo_json,
     echo_summary_json,
+    files_from_option,
     filter_options,
     instrumented,
     jobs_option,
@@ -40,6 +41,7 @@ Examples:
   s3push a.bin b.bin s3://bucket/in/ --exclude '*.tmp' -j 128
   s3push ./ckpt/ s3://bucket/ckpt/ -n     what would be sent, and how
   s3push ./ds/ s3://bucket/ds/ --sync --delete -n    what a mirror would do
+  find . -type f -print0 | s3push --files-from - ./ s3://b/ds/
   s3push --abort-stale s3://bucket/ckpt/ --older-than 1d
 
 \b
@@ -68,6 +70,8 @@ def parse_age(text: str) -> float:
 @jobs_option("Requests in flight (PUTs and parts).", default=64)
 @filter_options("Only files whose name matches GLOB (a path relative to SRC if it has '/'; repeatable).",
                 "Skip files matching GLOB, by the same rule (repeatable; wins over --include).")
+@files_from_option("Only the files listed in FILE ('-': stdin), one a line or NUL-terminated, relative "
+                   "to SRC (one folder).")
 @click.option("--part-size", type=Size(minimum=5 << 20), default="16MiB", show_default=True,
               help="Multipart part size (at least 5 MiB, S3's minimum).")
 @click.option("--multipart-threshold", type=Size(), default="16MiB", show_default=True,
@@ -103,7 +107,8 @@ def parse_age(text: str) -> float:
 @timeout_options
 @instrumented
 def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude: tuple[str, ...],
-            part_size: int, multipart_threshold: int, checksum: str, follow_symlinks: bool, retries: int,
+            files_from: str | None, part_size: int, multipart_threshold: int, checksum: str,
+            follow_symlinks: bool, retries: int,
             state_dir: str | None, sync: bool, compare_by: str, delete: bool, max_delete: int,
             abort_stale: str | None, older_than: str, dry_run: bool, as_json: bool,
             quiet: bool, progress: bool | None, aws_profile: str | None, region: str | None,
@@ -176,7 +181,7 @@ def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude
                   progress=show_progress, on_event=on_event, part_size=part_size,
                   multipart_threshold=multipart_threshold, checksum=checksum, follow_symlinks=follow_symlinks,
                   retry=retry, state_dir=state_dir, sync=sync, compare_by=compare_by, delete=delete,
-                  max_delete=max_delete)
+                  max_delete=max_delete, files_from=files_from)
     if as_json:
         echo_summary_json(report)
     else:

@@ -33,7 +33,7 @@ from manyfiles.errors import UsageError, from_oserror, shown
 from manyfiles.mirror.options import BY, MAX_DELETE
 from manyfiles.push._execute import MiB, Pusher, abort_unneeded, route
 from manyfiles.push._journal import Journal, default_state_dir
-from manyfiles.push._list import LocalFile, Refusal, Skip, list_files
+from manyfiles.push._list import LocalFile, Refusal, Skip, list_files, list_named
 from manyfiles.push.report import AbortReport, PushReport
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.keys import make_filter, parse_url
@@ -74,7 +74,8 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
          follow_symlinks: bool = False,
          retry: RetryPolicy | None = None, reread: int = 3, memory: int = 512 * MiB,
          state_dir: str | os.PathLike | None = None, sync: bool = False, compare_by: str = "checksum",
-         delete: bool = False, max_delete: int | None = MAX_DELETE) -> PushReport:
+         delete: bool = False, max_delete: int | None = MAX_DELETE,
+         files_from: str | os.PathLike | Iterable[str | bytes] | None = None) -> PushReport:
     """Upload every file under ``sources`` (files and folders; ``DIR/`` puts the folder's contents
     under the prefix, ``DIR`` keeps its name) to ``dest`` (``s3://bucket/prefix/``).
 
@@ -93,6 +94,10 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
     from their object (``compare_by``: ``checksum``, ``size-mtime`` or ``size``; the comparison of
     :func:`manyfiles.mirror.compare`) are uploaded; with ``delete`` the objects no file has are then
     removed (not after a run with failures), refused up front beyond ``max_delete`` (None: no limit).
+
+    ``files_from`` (one folder as the source): only the files named there, relative to it (a list
+    file, ``"-"`` for stdin, one name a line or NUL-terminated, or an iterable of names); a name
+    outside the folder, through a symlink, missing or not a file is a failure of the report.
     """
     check_progress(progress)
     if isinstance(sources, (str, os.PathLike)):
@@ -114,6 +119,9 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
         raise UsageError("delete removes what the source does not have: it needs sync")
     if sync:
         _check_sync(sources, compare_by, max_delete)
+    if files_from is not None and (sync or len(sources) != 1 or not os.path.isdir(sources[0])):
+        raise UsageError("files_from names files of one folder: give exactly one SRC, a folder"
+                         if not sync else "sync mirrors the whole folder: not with files_from")
     keep = make_filter(tuple(include), tuple(exclude))
     report = PushReport(dest=f"s3://{bucket}/{prefix}", dry_run=dry_run, checksum=alg)
     t0 = time.monotonic()
@@ -131,7 +139,14 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
                 return
             on_event(rec)
 
-    listing = list_files(sources, prefix, keep=keep, follow_symlinks=follow_symlinks)
+    if files_from is None:
+        listing = list_files(sources, prefix, keep=keep, follow_symlinks=follow_symlinks)
+    else:
+        if isinstance(files_from, (str, os.PathLike)):
+            from manyfiles._core.files_from import read_names
+
+            files_from = read_names(files_from)
+        listing = list_named(sources[0], files_from, prefix, keep=keep, follow_symlinks=follow_symlinks)
     wanted: set[str] | None = None      # --sync: the keys to upload
     deletions: list[str] = []
     if sync:
@@ -155,7 +170,7 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
             for key in deletions:
                 report.planned.append({"key": key, "how": "delete", "size": 0})
                 emit({"event": "plan", "key": key, "how": "delete", "size": 0})
-                drain()
+            drain()         # (the refusals too: one line each in a dry run as well)
             report.seconds = time.monotonic() - t0
             return report
         settings = (settings or ClientSettings()).resolved()
