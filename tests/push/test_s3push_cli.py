@@ -81,23 +81,68 @@ def test_abort_stale_on_the_command_line(run_cli, dest, state):
     assert dest.admin.list_multipart_uploads(Bucket=dest.bucket).get("Uploads", []) == []
 
 
-@pytest.mark.parametrize("point", ["push-put:5", "push-part:3", "push-read:9"])
-def test_kill_9_then_the_same_command_again_is_exact(run_cli, tmp_path, dest, state, point):
-    """SIGKILL after the 5th PUT, after the 3rd checked part, mid-read; the rerun resumes the
-    multipart upload from its checked parts, and the bucket holds exactly the tree."""
+def _complete(method, path, headers) -> bool:
+    return method == "POST" and "uploadId=" in path
+
+
+def _small_put(method, path, headers) -> bool:
+    return method == "PUT" and path.partition("?")[0].endswith("/p/s3.bin")
+
+
+# kill -9 at every phase: at a checkpoint of the process (tests/faults.py), or while the fault
+# proxy holds one request (the server never got it: "stall"; it did, the answer never came:
+# "stall-after") and the test kills the process once the proxy holds it
+PHASES = {
+    "after-a-put": ("push-put:5", None),
+    "mid-read": ("push-read:9", None),
+    "create-answered-not-journaled": ("push-created:1", None),
+    "between-parts": ("push-part:3", None),
+    "during-a-small-put": (None, (_small_put, "stall")),
+    "a-small-put-the-server-did": (None, (_small_put, "stall-after")),
+    "complete-not-received": (None, (_complete, "stall")),
+    "complete-done-answer-lost": (None, (_complete, "stall-after")),
+}
+
+
+@pytest.mark.parametrize("phase", sorted(PHASES))
+def test_kill_9_at_every_phase_then_the_same_command_again_is_exact(run_cli, tmp_path, dest, state, phase):
+    """SIGKILL at each phase of a push; whatever is visible then is whole and right, and the same
+    command run again leaves exactly the tree in the bucket and no multipart upload open."""
+    import signal
+    import subprocess
+    import sys
+
+    point, held = PHASES[phase]
     files = {f"s{i}.bin": blob(500 + i, f"k{i}") for i in range(10)}
     files["big.bin"] = blob(16 * MiB + 1, "kill")      # 4 parts
     tree(tmp_path / "src", files)
     argv = [f"{tmp_path / 'src'}/", dest.url("p/"), *SMALL, "-j", "2", "--json"]
-    killed = run_cli("s3push", *argv, env=env_of(dest, state), faults=["--kill-at", point])
-    assert killed.returncode == -9
+    if point is not None:
+        killed = run_cli("s3push", *argv, env=env_of(dest, state), faults=["--kill-at", point])
+        assert killed.returncode == -9
+    else:
+        dest.proxy.faults.append(held)
+        script = os.path.join(os.path.dirname(sys.executable), "s3push")
+        proc = subprocess.Popen([script, *argv], env={**os.environ, **env_of(dest, state)},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            assert dest.proxy.stalled.wait(120), "the held request never came"
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            assert proc.wait(60) == -9
     seen = contents(dest)
     assert all(files[k[2:]] == v for k, v in seen.items())        # whatever is visible is whole and right
+    if phase == "create-answered-not-journaled":
+        assert len(dest.admin.list_multipart_uploads(Bucket=dest.bucket).get("Uploads", [])) == 1
+    if phase == "complete-done-answer-lost":
+        assert seen["p/big.bin"] == files["big.bin"]       # the server completed it
     again = run_cli("s3push", *argv, env=env_of(dest, state))
     assert again.returncode == 0, again.stderr
     summary = json.loads(again.stdout.decode().splitlines()[-1])
-    if point.startswith("push-part"):
+    if phase == "between-parts":
         assert summary["resumed_parts"] >= 3
+    if phase == "create-answered-not-journaled":
+        assert summary["aborted"] == 1
     assert contents(dest) == {f"p/{k}": v for k, v in files.items()}
     assert dest.admin.list_multipart_uploads(Bucket=dest.bucket).get("Uploads", []) == []
 

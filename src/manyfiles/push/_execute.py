@@ -381,6 +381,7 @@ class _Upload:
                 self.p.journal.append(t="intent", key=self.file.key)
             self.uid = store.with_options(on_retry=retried.append).create_multipart(
                 self.file.key, checksum_algorithm=alg, full_object=True)
+            reached("push-created", (self.file.path,))     # (the upload exists; the journal does not know it)
             if retried and self.p.journal is not None:     # an upload whose answer was lost may exist
                 self.p.journal.append(t="intent", key=self.file.key)
             if self.p.journal is not None:
