@@ -29,11 +29,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from manyfiles._core.progress import ProgressArg, check_progress, progress_for
-from manyfiles.errors import UsageError, from_oserror, shown
+from manyfiles.errors import UsageError, shown
 from manyfiles.mirror.options import BY, MAX_DELETE
-from manyfiles.push._execute import MiB, Pusher, abort_unneeded, route
-from manyfiles.push._journal import Journal, default_state_dir
-from manyfiles.push._list import LocalFile, Refusal, Skip, list_files, list_named
+from manyfiles.push._execute import MiB, route
+from manyfiles.push._list import list_files, list_named
+from manyfiles.push._run import Uploads, refused, upload_files, where_of
 from manyfiles.push.report import AbortReport, PushReport
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.keys import make_filter, parse_url
@@ -123,6 +123,9 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
         raise UsageError("files_from names files of one folder: give exactly one SRC, a folder"
                          if not sync else "sync mirrors the whole folder: not with files_from")
     keep = make_filter(tuple(include), tuple(exclude))
+    uploads = Uploads(jobs=jobs, threshold=multipart_threshold, part_size=part_size, algorithm=alg,
+                      reread=reread, memory=memory, follow_symlinks=follow_symlinks,
+                      state_dir=None if state_dir is None else os.fspath(state_dir))
     report = PushReport(dest=f"s3://{bucket}/{prefix}", dry_run=dry_run, checksum=alg)
     t0 = time.monotonic()
     events: queue.SimpleQueue = queue.SimpleQueue()
@@ -156,7 +159,7 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
     with progress_for(progress, "s3push (dry run)" if dry_run else "s3push", unit="files") as shown:
         if dry_run:
             for item in listing:
-                if _refused(item, report, emit, shown):
+                if refused(item, report, emit, shown):
                     continue
                 if wanted is not None and item.key not in wanted:
                     continue
@@ -176,71 +179,8 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
         settings = (settings or ClientSettings()).resolved()
         cancel = threading.Event()
         store = store_for(settings, bucket, retry=retry or RetryPolicy(), cancel=cancel)
-        where = f"{settings.endpoint_url or 'aws'}|{bucket}|{prefix}"
-        journal: Journal | None = None      # opened with the first file (nothing listed: nothing written)
-        lock = threading.Lock()
-
-        def record(kind: str, file: LocalFile, **info: Any) -> None:
-            path = os.fsdecode(file.path)
-            with lock:
-                if kind == "done":
-                    report.uploaded += 1
-                    report.bytes += file.size
-                    if info["how"] == "put":
-                        report.puts += 1
-                    else:
-                        report.multipart += 1
-                        report.parts += info["parts"] - info["resumed"]
-                        report.resumed_parts += info["resumed"]
-                    shown.add(1, bytes=file.size)
-                    emit({"event": "done", "key": file.key, "path": path, "size": file.size, **info})
-                elif kind == "failed":
-                    report.add_failure(path, info["reason"], info.get("code", ""))
-                    shown.add(failures=1)
-                    emit({"event": "failed", "key": file.key, "path": path, **info})
-                elif kind == "retry":
-                    report.retried += 1
-                    emit({"event": "retry", "key": file.key, "path": path, **info})
-
-        pusher = Pusher(store, None, jobs=jobs, threshold=multipart_threshold, part_size=part_size,
-                        algorithm=alg, reread=reread, budget=memory, follow_symlinks=follow_symlinks,
-                        record=record, cancel=cancel)
-        try:
-            for item in listing:
-                if _refused(item, report, emit, shown, lock):
-                    continue
-                if wanted is not None and item.key not in wanted:
-                    continue        # the same as its object (counted in report.same)
-                with lock:
-                    report.listed += 1
-                if journal is None:
-                    journal = pusher.journal = _journal(state_dir, where)
-                if journal.is_done(item.key, item.path, item.size, item.mtime_ns, item.ino):
-                    with lock:
-                        report.skipped += 1
-                    shown.add(1)
-                    emit({"event": "skip", "key": item.key, "path": os.fsdecode(item.path),
-                          "reason": "uploaded by the run that was interrupted"})
-                else:
-                    pusher.push(item)
-                drain()
-                if cancel.is_set():
-                    break
-            pusher.wait(drain)
-        except BaseException:      # Ctrl-C, a closed output: requests in flight end now, nothing completes
-            cancel.set()
-            store.interrupt()
-            pusher.wait()
-            if journal is not None:
-                journal.close()
-            raise
-        drain()
-        if journal is not None:
-            if pusher.stop is not None:
-                journal.close()
-                raise pusher.stop
-            report.aborted = abort_unneeded(store, journal, pusher.touched)
-            journal.finish(complete=report.ok)
+        upload_files(listing, store, cancel, where_of(settings, bucket, prefix), report, uploads,
+                     shown=shown, emit=emit, drain=drain, wanted=wanted)
         if deletions and report.ok:       # (after failures nothing is deleted: rclone's rule too)
             failed = store.delete_objects(deletions)
             report.deleted = len(deletions) - len(failed)
@@ -287,35 +227,6 @@ def _sync_plan(source: str, store: Any, prefix: str, compare_by: str, include: I
     for f in c.failures:
         report.failures.append(f)
     return {below + e.path for e in [*c.missing_remote, *c.differing]}, deletions
-
-
-def _journal(state_dir: str | os.PathLike | None, where: str) -> Journal:
-    folder = os.fspath(state_dir or default_state_dir())
-    try:
-        return Journal(folder, where)
-    except OSError as exc:
-        raise from_oserror(exc, folder) from exc
-
-
-def _refused(item: LocalFile | Refusal | Skip, report: PushReport, emit, shown, lock=None) -> bool:
-    """Count a refused or skipped listing entry; True if ``item`` is not a file to push."""
-    if isinstance(item, LocalFile):
-        return False
-    path = os.fsdecode(item.path)
-    if lock is not None:
-        lock.acquire()
-    try:
-        if isinstance(item, Refusal):
-            report.add_failure(path, item.reason, item.code)
-            shown.add(failures=1)
-            emit({"event": "failed", "path": path, "reason": item.reason, "code": item.code})
-        else:
-            report.skipped += 1
-            emit({"event": "skip", "path": path, "reason": item.reason})
-    finally:
-        if lock is not None:
-            lock.release()
-    return True
 
 
 def abort_stale(prefix_url: str, older_than: float, *, dry_run: bool = False,
