@@ -1,6 +1,6 @@
-"""How s3pull --cluster cuts what a lister found into download slices (scale/slices.py: cut_slices, which s3push --cluster uses too):
-enough for every worker from the start, by keys and by bytes, never so fine that 10^8 keys make
-millions of tasks."""
+"""How s3pull --cluster cuts what a lister found into download slices (scale/slices.py's cut_slices,
+which s3push --cluster uses too): enough for every worker from the start, by keys and by bytes,
+never so fine that 10^8 keys make millions of tasks."""
 
 from __future__ import annotations
 

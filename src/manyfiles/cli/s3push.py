@@ -15,7 +15,9 @@ import click
 from manyfiles.cli._common import (
     Size,
     aws_options,
+    cluster_option,
     dry_run_option,
+    echo_cluster,
     echo_json,
     echo_summary_json,
     files_from_option,
@@ -103,6 +105,7 @@ def parse_age(text: str) -> float:
 @json_option("Print one JSON event a line on stdout, then the summary.")
 @quiet_option()
 @progress_option
+@cluster_option
 @aws_options
 @timeout_options
 @instrumented
@@ -113,7 +116,7 @@ def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude
             abort_stale: str | None, older_than: str, dry_run: bool, as_json: bool,
             quiet: bool, progress: bool | None, aws_profile: str | None, region: str | None,
             endpoint_url: str | None, path_style: bool | None, no_sign_request: bool, connect_timeout: float,
-            read_timeout: float, stall_timeout: float) -> int:
+            read_timeout: float, stall_timeout: float, cluster: str | None) -> int:
     """Upload files and folders (SRC...) to DEST (s3://bucket/prefix/).
 
     SRC/ puts the folder's contents under the prefix, SRC keeps its name.  Files up to
@@ -177,11 +180,14 @@ def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude
             click.echo(f"{shown(rec['key'])}\t{rec['size']}\t{how}")
 
     report = push(sources, dest, jobs=jobs, include=include, exclude=exclude, dry_run=dry_run,
-                  settings=settings,
-                  progress=show_progress, on_event=on_event, part_size=part_size,
+                  settings=settings, cluster=cluster or None,
+                  progress=show_progress, on_event=None if cluster else on_event, part_size=part_size,
                   multipart_threshold=multipart_threshold, checksum=checksum, follow_symlinks=follow_symlinks,
                   retry=retry, state_dir=state_dir, sync=sync, compare_by=compare_by, delete=delete,
                   max_delete=max_delete, files_from=files_from)
+    if cluster:         # (the workers sent no events: the failures come with the report)
+        for f in report.failures:
+            on_event({"event": "failed", "path": f.path, "reason": f.reason, "code": f.code})
     if as_json:
         echo_summary_json(report)
     else:
@@ -190,6 +196,8 @@ def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude
         if not quiet and (report.listed or report.ok):    # nothing listed: the failure lines say it all
             click.echo(f"{prog}: {report.summary()}" + (f"; {len(report.failures):,} failed"
                                                           if report.failures else ""), err=True)
+        if not quiet:
+            echo_cluster(prog, report)
     return 0 if report.ok else EXIT_FAILED
 
 

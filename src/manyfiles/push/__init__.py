@@ -75,7 +75,8 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
          retry: RetryPolicy | None = None, reread: int = 3, memory: int = 512 * MiB,
          state_dir: str | os.PathLike | None = None, sync: bool = False, compare_by: str = "checksum",
          delete: bool = False, max_delete: int | None = MAX_DELETE,
-         files_from: str | os.PathLike | Iterable[str | bytes] | None = None) -> PushReport:
+         files_from: str | os.PathLike | Iterable[str | bytes] | None = None,
+         cluster: object = None) -> PushReport:
     """Upload every file under ``sources`` (files and folders; ``DIR/`` puts the folder's contents
     under the prefix, ``DIR`` keeps its name) to ``dest`` (``s3://bucket/prefix/``).
 
@@ -98,6 +99,11 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
     ``files_from`` (one folder as the source): only the files named there, relative to it (a list
     file, ``"-"`` for stdin, one name a line or NUL-terminated, or an iterable of names); a name
     outside the folder, through a symlink, missing or not a file is a failure of the report.
+
+    ``cluster`` (``"local:N"``, ``"tcp://HOST:8786"``, a ``distributed.Client``): the files are
+    listed here and uploaded by slices on Dask workers, which must see them at the same path; the
+    result is then a ``ClusterReport`` whose ``result`` is this report merged over every slice
+    (not with ``sync``, ``dry_run`` or ``on_event``; see docs/s3push.md).
     """
     check_progress(progress)
     if isinstance(sources, (str, os.PathLike)):
@@ -125,7 +131,7 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
     keep = make_filter(tuple(include), tuple(exclude))
     uploads = Uploads(jobs=jobs, threshold=multipart_threshold, part_size=part_size, algorithm=alg,
                       reread=reread, memory=memory, follow_symlinks=follow_symlinks,
-                      state_dir=None if state_dir is None else os.fspath(state_dir))
+                      state_dir=None if state_dir is None else os.path.abspath(state_dir))
     report = PushReport(dest=f"s3://{bucket}/{prefix}", dry_run=dry_run, checksum=alg)
     t0 = time.monotonic()
     events: queue.SimpleQueue = queue.SimpleQueue()
@@ -142,6 +148,10 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
                 return
             on_event(rec)
 
+    if cluster is not None:
+        if sync or dry_run or on_event is not None:
+            raise UsageError("sync, dry_run and on_event: not with a cluster (its workers upload)")
+        sources = [os.path.abspath(s) + ("/" if s.endswith("/") else "") for s in sources]   # for the workers
     if files_from is None:
         listing = list_files(sources, prefix, keep=keep, follow_symlinks=follow_symlinks)
     else:
@@ -150,6 +160,11 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
 
             files_from = read_names(files_from)
         listing = list_named(sources[0], files_from, prefix, keep=keep, follow_symlinks=follow_symlinks)
+    if cluster is not None:
+        from manyfiles.push._cluster import push_on_cluster
+
+        return push_on_cluster(listing, bucket, prefix, cluster=cluster, uploads=uploads, retry=retry,
+                               settings=(settings or ClientSettings()).resolved(), progress=progress)
     wanted: set[str] | None = None      # --sync: the keys to upload
     deletions: list[str] = []
     if sync:
