@@ -244,3 +244,25 @@ def test_files_from_takes_names_relative_to_the_folder_or_absolute_under_it(tmp_
     assert run(dest, state, [f"{src}/"], files_from=listing).uploaded == 1
     with pytest.raises(UsageError):
         run(dest, state, [f"{src}/", f"{src}/"], files_from=["a.bin"])
+
+
+def test_a_sync_walks_the_folder_once(tmp_path, dest, state, monkeypatch):
+    import manyfiles.listing
+    import manyfiles.mirror.comparison
+    import manyfiles.push._list
+
+    src = tmp_path / "src"
+    make_tree(src, {"a": b"a", "d/b": b"b"})
+    dest.put("p/a", b"a")
+    roots: list[bytes] = []
+
+    def counted(path, **kw):        # the real walker, counting the walks of the tree's root
+        roots.append(os.fsencode(path))
+        return manyfiles.listing.walk(path, **kw)
+
+    monkeypatch.setattr(manyfiles.push._list, "walk", counted)
+    monkeypatch.setattr(manyfiles.mirror.comparison, "walk", counted)
+    report = run(dest, state, [f"{src}/"], sync=True)
+    assert report.ok and (report.uploaded, report.same) == (1, 1)
+    assert bucket_contents(dest) == {"p/a": b"a", "p/d/b": b"b"}
+    assert roots == [os.fsencode(src)]

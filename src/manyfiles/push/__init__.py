@@ -169,8 +169,10 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
     deletions: list[str] = []
     if sync:
         settings = (settings or ClientSettings()).resolved()
-        wanted, deletions = _sync_plan(sources[0], store_for(settings, bucket, retry=retry or RetryPolicy()),
-                                       prefix, compare_by, include, exclude, delete, max_delete, report)
+        listing = list(listing)     # the one walk: the comparison's local side and the uploads
+        store = store_for(settings, bucket, retry=retry or RetryPolicy())
+        wanted, deletions = _sync_plan(sources[0], listing, store, prefix, compare_by, include, exclude,
+                                       delete, max_delete, report)
     with progress_for(progress, "s3push (dry run)" if dry_run else "s3push", unit="files") as shown:
         if dry_run:
             for item in listing:
@@ -221,16 +223,27 @@ def _check_sync(sources: list[str], compare_by: str, max_delete: int | None) -> 
         raise UsageError(f"max_delete must be an integer >= 0 or None, not {max_delete!r}")
 
 
-def _sync_plan(source: str, store: Any, prefix: str, compare_by: str, include: Iterable[str],
+def _sync_plan(source: str, listing: list, store: Any, prefix: str, compare_by: str, include: Iterable[str],
                exclude: Iterable[str], delete: bool, max_delete: int | None,
                report: PushReport) -> tuple[set[str], list[str]]:
-    """The keys a sync uploads (missing or differing) and, with ``delete``, the keys it removes."""
+    """The keys a sync uploads (missing or differing) and, with ``delete``, the keys it removes;
+    the local side is the push's own ``listing`` (the folder is walked once)."""
     from manyfiles.mirror import compare  # (only a sync loads the comparison)
+    from manyfiles.mirror.comparison import LocalFile as Walked
     from manyfiles.mirror.sync import check_deletions
+    from manyfiles.push._list import LocalFile
+    from manyfiles.s3.keys import STATE_DIR
 
     root = os.fspath(source)
     below = prefix if root.endswith("/") else prefix + os.path.basename(root.rstrip("/")) + "/"
-    c = compare(root, store, below, by=compare_by, source="local", include=include, exclude=exclude)
+    walked = {}
+    for item in listing:
+        if isinstance(item, LocalFile):
+            rel = item.key[len(below):]
+            if not rel.startswith(STATE_DIR + "/"):     # (s3pull's state folder: never compared)
+                walked[rel] = Walked(item.size, item.mtime_ns / 1e9)
+    c = compare(root, store, below, by=compare_by, source="local", include=include, exclude=exclude,
+                local=walked)
     report.same = len(c.same)
     deletions = sorted(e.key for e in c.missing_local) if delete else []
     check_deletions(len(deletions), c.local_files, max_delete,
