@@ -5,7 +5,6 @@ every object read back; refusals in the merged report; a worker killed mid-job l
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
 import cloudpickle
@@ -13,6 +12,7 @@ import pytest
 from s3util import CREDS, blob
 from test_push import bucket_contents, make_tree, uploads_in_progress
 
+from clusterutil import kill_a_busy_worker
 from manyfiles.push import push
 from manyfiles.scale.executor import ClusterReport
 
@@ -61,16 +61,7 @@ def test_push_on_the_cluster_uploads_every_file_by_slices(tmp_path, dest, state,
 def test_a_worker_killed_mid_job_loses_nothing(tmp_path, dest, state, cluster, wait_for_two):
     files = tree_of(600)
     make_tree(tmp_path / "src", files)
-    killed: list[int] = []
-
-    def kill_when_uploading(snap) -> None:
-        if killed or snap.done < 60 or snap.finished:
-            return
-        busy = [addr for addr, keys in cluster.processing().items() if keys]
-        if busy:
-            pid = cluster.run(os.getpid, workers=busy[:1])[busy[0]]
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
+    kill_when_uploading, killed = kill_a_busy_worker(cluster, after=60)
 
     report = push(f"{tmp_path / 'src'}/", dest.url("p/"), settings=dest.settings, retry=dest.retry,
                   state_dir=state, cluster=cluster, progress=kill_when_uploading, **SMALL)
