@@ -266,3 +266,18 @@ def test_a_sync_walks_the_folder_once(tmp_path, dest, state, monkeypatch):
     assert report.ok and (report.uploaded, report.same) == (1, 1)
     assert bucket_contents(dest) == {"p/a": b"a", "p/d/b": b"b"}
     assert roots == [os.fsencode(src)]
+
+
+def test_an_answer_that_keeps_lying_is_met_like_a_failing_request(tmp_path, dest, state):
+    """Four lying answers in a row for one PUT: more than the re-reads of a changing file (3), within
+    the retry policy's tries; the file is sent again each time and ends right."""
+    make_tree(tmp_path / "src", {"a.bin": b"a" * 100, "b.bin": b"b" * 100})
+
+    def put_a(m, path, headers):
+        return m == "PUT" and path.partition("?")[0].endswith("/p/a.bin")
+
+    dest.proxy.request_faults += [(put_a, "lie-etag")] * 4
+    report = run(dest, state, [f"{tmp_path / 'src'}/"], checksum="md5")
+    assert report.ok, report.failures
+    assert not dest.proxy.request_faults and report.retried == 4
+    assert bucket_contents(dest) == {"p/a.bin": b"a" * 100, "p/b.bin": b"b" * 100}
