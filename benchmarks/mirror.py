@@ -4,9 +4,10 @@ N objects of 1 KiB (``--objects 2000,100000``) under ``s3://mirror-N/p/``, the s
 folder; nothing differs, so every command only compares.  Two directions, each tool timed on the
 same data, interleaved round by round, median of ``--repeat``:
 
-* **up** (what ``s3push --sync`` must beat; ``manyfiles check`` is its floor: the comparison with
-  nothing to upload): ``manyfiles check`` (checksum: an MD5 per file against the listing's ETag),
-  ``manyfiles check --compare size-mtime`` (s5cmd's and aws's rule), ``s5cmd sync``, ``aws s3 sync``,
+* **up**: ``s3push --sync`` (and with ``--compare size-mtime``), whose floor is ``manyfiles check``
+  (the same comparison with nothing to upload): ``manyfiles check`` (checksum: an MD5 per file
+  against the listing's ETag), ``manyfiles check --compare size-mtime`` (s5cmd's and aws's rule),
+  ``s5cmd sync``, ``aws s3 sync``,
   ``rclone sync --fast-list --checksum``, ``rclone check``;
 * **down**: ``s3pull --sync`` (into a folder s3pull filled: its state keeps every file, nothing
   hashed), ``s3pull`` (a plain re-run), ``s5cmd sync``, ``aws s3 sync`` (each into its own copy of
@@ -93,6 +94,9 @@ def commands(bucket: str, src: Path, down: dict[str, Path], endpoint: str) -> di
         "up: manyfiles check": [str(BIN / "manyfiles"), "check", str(src), url, "-q"],
         "up: manyfiles check --compare size-mtime": [str(BIN / "manyfiles"), "check", str(src), url, "-q",
                                                      "--compare", "size-mtime"],
+        "up: s3push --sync": [str(BIN / "s3push"), f"{src}/", url, "--sync", "-q"],
+        "up: s3push --sync --compare size-mtime": [str(BIN / "s3push"), f"{src}/", url, "--sync", "-q",
+                                                   "--compare", "size-mtime"],
         "up: s5cmd sync": [*s5, "sync", f"{src}/", url],
         "up: aws s3 sync": [*aws, f"{src}/", url],
         "up: rclone sync --fast-list --checksum": [rclone, "sync", "--fast-list", "--checksum", str(src),

@@ -23,6 +23,7 @@ XDIST_GROUPS = {
     "tests/packaging/test_notebooks_all.py": "notebooks",   # all_venv
     "tests/scale/": "dask",                                   # dask_client
     "tests/s3/test_pull_cluster.py": "dask",
+    "tests/push/test_push_cluster.py": "dask",
     "tests/packaging/test_install.py": "venvs",              # nocc_wheel, bare_venv, boto_venv
     "tests/netns/": "netns",                                  # netfaults: the multi-host lab
 }

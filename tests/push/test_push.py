@@ -11,6 +11,7 @@ import pytest
 from s3util import blob
 
 from manyfiles._core import checkpoints
+from manyfiles.errors import UsageError
 from manyfiles.mirror import TooManyDeletions
 from manyfiles.push import abort_stale, push
 from manyfiles.s3 import RetryPolicy
@@ -229,3 +230,54 @@ def test_a_sync_sends_only_what_differs_and_a_second_sends_nothing(tmp_path, des
     assert report.ok and (report.uploaded, report.deleted, report.same) == (2, 1, 8)
     assert bucket_contents(dest) == {f"p/{k}": v.read_bytes() for k, v in
                                      ((str(p.relative_to(src)), p) for p in src.rglob("*") if p.is_file())}
+
+
+def test_files_from_takes_names_relative_to_the_folder_or_absolute_under_it(tmp_path, dest, state):
+    src = tmp_path / "src"
+    make_tree(src, {"a.bin": b"a", "b/c.bin": b"c", "b/d.tmp": b"d", "e.bin": b"e"})
+    report = run(dest, state, [f"{src}/"], files_from=["a.bin", os.fspath(src / "b" / "c.bin"), "b/d.tmp",
+                                                        "b/../a.bin"], exclude=["*.tmp"])
+    assert report.ok and report.uploaded == 2, report.failures
+    assert bucket_contents(dest) == {"p/a.bin": b"a", "p/b/c.bin": b"c"}
+    listing = tmp_path / "names"
+    listing.write_bytes(b"e.bin\n")
+    assert run(dest, state, [f"{src}/"], files_from=listing).uploaded == 1
+    with pytest.raises(UsageError):
+        run(dest, state, [f"{src}/", f"{src}/"], files_from=["a.bin"])
+
+
+def test_a_sync_walks_the_folder_once(tmp_path, dest, state, monkeypatch):
+    import manyfiles.listing
+    import manyfiles.mirror.comparison
+    import manyfiles.push._list
+
+    src = tmp_path / "src"
+    make_tree(src, {"a": b"a", "d/b": b"b"})
+    dest.put("p/a", b"a")
+    roots: list[bytes] = []
+
+    def counted(path, **kw):        # the real walker, counting the walks of the tree's root
+        roots.append(os.fsencode(path))
+        return manyfiles.listing.walk(path, **kw)
+
+    monkeypatch.setattr(manyfiles.push._list, "walk", counted)
+    monkeypatch.setattr(manyfiles.mirror.comparison, "walk", counted)
+    report = run(dest, state, [f"{src}/"], sync=True)
+    assert report.ok and (report.uploaded, report.same) == (1, 1)
+    assert bucket_contents(dest) == {"p/a": b"a", "p/d/b": b"b"}
+    assert roots == [os.fsencode(src)]
+
+
+def test_an_answer_that_keeps_lying_is_met_like_a_failing_request(tmp_path, dest, state):
+    """Four lying answers in a row for one PUT: more than the re-reads of a changing file (3), within
+    the retry policy's tries; the file is sent again each time and ends right."""
+    make_tree(tmp_path / "src", {"a.bin": b"a" * 100, "b.bin": b"b" * 100})
+
+    def put_a(m, path, headers):
+        return m == "PUT" and path.partition("?")[0].endswith("/p/a.bin")
+
+    dest.proxy.request_faults += [(put_a, "lie-etag")] * 4
+    report = run(dest, state, [f"{tmp_path / 'src'}/"], checksum="md5")
+    assert report.ok, report.failures
+    assert not dest.proxy.request_faults and report.retried == 4
+    assert bucket_contents(dest) == {"p/a.bin": b"a" * 100, "p/b.bin": b"b" * 100}

@@ -81,23 +81,68 @@ def test_abort_stale_on_the_command_line(run_cli, dest, state):
     assert dest.admin.list_multipart_uploads(Bucket=dest.bucket).get("Uploads", []) == []
 
 
-@pytest.mark.parametrize("point", ["push-put:5", "push-part:3", "push-read:9"])
-def test_kill_9_then_the_same_command_again_is_exact(run_cli, tmp_path, dest, state, point):
-    """SIGKILL after the 5th PUT, after the 3rd checked part, mid-read; the rerun resumes the
-    multipart upload from its checked parts, and the bucket holds exactly the tree."""
+def _complete(method, path, headers) -> bool:
+    return method == "POST" and "uploadId=" in path
+
+
+def _small_put(method, path, headers) -> bool:
+    return method == "PUT" and path.partition("?")[0].endswith("/p/s3.bin")
+
+
+# kill -9 at every phase: at a checkpoint of the process (tests/faults.py), or while the fault
+# proxy holds one request (the server never got it: "stall"; it did, the answer never came:
+# "stall-after") and the test kills the process once the proxy holds it
+PHASES = {
+    "after-a-put": ("push-put:5", None),
+    "mid-read": ("push-read:9", None),
+    "create-answered-not-journaled": ("push-created:1", None),
+    "between-parts": ("push-part:3", None),
+    "during-a-small-put": (None, (_small_put, "stall")),
+    "a-small-put-the-server-did": (None, (_small_put, "stall-after")),
+    "complete-not-received": (None, (_complete, "stall")),
+    "complete-done-answer-lost": (None, (_complete, "stall-after")),
+}
+
+
+@pytest.mark.parametrize("phase", sorted(PHASES))
+def test_kill_9_at_every_phase_then_the_same_command_again_is_exact(run_cli, tmp_path, dest, state, phase):
+    """SIGKILL at each phase of a push; whatever is visible then is whole and right, and the same
+    command run again leaves exactly the tree in the bucket and no multipart upload open."""
+    import signal
+    import subprocess
+    import sys
+
+    point, held = PHASES[phase]
     files = {f"s{i}.bin": blob(500 + i, f"k{i}") for i in range(10)}
     files["big.bin"] = blob(16 * MiB + 1, "kill")      # 4 parts
     tree(tmp_path / "src", files)
     argv = [f"{tmp_path / 'src'}/", dest.url("p/"), *SMALL, "-j", "2", "--json"]
-    killed = run_cli("s3push", *argv, env=env_of(dest, state), faults=["--kill-at", point])
-    assert killed.returncode == -9
+    if point is not None:
+        killed = run_cli("s3push", *argv, env=env_of(dest, state), faults=["--kill-at", point])
+        assert killed.returncode == -9
+    else:
+        dest.proxy.faults.append(held)
+        script = os.path.join(os.path.dirname(sys.executable), "s3push")
+        proc = subprocess.Popen([script, *argv], env={**os.environ, **env_of(dest, state)},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            assert dest.proxy.stalled.wait(120), "the held request never came"
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            assert proc.wait(60) == -9
     seen = contents(dest)
     assert all(files[k[2:]] == v for k, v in seen.items())        # whatever is visible is whole and right
+    if phase == "create-answered-not-journaled":
+        assert len(dest.admin.list_multipart_uploads(Bucket=dest.bucket).get("Uploads", [])) == 1
+    if phase == "complete-done-answer-lost":
+        assert seen["p/big.bin"] == files["big.bin"]       # the server completed it
     again = run_cli("s3push", *argv, env=env_of(dest, state))
     assert again.returncode == 0, again.stderr
     summary = json.loads(again.stdout.decode().splitlines()[-1])
-    if point.startswith("push-part"):
+    if phase == "between-parts":
         assert summary["resumed_parts"] >= 3
+    if phase == "create-answered-not-journaled":
+        assert summary["aborted"] == 1
     assert contents(dest) == {f"p/{k}": v for k, v in files.items()}
     assert dest.admin.list_multipart_uploads(Bucket=dest.bucket).get("Uploads", []) == []
 
@@ -116,3 +161,39 @@ def test_sync_delete_on_the_command_line_and_its_max_delete_guard(run_cli, tmp_p
     done = run_cli("s3push", *argv, env=env_of(dest, state))
     assert done.returncode == 0, done.stderr
     assert contents(dest) == {"p/a": b"a", "p/b": b"b"}
+
+
+def test_files_from_uploads_the_listed_files_and_refuses_the_rest_one_line_each(run_cli, tmp_path, dest,
+                                                                               state):
+    src, outside = tmp_path / "src", tmp_path / "outside"
+    tree(src, {"a.txt": b"a", "d/b.txt": b"b", "d/not-listed": b"n"})
+    tree(outside, {"secret": b"s"})
+    (src / "link").symlink_to(outside, target_is_directory=True)
+    (src / "nl\nname").write_bytes(b"y")
+    with open(os.path.join(os.fsencode(src), b"bad\xff"), "wb") as f:
+        f.write(b"x")
+    names = [b"a.txt", b"./d/b.txt", b"a.txt", b"../outside/secret", os.fsencode(outside / "secret"),
+             b"link/secret", b"nope", b"d", b"nl\nname", b"bad\xff"]
+    r = run_cli("s3push", "--files-from", "-", f"{src}/", dest.url("p/"), input=b"\0".join(names) + b"\0",
+                env=env_of(dest, state))
+    assert r.returncode == 1 and b"Traceback" not in r.stderr
+    err = r.stderr.decode().splitlines()
+    assert sorted(line.split(": ", 2)[-1] for line in err[:-1]) == [
+        "No such file or directory", "a folder (--files-from names files)",
+        "link is a symlink, not followed (--follow-symlinks)",
+        "name holds a newline or carriage return: rename it",
+        "name is not valid UTF-8 (S3 keys are UTF-8): rename it",
+        f"not a file under {src} (--files-from names paths relative to SRC)",
+        f"not a file under {src} (--files-from names paths relative to SRC)"]
+    assert contents(dest) == {"p/a.txt": b"a", "p/d/b.txt": b"b"}      # nothing from outside SRC
+    listed = tmp_path / "list.txt"
+    listed.write_bytes(b"d/not-listed\r\n")
+    r = run_cli("s3push", "--files-from", os.fspath(listed), os.fspath(src), dest.url("q/"), "--json",
+                env=env_of(dest, state))
+    assert r.returncode == 0, r.stderr
+    assert contents(dest)["q/src/d/not-listed"] == b"n"          # SRC without '/': its name kept
+    for argv in (["--files-from", os.fspath(tmp_path / "no-list"), f"{src}/", dest.url("p/")],
+                 ["--files-from", os.fspath(listed), f"{src}/", dest.url("p/"), "--sync"],
+                 ["--files-from", os.fspath(listed), f"{src}/a.txt", dest.url("p/")]):
+        r = run_cli("s3push", *argv, env=env_of(dest, state))
+        assert (r.returncode, len(r.stderr.splitlines())) == (2, 1), (argv, r.stderr)

@@ -275,7 +275,9 @@ class FaultProxy:
 
     More kinds: "flip@N" flips the byte at offset N of the body (a fault at a known place);
     "head-etag" answers a HEAD with another ETag (a gateway that lies about the version);
-    "stall" holds the answer back until the proxy closes (a request that never ends).
+    "stall" holds the answer back until the proxy closes (a request that never ends; the server never
+    gets it); "stall-after" sends the request on, then holds the server's answer the same way (a
+    request the server did, whose answer never comes).  ``stalled`` is set when either begins.
 
     Outages (the network between the client and the store): :meth:`outage` ("refuse": nothing
     listens, so connections are refused, and every request on an established connection is
@@ -303,6 +305,7 @@ class FaultProxy:
         self.head_as_s3 = False   # HEAD names a composite checksum with the "-N" S3 gives it
         self.parts_as_s3 = False  # GET ?partNumber=N answered with that part (see above)
         self.closing = threading.Event()
+        self.stalled = threading.Event()      # a "stall" / "stall-after" began
         self.delay = 0.0          # seconds added to every object GET
         self.clock_offset: float | None = None
         self.bucket_region: str | None = None
@@ -379,6 +382,7 @@ class FaultProxy:
                     shift = (b - a + 1) // 2 + 1 if a == 0 else -min(a, (b - a + 1) // 2 + 1)
                     headers["Range"] = f"bytes={a + shift}-{b + shift}"
                 if fault == "stall":
+                    proxy.stalled.set()
                     proxy.closing.wait()
                     self.close_connection = True
                     return
@@ -386,6 +390,11 @@ class FaultProxy:
                     status, resp_headers, data = proxy._s3_part(self._upstream, self.path, headers)
                 else:
                     status, resp_headers, data = self._upstream(self.command, self.path, body, headers)
+                if fault == "stall-after":
+                    proxy.stalled.set()
+                    proxy.closing.wait()
+                    self.close_connection = True
+                    return
                 if fault == "other-body" and proxy.decoy_path and status in (200, 206):
                     dh = {k: v for k, v in headers.items() if k.lower() not in ("range", "if-match")}
                     _, _, data = self._upstream("GET", proxy.decoy_path, None, dh)

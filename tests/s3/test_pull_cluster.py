@@ -13,7 +13,7 @@ import cloudpickle
 import pytest
 from s3util import CREDS, blob, files_under
 
-from clusterutil import shards_running, wait_for
+from clusterutil import kill_a_busy_worker, shards_running, wait_for
 from manyfiles.s3 import pull
 from manyfiles.s3.keys import STATE_DIR
 from manyfiles.scale.executor import ClusterReport
@@ -117,17 +117,8 @@ def test_a_worker_killed_mid_slice_loses_nothing(bucket, settings, s3_cluster, w
     name, put = bucket
     want = seed(put, 600)
     dest = tmp_path / "dest"
-    killed: list[int] = []
-
-    def kill_when_downloading(snap) -> None:
-        # the cluster total says downloads are under way: SIGKILL a worker that is running a shard
-        if killed or snap.done < 60 or snap.finished:
-            return
-        busy = [addr for addr, keys in s3_cluster.processing().items() if keys]
-        if busy:
-            pid = s3_cluster.run(os.getpid, workers=busy[:1])[busy[0]]
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
+    # the cluster total says downloads are under way: SIGKILL a worker that is running a shard
+    kill_when_downloading, killed = kill_a_busy_worker(s3_cluster, after=60)
 
     report = pull(f"s3://{name}/data/", str(dest), settings=settings, cluster=s3_cluster, slice_keys=100,
                   part_size=64 * KiB, ranged_min=128 * KiB, progress=kill_when_downloading)

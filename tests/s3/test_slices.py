@@ -1,10 +1,10 @@
-"""How s3pull --cluster cuts what a lister found into download slices (s3/_cluster.py's cut_slices):
-enough for every worker from the start, by keys and by bytes, never so fine that 10^8 keys make
-millions of tasks."""
+"""How s3pull --cluster cuts what a lister found into download slices (scale/slices.py's cut_slices,
+which s3push --cluster uses too): enough for every worker from the start, by keys and by bytes,
+never so fine that 10^8 keys make millions of tasks."""
 
 from __future__ import annotations
 
-from manyfiles.s3._cluster import MAX_SLICES_PER_BATCH, MIN_SLICE_KEYS, SLICE_KEYS, Slice, cut_slices
+from manyfiles.scale.slices import MAX_SLICES_PER_BATCH, MIN_SLICE_KEYS, SLICE_KEYS, Slice, cut_slices
 
 MiB = 1 << 20
 

@@ -15,9 +15,12 @@ import click
 from manyfiles.cli._common import (
     Size,
     aws_options,
+    cluster_option,
     dry_run_option,
+    echo_cluster,
     echo_json,
     echo_summary_json,
+    files_from_option,
     filter_options,
     instrumented,
     jobs_option,
@@ -40,6 +43,7 @@ Examples:
   s3push a.bin b.bin s3://bucket/in/ --exclude '*.tmp' -j 128
   s3push ./ckpt/ s3://bucket/ckpt/ -n     what would be sent, and how
   s3push ./ds/ s3://bucket/ds/ --sync --delete -n    what a mirror would do
+  find . -type f -print0 | s3push --files-from - ./ s3://b/ds/
   s3push --abort-stale s3://bucket/ckpt/ --older-than 1d
 
 \b
@@ -68,6 +72,8 @@ def parse_age(text: str) -> float:
 @jobs_option("Requests in flight (PUTs and parts).", default=64)
 @filter_options("Only files whose name matches GLOB (a path relative to SRC if it has '/'; repeatable).",
                 "Skip files matching GLOB, by the same rule (repeatable; wins over --include).")
+@files_from_option("Only the files listed in FILE ('-': stdin), one a line or NUL-terminated, relative "
+                   "to SRC (one folder).")
 @click.option("--part-size", type=Size(minimum=5 << 20), default="16MiB", show_default=True,
               help="Multipart part size (at least 5 MiB, S3's minimum).")
 @click.option("--multipart-threshold", type=Size(), default="16MiB", show_default=True,
@@ -99,16 +105,18 @@ def parse_age(text: str) -> float:
 @json_option("Print one JSON event a line on stdout, then the summary.")
 @quiet_option()
 @progress_option
+@cluster_option
 @aws_options
 @timeout_options
 @instrumented
 def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude: tuple[str, ...],
-            part_size: int, multipart_threshold: int, checksum: str, follow_symlinks: bool, retries: int,
+            files_from: str | None, part_size: int, multipart_threshold: int, checksum: str,
+            follow_symlinks: bool, retries: int,
             state_dir: str | None, sync: bool, compare_by: str, delete: bool, max_delete: int,
             abort_stale: str | None, older_than: str, dry_run: bool, as_json: bool,
             quiet: bool, progress: bool | None, aws_profile: str | None, region: str | None,
             endpoint_url: str | None, path_style: bool | None, no_sign_request: bool, connect_timeout: float,
-            read_timeout: float, stall_timeout: float) -> int:
+            read_timeout: float, stall_timeout: float, cluster: str | None) -> int:
     """Upload files and folders (SRC...) to DEST (s3://bucket/prefix/).
 
     SRC/ puts the folder's contents under the prefix, SRC keeps its name.  Files up to
@@ -172,11 +180,14 @@ def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude
             click.echo(f"{shown(rec['key'])}\t{rec['size']}\t{how}")
 
     report = push(sources, dest, jobs=jobs, include=include, exclude=exclude, dry_run=dry_run,
-                  settings=settings,
-                  progress=show_progress, on_event=on_event, part_size=part_size,
+                  settings=settings, cluster=cluster or None,
+                  progress=show_progress, on_event=None if cluster else on_event, part_size=part_size,
                   multipart_threshold=multipart_threshold, checksum=checksum, follow_symlinks=follow_symlinks,
                   retry=retry, state_dir=state_dir, sync=sync, compare_by=compare_by, delete=delete,
-                  max_delete=max_delete)
+                  max_delete=max_delete, files_from=files_from)
+    if cluster:         # (the workers sent no events: the failures come with the report)
+        for f in report.failures:
+            on_event({"event": "failed", "path": f.path, "reason": f.reason, "code": f.code})
     if as_json:
         echo_summary_json(report)
     else:
@@ -185,6 +196,8 @@ def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude
         if not quiet and (report.listed or report.ok):    # nothing listed: the failure lines say it all
             click.echo(f"{prog}: {report.summary()}" + (f"; {len(report.failures):,} failed"
                                                           if report.failures else ""), err=True)
+        if not quiet:
+            echo_cluster(prog, report)
     return 0 if report.ok else EXIT_FAILED
 
 

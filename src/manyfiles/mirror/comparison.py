@@ -37,7 +37,7 @@ import os
 import stat as _stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -230,7 +230,7 @@ def _errname(exc: OSError) -> str:
 def compare(local_root: str | os.PathLike, store: Any, prefix: str = "", *, by: str = "checksum",
             source: str = "local", include: Iterable[str] = (), exclude: Iterable[str] = (),
             workers: int = 16, walk_threads: int = 16, known: Callable[[Entry], bool] | None = None,
-            progress: ProgressArg = False) -> Comparison:
+            progress: ProgressArg = False, local: Mapping[str, LocalFile] | None = None) -> Comparison:
     """Compare the files under ``local_root`` with the objects under ``prefix`` of ``store``.
 
     ``store``: a :class:`manyfiles.s3.store.Store` (one bucket; :func:`~manyfiles.s3.store.store_for`).
@@ -241,7 +241,9 @@ def compare(local_root: str | os.PathLike, store: Any, prefix: str = "", *, by: 
     without ``/`` on the name).  ``workers``: files hashed and HEADs sent at once.  ``known``: a
     record of earlier copies (s3pull's state, a push journal): a pair of the same size it accepts
     (``known(entry)`` True: this file is that object's version, unchanged since) is the same
-    without being hashed (``why="recorded"``).
+    without being hashed (``why="recorded"``).  ``local``: the files under ``local_root`` when the
+    caller walked it already (:func:`local_files`' form, filtered by the same rules): it is not
+    walked again (s3push --sync).
 
     Raises NotFound / WrongKind for a ``local_root`` that is missing or no folder, and the
     listing's TransferError (no bucket, credentials refused); per-file problems are failures of
@@ -254,7 +256,8 @@ def compare(local_root: str | os.PathLike, store: Any, prefix: str = "", *, by: 
     report = Comparison(local_root=os.path.abspath(local_root), url=f"s3://{store.bucket}/{prefix}", by=by,
                         source=source)
     with progress_for(progress, "compare", unit="names") as shown_progress:
-        files = local_files(local_root, keep=keep, threads=walk_threads, report=report)
+        files = dict(local) if local is not None else local_files(local_root, keep=keep, threads=walk_threads,
+                                                                   report=report)
         report.local_files = len(files)
         pending: list[tuple[Entry, LocalFile]] = []
         for info in store.list(prefix, mtime=by == "size-mtime"):

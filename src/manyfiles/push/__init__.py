@@ -29,11 +29,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from manyfiles._core.progress import ProgressArg, check_progress, progress_for
-from manyfiles.errors import UsageError, from_oserror, shown
+from manyfiles.errors import UsageError, shown
 from manyfiles.mirror.options import BY, MAX_DELETE
-from manyfiles.push._execute import MiB, Pusher, abort_unneeded, route
-from manyfiles.push._journal import Journal, default_state_dir
-from manyfiles.push._list import LocalFile, Refusal, Skip, list_files
+from manyfiles.push._execute import MiB, route
+from manyfiles.push._list import list_files, list_named
+from manyfiles.push._run import Uploads, refused, upload_files, where_of
 from manyfiles.push.report import AbortReport, PushReport
 from manyfiles.s3.client import ClientSettings
 from manyfiles.s3.keys import make_filter, parse_url
@@ -74,7 +74,9 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
          follow_symlinks: bool = False,
          retry: RetryPolicy | None = None, reread: int = 3, memory: int = 512 * MiB,
          state_dir: str | os.PathLike | None = None, sync: bool = False, compare_by: str = "checksum",
-         delete: bool = False, max_delete: int | None = MAX_DELETE) -> PushReport:
+         delete: bool = False, max_delete: int | None = MAX_DELETE,
+         files_from: str | os.PathLike | Iterable[str | bytes] | None = None,
+         cluster: object = None) -> PushReport:
     """Upload every file under ``sources`` (files and folders; ``DIR/`` puts the folder's contents
     under the prefix, ``DIR`` keeps its name) to ``dest`` (``s3://bucket/prefix/``).
 
@@ -93,6 +95,15 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
     from their object (``compare_by``: ``checksum``, ``size-mtime`` or ``size``; the comparison of
     :func:`manyfiles.mirror.compare`) are uploaded; with ``delete`` the objects no file has are then
     removed (not after a run with failures), refused up front beyond ``max_delete`` (None: no limit).
+
+    ``files_from`` (one folder as the source): only the files named there, relative to it (a list
+    file, ``"-"`` for stdin, one name a line or NUL-terminated, or an iterable of names); a name
+    outside the folder, through a symlink, missing or not a file is a failure of the report.
+
+    ``cluster`` (``"local:N"``, ``"tcp://HOST:8786"``, a ``distributed.Client``): the files are
+    listed here and uploaded by slices on Dask workers, which must see them at the same path; the
+    result is then a ``ClusterReport`` whose ``result`` is this report merged over every slice
+    (not with ``sync``, ``dry_run`` or ``on_event``; see docs/s3push.md).
     """
     check_progress(progress)
     if isinstance(sources, (str, os.PathLike)):
@@ -114,7 +125,13 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
         raise UsageError("delete removes what the source does not have: it needs sync")
     if sync:
         _check_sync(sources, compare_by, max_delete)
+    if files_from is not None and (sync or len(sources) != 1 or not os.path.isdir(sources[0])):
+        raise UsageError("files_from names files of one folder: give exactly one SRC, a folder"
+                         if not sync else "sync mirrors the whole folder: not with files_from")
     keep = make_filter(tuple(include), tuple(exclude))
+    uploads = Uploads(jobs=jobs, threshold=multipart_threshold, part_size=part_size, algorithm=alg,
+                      reread=reread, memory=memory, follow_symlinks=follow_symlinks,
+                      state_dir=None if state_dir is None else os.path.abspath(state_dir))
     report = PushReport(dest=f"s3://{bucket}/{prefix}", dry_run=dry_run, checksum=alg)
     t0 = time.monotonic()
     events: queue.SimpleQueue = queue.SimpleQueue()
@@ -131,17 +148,35 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
                 return
             on_event(rec)
 
-    listing = list_files(sources, prefix, keep=keep, follow_symlinks=follow_symlinks)
+    if cluster is not None:
+        if sync or dry_run or on_event is not None:
+            raise UsageError("sync, dry_run and on_event: not with a cluster (its workers upload)")
+        sources = [os.path.abspath(s) + ("/" if s.endswith("/") else "") for s in sources]   # for the workers
+    if files_from is None:
+        listing = list_files(sources, prefix, keep=keep, follow_symlinks=follow_symlinks)
+    else:
+        if isinstance(files_from, (str, os.PathLike)):
+            from manyfiles._core.files_from import read_names
+
+            files_from = read_names(files_from)
+        listing = list_named(sources[0], files_from, prefix, keep=keep, follow_symlinks=follow_symlinks)
+    if cluster is not None:
+        from manyfiles.push._cluster import push_on_cluster
+
+        return push_on_cluster(listing, bucket, prefix, cluster=cluster, uploads=uploads, retry=retry,
+                               settings=(settings or ClientSettings()).resolved(), progress=progress)
     wanted: set[str] | None = None      # --sync: the keys to upload
     deletions: list[str] = []
     if sync:
         settings = (settings or ClientSettings()).resolved()
-        wanted, deletions = _sync_plan(sources[0], store_for(settings, bucket, retry=retry or RetryPolicy()),
-                                       prefix, compare_by, include, exclude, delete, max_delete, report)
+        listing = list(listing)     # the one walk: the comparison's local side and the uploads
+        store = store_for(settings, bucket, retry=retry or RetryPolicy())
+        wanted, deletions = _sync_plan(sources[0], listing, store, prefix, compare_by, include, exclude,
+                                       delete, max_delete, report)
     with progress_for(progress, "s3push (dry run)" if dry_run else "s3push", unit="files") as shown:
         if dry_run:
             for item in listing:
-                if _refused(item, report, emit, shown):
+                if refused(item, report, emit, shown):
                     continue
                 if wanted is not None and item.key not in wanted:
                     continue
@@ -155,77 +190,14 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
             for key in deletions:
                 report.planned.append({"key": key, "how": "delete", "size": 0})
                 emit({"event": "plan", "key": key, "how": "delete", "size": 0})
-                drain()
+            drain()         # (the refusals too: one line each in a dry run as well)
             report.seconds = time.monotonic() - t0
             return report
         settings = (settings or ClientSettings()).resolved()
         cancel = threading.Event()
         store = store_for(settings, bucket, retry=retry or RetryPolicy(), cancel=cancel)
-        where = f"{settings.endpoint_url or 'aws'}|{bucket}|{prefix}"
-        journal: Journal | None = None      # opened with the first file (nothing listed: nothing written)
-        lock = threading.Lock()
-
-        def record(kind: str, file: LocalFile, **info: Any) -> None:
-            path = os.fsdecode(file.path)
-            with lock:
-                if kind == "done":
-                    report.uploaded += 1
-                    report.bytes += file.size
-                    if info["how"] == "put":
-                        report.puts += 1
-                    else:
-                        report.multipart += 1
-                        report.parts += info["parts"] - info["resumed"]
-                        report.resumed_parts += info["resumed"]
-                    shown.add(1, bytes=file.size)
-                    emit({"event": "done", "key": file.key, "path": path, "size": file.size, **info})
-                elif kind == "failed":
-                    report.add_failure(path, info["reason"], info.get("code", ""))
-                    shown.add(failures=1)
-                    emit({"event": "failed", "key": file.key, "path": path, **info})
-                elif kind == "retry":
-                    report.retried += 1
-                    emit({"event": "retry", "key": file.key, "path": path, **info})
-
-        pusher = Pusher(store, None, jobs=jobs, threshold=multipart_threshold, part_size=part_size,
-                        algorithm=alg, reread=reread, budget=memory, follow_symlinks=follow_symlinks,
-                        record=record, cancel=cancel)
-        try:
-            for item in listing:
-                if _refused(item, report, emit, shown, lock):
-                    continue
-                if wanted is not None and item.key not in wanted:
-                    continue        # the same as its object (counted in report.same)
-                with lock:
-                    report.listed += 1
-                if journal is None:
-                    journal = pusher.journal = _journal(state_dir, where)
-                if journal.is_done(item.key, item.path, item.size, item.mtime_ns, item.ino):
-                    with lock:
-                        report.skipped += 1
-                    shown.add(1)
-                    emit({"event": "skip", "key": item.key, "path": os.fsdecode(item.path),
-                          "reason": "uploaded by the run that was interrupted"})
-                else:
-                    pusher.push(item)
-                drain()
-                if cancel.is_set():
-                    break
-            pusher.wait(drain)
-        except BaseException:      # Ctrl-C, a closed output: requests in flight end now, nothing completes
-            cancel.set()
-            store.interrupt()
-            pusher.wait()
-            if journal is not None:
-                journal.close()
-            raise
-        drain()
-        if journal is not None:
-            if pusher.stop is not None:
-                journal.close()
-                raise pusher.stop
-            report.aborted = abort_unneeded(store, journal, pusher.touched)
-            journal.finish(complete=report.ok)
+        upload_files(listing, store, cancel, where_of(settings, bucket, prefix), report, uploads,
+                     shown=shown, emit=emit, drain=drain, wanted=wanted)
         if deletions and report.ok:       # (after failures nothing is deleted: rclone's rule too)
             failed = store.delete_objects(deletions)
             report.deleted = len(deletions) - len(failed)
@@ -251,16 +223,27 @@ def _check_sync(sources: list[str], compare_by: str, max_delete: int | None) -> 
         raise UsageError(f"max_delete must be an integer >= 0 or None, not {max_delete!r}")
 
 
-def _sync_plan(source: str, store: Any, prefix: str, compare_by: str, include: Iterable[str],
+def _sync_plan(source: str, listing: list, store: Any, prefix: str, compare_by: str, include: Iterable[str],
                exclude: Iterable[str], delete: bool, max_delete: int | None,
                report: PushReport) -> tuple[set[str], list[str]]:
-    """The keys a sync uploads (missing or differing) and, with ``delete``, the keys it removes."""
+    """The keys a sync uploads (missing or differing) and, with ``delete``, the keys it removes;
+    the local side is the push's own ``listing`` (the folder is walked once)."""
     from manyfiles.mirror import compare  # (only a sync loads the comparison)
+    from manyfiles.mirror.comparison import LocalFile as Walked
     from manyfiles.mirror.sync import check_deletions
+    from manyfiles.push._list import LocalFile
+    from manyfiles.s3.keys import STATE_DIR
 
     root = os.fspath(source)
     below = prefix if root.endswith("/") else prefix + os.path.basename(root.rstrip("/")) + "/"
-    c = compare(root, store, below, by=compare_by, source="local", include=include, exclude=exclude)
+    walked = {}
+    for item in listing:
+        if isinstance(item, LocalFile):
+            rel = item.key[len(below):]
+            if not rel.startswith(STATE_DIR + "/"):     # (s3pull's state folder: never compared)
+                walked[rel] = Walked(item.size, item.mtime_ns / 1e9)
+    c = compare(root, store, below, by=compare_by, source="local", include=include, exclude=exclude,
+                local=walked)
     report.same = len(c.same)
     deletions = sorted(e.key for e in c.missing_local) if delete else []
     check_deletions(len(deletions), c.local_files, max_delete,
@@ -272,35 +255,6 @@ def _sync_plan(source: str, store: Any, prefix: str, compare_by: str, include: I
     for f in c.failures:
         report.failures.append(f)
     return {below + e.path for e in [*c.missing_remote, *c.differing]}, deletions
-
-
-def _journal(state_dir: str | os.PathLike | None, where: str) -> Journal:
-    folder = os.fspath(state_dir or default_state_dir())
-    try:
-        return Journal(folder, where)
-    except OSError as exc:
-        raise from_oserror(exc, folder) from exc
-
-
-def _refused(item: LocalFile | Refusal | Skip, report: PushReport, emit, shown, lock=None) -> bool:
-    """Count a refused or skipped listing entry; True if ``item`` is not a file to push."""
-    if isinstance(item, LocalFile):
-        return False
-    path = os.fsdecode(item.path)
-    if lock is not None:
-        lock.acquire()
-    try:
-        if isinstance(item, Refusal):
-            report.add_failure(path, item.reason, item.code)
-            shown.add(failures=1)
-            emit({"event": "failed", "path": path, "reason": item.reason, "code": item.code})
-        else:
-            report.skipped += 1
-            emit({"event": "skip", "path": path, "reason": item.reason})
-    finally:
-        if lock is not None:
-            lock.release()
-    return True
 
 
 def abort_stale(prefix_url: str, older_than: float, *, dry_run: bool = False,

@@ -119,6 +119,9 @@ class Pusher:
         self.store, self.journal = store, journal
         self.threshold, self.part_size, self.algorithm = threshold, part_size, algorithm
         self.reread, self.follow = reread, follow_symlinks
+        # an answer for other bytes than those sent (a lying ETag or checksum) is met like a request
+        # the server failed: sent again as often as the retry policy tries one (at least ``reread``)
+        self.wrong_tries = max(reread, store.retry.attempts)
         self.budget = Budget(budget)
         self._record, self.cancel = record, cancel
         # multipart uploads open at once (each holds an fd and a server-side upload): taken by the
@@ -216,7 +219,7 @@ class Pusher:
 
     def _changed(self, file: LocalFile, attempt: int, why: str, code: str = "changed") -> None:
         """The file changed while read (or the server kept other bytes: ``wrong``): again, or report."""
-        if attempt + 1 < self.reread:
+        if attempt + 1 < (self.reread if code == "changed" else self.wrong_tries):
             self.record("retry", file, reason=why)
             self._submit(self._file, self._relisted(file), attempt + 1)
         elif code == "changed":
@@ -381,6 +384,7 @@ class _Upload:
                 self.p.journal.append(t="intent", key=self.file.key)
             self.uid = store.with_options(on_retry=retried.append).create_multipart(
                 self.file.key, checksum_algorithm=alg, full_object=True)
+            reached("push-created", (self.file.path,))     # (the upload exists; the journal does not know it)
             if retried and self.p.journal is not None:     # an upload whose answer was lost may exist
                 self.p.journal.append(t="intent", key=self.file.key)
             if self.p.journal is not None:
@@ -403,14 +407,14 @@ class _Upload:
                     data = _read(self.fd, (n - 1) * self.how.part_size, size)
                     reached("push-read", (self.file.path,))
                     checksum, content_md5 = self.p._checksum(data)
-                    for again in range(self.p.reread):
+                    for again in range(self.p.wrong_tries):
                         part = self.p.store.upload_part(self.file.key, self.uid, n, data, checksum=checksum,
                                                         content_md5=content_md5)
                         etag = part.etag.lower()
                         if content_md5 is None or etag == content_md5.hex() or not _MD5_ETAG.match(etag):
                             break
                         # an answer for other bytes: the part is sent again (it replaces the last one)
-                        if again + 1 == self.p.reread:
+                        if again + 1 == self.p.wrong_tries:
                             raise IntegrityError(f"part {n}: the server's ETag is not the MD5 of the "
                                                  "bytes sent")
                 part = Part(n, part.etag, size, checksum)

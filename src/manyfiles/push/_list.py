@@ -10,6 +10,11 @@ skipped); FIFOs, sockets and devices are refused.  Each file carries the (dev, i
 listed with: the executor opens it with ``O_NOFOLLOW`` and refuses a file that is not that
 inode any more, so nothing outside SRC is read even if a folder is swapped for a symlink after
 the listing.
+
+With ``--files-from`` (:func:`list_named`) the names come from a list, relative to one SRC folder,
+and each is checked on its way down from SRC: a name that leaves SRC (``..``, an absolute path
+elsewhere), passes through a symlink (unless ``follow_symlinks``), does not exist or is not a
+regular file is refused one line each; nothing outside SRC is opened or read.
 """
 
 from __future__ import annotations
@@ -132,6 +137,88 @@ def _walk_tree(root: bytes, base: bytes, prefix: str, keep, follow: bool, thread
             rel = base + rel_dir + entry.name
             key = _key_of(prefix, rel, path)
             yield key if isinstance(key, Refusal) else _file(path, st, key)
+
+
+def list_named(source: str | os.PathLike, names: Iterable[bytes | str], prefix: str, *,
+               keep: Callable[[str], bool] | None = None,
+               follow_symlinks: bool = False) -> Iterator[LocalFile | Refusal | Skip]:
+    """The files named in ``names`` (paths relative to the folder ``source``, or absolute paths
+    under it), in list order, once each, with the keys :func:`list_files` gives them (``SRC/``:
+    the folder's contents under the prefix; ``SRC``: its name kept).  Refused one each: a name
+    outside ``source``, through a symlink (without ``follow_symlinks``), missing, not a regular
+    file, or one that cannot become a key (see :func:`_key_of`)."""
+    raw = os.fsencode(source)
+    root = os.path.normpath(raw)
+    absroot = os.path.abspath(root)
+    base = b"" if raw.endswith(b"/") else os.path.basename(absroot) + b"/"
+    folders: dict[bytes, Refusal | None] = {}     # a checked folder under root -> its refusal
+    seen: set[bytes] = set()
+    for name in names:
+        name = os.fsencode(name)
+        rel = os.path.normpath(name)
+        if os.path.isabs(rel):
+            rel = os.path.relpath(rel, absroot) if rel.startswith(absroot.rstrip(b"/") + b"/") else b".."
+        if rel == b".." or rel.startswith(b"../") or rel == b".":
+            yield Refusal(name, f"not a file under {os.fsdecode(root)} (--files-from names paths relative "
+                                "to SRC)", "outside-src")
+            continue
+        if rel in seen:
+            continue
+        seen.add(rel)
+        path = root + b"/" + rel
+        folder = rel.rpartition(b"/")[0]
+        refused = _check_folders(root, folder, path, folders, follow_symlinks) if folder else None
+        if refused is not None:
+            yield refused
+            continue
+        if keep is not None and not keep(os.fsdecode(rel)):
+            continue
+        try:
+            st = os.lstat(path)
+            if _stat.S_ISLNK(st.st_mode):
+                if not follow_symlinks:
+                    yield Skip(path, "a symlink, not followed (--follow-symlinks)")
+                    continue
+                st = os.stat(path)
+        except OSError as exc:
+            yield Refusal(path, exc.strerror or str(exc), _errno_name(exc))
+            continue
+        if not _stat.S_ISREG(st.st_mode):
+            what = "a folder (--files-from names files)" if _stat.S_ISDIR(st.st_mode) else \
+                "not a regular file (a FIFO, socket or device)"
+            yield Refusal(path, what, "not-a-file")
+            continue
+        key = _key_of(prefix, base + rel, path)
+        yield key if isinstance(key, Refusal) else _file(path, st, key)
+
+
+def _check_folders(root: bytes, folder: bytes, path: bytes, checked: dict[bytes, Refusal | None],
+                   follow: bool) -> Refusal | None:
+    """None if every folder of ``folder`` (relative to ``root``) is a real folder (or, with
+    ``follow``, a symlink to one), else the refusal of ``path``; each folder is looked at once."""
+    parts = folder.split(b"/")
+    for i in range(1, len(parts) + 1):
+        sub = b"/".join(parts[:i])
+        if sub in checked:
+            if checked[sub] is not None:
+                return checked[sub]._replace(path=path)
+            continue
+        refused = None
+        try:
+            st = os.lstat(root + b"/" + sub)
+            if _stat.S_ISLNK(st.st_mode) and follow:
+                st = os.stat(root + b"/" + sub)
+            if _stat.S_ISLNK(st.st_mode):
+                refused = Refusal(path, f"{os.fsdecode(sub)} is a symlink, not followed (--follow-symlinks)",
+                                  "symlink")
+            elif not _stat.S_ISDIR(st.st_mode):
+                refused = Refusal(path, "Not a directory", "ENOTDIR")
+        except OSError as exc:
+            refused = Refusal(path, exc.strerror or str(exc), _errno_name(exc))
+        checked[sub] = refused
+        if refused is not None:
+            return refused
+    return None
 
 
 def _errno_name(exc: OSError) -> str:

@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from manyfiles._core.progress import ProgressArg
 from manyfiles.errors import UsageError
@@ -45,53 +44,9 @@ from manyfiles.s3.state import State
 from manyfiles.scale import executor, lease
 from manyfiles.scale.executor import ClusterArg, ClusterReport, Publish, ShardResult, run_job
 from manyfiles.scale.keyranges import KeyRange, take
+from manyfiles.scale.slices import SLICE_KEYS, Slice, cut_slices
 
-SLICE_KEYS = 10_000       # keys per listing shard (10 pages of 1000), and per download slice at most
-SLICES_PER_WORKER = 4     # a whole job that one lister read is cut into this many slices per worker...
-MIN_SLICE_KEYS = 100      # ...of this many keys at least (a task costs the scheduler ~3 ms)...
-MIN_SLICE_BYTES = 64 << 20  # ...or this many bytes (a slice ends at its share of the bytes);
-MAX_SLICES_PER_BATCH = 16   # a lister's keys when more follow: at most this many (10^8 keys: ~10^5 tasks)
 MOVING = frozenset({"done", "skip", "bytes"})    # the run's events that end a stall
-
-
-def cut_slices(objects: list[tuple], workers: int, max_keys: int = SLICE_KEYS, *,
-               whole: bool = False) -> list[Slice]:
-    """``objects`` (``(key, size, etag...)`` in key order) cut into slices for ``workers`` shards at
-    once: ``SLICES_PER_WORKER`` per worker (at most ``MAX_SLICES_PER_BATCH`` unless they are the
-    ``whole`` job), by key count and by bytes -- a slice ends at its share of either (but holds at
-    least ``MIN_SLICE_KEYS`` keys or ``MIN_SLICE_BYTES``), and at ``max_keys`` keys.  The cuts follow
-    the keys: the same listing on as many workers cuts the same."""
-    want = SLICES_PER_WORKER * max(1, workers)
-    if not whole:
-        want = min(want, MAX_SLICES_PER_BATCH)
-    keys = min(max_keys, max(MIN_SLICE_KEYS, -(-len(objects) // want)))
-    budget = max(MIN_SLICE_BYTES, -(-sum(o[1] or 0 for o in objects) // want))
-    out: list[Slice] = []
-    batch: list[tuple] = []
-    held = 0
-    for o in objects:
-        size = o[1] or 0
-        if batch and (len(batch) >= keys or held + size > budget):
-            out.append(Slice(tuple(batch)))
-            batch, held = [], 0
-        batch.append(tuple(o))
-        held += size
-    if batch:
-        out.append(Slice(tuple(batch)))
-    return out
-
-
-class Slice(NamedTuple):
-    """Objects to download: ``(key, size, etag)`` each, in key order."""
-
-    objects: tuple[tuple[str, int | None, str | None], ...]
-
-    @property
-    def id(self) -> str:
-        """Names the slice's state files: the same keys make the same slice on a rerun."""
-        first, last = self.objects[0][0], self.objects[-1][0]
-        digest = hashlib.sha1(f"{first}\0{last}\0{len(self.objects)}".encode("utf-8", "surrogateescape"))
-        return digest.hexdigest()[:20]
 
 
 def _installed_by_earlier_attempts(dest: str, slice_id: str) -> dict[str, dict]:
