@@ -216,7 +216,7 @@ class SmallTarget(Target):
     of the C core (:func:`install_small`): one GIL release for the create, write, stat, close and
     rename instead of one each, and no temp file at all while the GET is in flight."""
 
-    def __init__(self, sink: FolderSink, final: str, size: int) -> None:
+    def __init__(self, sink: FolderSink, final: str) -> None:
         self.sink, self.final = sink, final
         self.buf = bytearray()
         self.resumable_parts = set()
@@ -377,7 +377,7 @@ class FolderSink:
         return os.path.join(self.dest, rel)
 
     def target(self, key: str, rel: str, size: int | None, etag: str | None,
-               identity: str | None = None) -> FileTarget:
+               identity: str | None = None) -> FileTarget | SmallTarget:
         """A temp file for ``key``; ``identity`` (key, ETag, size, layout) makes it resumable.  A small
         object (size known, up to SMALL_MAX) gets a :class:`SmallTarget`, unless every write must be
         synced (``fsync``) or traced one call at a time."""
@@ -385,7 +385,7 @@ class FolderSink:
         self._ensure_parent(final)
         if (identity is None and size is not None and size <= SMALL_MAX and not self.fsync
                 and iotrace.TRACER is None):
-            return SmallTarget(self, final, size)
+            return SmallTarget(self, final)
         return FileTarget(self, key, final, size, etag, identity)
 
     def _ensure_parent(self, final: str) -> None:
