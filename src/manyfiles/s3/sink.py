@@ -25,7 +25,7 @@ from manyfiles.s3.state import State, names_of, open_file, unique_name
 from manyfiles.trace import iotrace
 
 PREALLOCATE_MIN = 8 << 20   # whole-object temp files from this size are preallocated
-SMALL_MAX = 256 << 10       # objects up to this size are held in memory and installed in one call
+SMALL_MAX = 64 << 10        # objects up to this size are held in memory and installed in one call
 
 
 class Target:
