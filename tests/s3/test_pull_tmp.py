@@ -15,6 +15,7 @@ from s3util import CREDS, blob, files_under
 
 from manyfiles.s3 import pull
 from manyfiles.s3.keys import STATE_DIR
+from manyfiles.s3.sink import SMALL_MAX
 
 KiB = 1024
 
@@ -71,8 +72,8 @@ def test_ctrl_c_leaves_no_temp_of_an_object_it_did_not_finish(bucket, proxy, tmp
     DEST/.s3pull/tmp (issue 26).  Now the interrupted run removes them: exit 130, one line."""
     name, put = bucket
     held = 6
-    for i in range(held):
-        put(f"s/{i}.bin", blob(2000 + i, f"s{i}"))
+    for i in range(held):       # above SMALL_MAX: a small object has no temp file before its bytes are in
+        put(f"s/{i}.bin", blob(SMALL_MAX + 2000 + i, f"s{i}"))
     def an_object_get(method: str, path: str, headers) -> bool:
         return method == "GET" and "list-type" not in path
 

@@ -141,6 +141,8 @@ extern PyMethodDef walk_functions[]; /* walk_count, walk_write and remove_tree (
 
 /* _crc.c: crc64nvme() and crc32c() for s3pull's checks of small objects */
 int crc_add_functions(PyObject *module);
+/* s3/_install.c: install_small, the small-object sink's one-call install */
+int install_add_functions(PyObject *module);
 
 /* ---- JSON + names helpers shared by the writers --------------------------------------------- */
 

@@ -18,12 +18,14 @@ import time
 from collections.abc import Callable
 
 from manyfiles._core import fsops as _fsops
+from manyfiles._core import native as _native
 from manyfiles.errors import from_oserror
 from manyfiles.s3.keys import UnsafeKey
 from manyfiles.s3.state import State, names_of, open_file, unique_name
 from manyfiles.trace import iotrace
 
 PREALLOCATE_MIN = 8 << 20   # whole-object temp files from this size are preallocated
+SMALL_MAX = 64 << 10        # objects up to this size are held in memory and installed in one call
 
 
 class Target:
@@ -208,6 +210,66 @@ class FileTarget(Target):
                 _unlink_quiet(self.dir_fd, self._parts_name)
 
 
+class SmallTarget(Target):
+    """A small object (up to SMALL_MAX, size known from the listing) held in memory until it checked
+    out, then written to a temp file in DEST/.s3pull/tmp and renamed to its final name in one call
+    of the C core (:func:`install_small`): one GIL release for the create, write, stat, close and
+    rename instead of one each, and no temp file at all while the GET is in flight."""
+
+    def __init__(self, sink: FolderSink, final: str) -> None:
+        self.sink, self.final = sink, final
+        self.buf = bytearray()
+        self.resumable_parts = set()
+
+    def write_at(self, offset: int, data) -> None:
+        end = offset + len(data)
+        if end > len(self.buf):
+            self.buf.extend(bytes(end - len(self.buf)))
+        self.buf[offset:end] = data
+
+    def append(self, data) -> None:
+        self.buf += data
+
+    def read(self, offset: int, n: int) -> bytes:
+        return bytes(self.buf[offset:offset + n])
+
+    def reset(self) -> None:
+        self.buf = bytearray()
+
+    def commit(self) -> tuple[int, int]:
+        """Install the bytes under the final name; (inode, mtime_ns) of the installed file."""
+        try:
+            return install_small(self.sink.state.tmp_fd, unique_name(".tmp"), self.buf, self.final)
+        except IsADirectoryError:
+            rel = os.path.relpath(self.final, self.sink.dest)
+            raise UnsafeKey(f"'{rel}' is a directory in DEST") from None
+        finally:
+            self.buf = bytearray()
+
+    def abort(self, keep: bool = False) -> None:
+        self.buf = bytearray()
+
+
+def _install_small_py(dir_fd: int, name: str, data, final: str) -> tuple[int, int]:
+    """:func:`install_small` without the C core: the same steps, one system call at a time."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(name, flags, 0o644, dir_fd=dir_fd)
+    try:
+        try:
+            _pwrite_all(fd, data, 0)
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        os.rename(name, final, src_dir_fd=dir_fd)
+    except BaseException:
+        _unlink_quiet(dir_fd, name)
+        raise
+    return st.st_ino, st.st_mtime_ns
+
+
+install_small = _native.dents.install_small if _native.dents is not None else _install_small_py
+
+
 def _pwrite_all(fd: int, data, offset: int) -> None:
     """pwrite every byte of ``data`` at ``offset``: a short write is continued, and a write that
     makes no progress is ENOSPC (never a hole that a later write could hide)."""
@@ -315,10 +377,15 @@ class FolderSink:
         return os.path.join(self.dest, rel)
 
     def target(self, key: str, rel: str, size: int | None, etag: str | None,
-               identity: str | None = None) -> FileTarget:
-        """A temp file for ``key``; ``identity`` (key, ETag, size, layout) makes it resumable."""
+               identity: str | None = None) -> FileTarget | SmallTarget:
+        """A temp file for ``key``; ``identity`` (key, ETag, size, layout) makes it resumable.  A small
+        object (size known, up to SMALL_MAX) gets a :class:`SmallTarget`, unless every write must be
+        synced (``fsync``) or traced one call at a time."""
         final = self.final_path(rel)
         self._ensure_parent(final)
+        if (identity is None and size is not None and size <= SMALL_MAX and not self.fsync
+                and iotrace.TRACER is None):
+            return SmallTarget(self, final)
         return FileTarget(self, key, final, size, etag, identity)
 
     def _ensure_parent(self, final: str) -> None:

@@ -93,13 +93,25 @@ def open_file(dir_fd: int, name: str, flags: int, mode: int = 0o600) -> int:
 
 _NAME_PREFIX = secrets.token_hex(6)
 _names = itertools.count()
+_names_of_this_process = ""     # names_of(os.getpid()), made once per process (not a getpid per name)
+
+
+def _forget_pid() -> None:
+    global _names_of_this_process
+    _names_of_this_process = ""
+
+
+os.register_at_fork(after_in_child=_forget_pid)
 
 
 def unique_name(suffix: str) -> str:
     """A name no other run, process or thread makes: a random prefix drawn once per process, the
     process id and a counter (a getrandom call per temp file was measurable); O_EXCL still refuses
     anything that exists."""
-    return f"{names_of(os.getpid())}{next(_names):x}{suffix}"
+    global _names_of_this_process
+    if not _names_of_this_process:
+        _names_of_this_process = names_of(os.getpid())
+    return f"{_names_of_this_process}{next(_names):x}{suffix}"
 
 
 def names_of(pid: int) -> str:
