@@ -358,9 +358,9 @@ def print_shape(shape: str, label: str, times: dict[str, list[float]], checks: d
         ratio = f"{base / secs:.2f}" if base else "-"
         c = cpu.get(name)
         c_ratio = f"{c / cpu_base:.2f}" if c is not None and cpu_base else "-"
-        per_gib = "-" if c is None else f"{c * n / 1000 / (nbytes / GiB):.3f}"
+        per_obj, per_gib = ("-", "-") if c is None else (f"{c:.3f}", f"{c * n / 1000 / (nbytes / GiB):.3f}")
         lines.append(f"| {name} | {secs:.2f} | {n / secs:.0f} | {nbytes / secs / 1e6:.0f} | {ratio} | "
-                     f"{'-' if c is None else f'{c:.3f}'} | {per_gib} | {c_ratio} | {checks.get(name, '-')} |")
+                     f"{per_obj} | {per_gib} | {c_ratio} | {checks.get(name, '-')} |")
     forced = {k: v for k, v in med.items()
               if k.startswith("s3pull ") and k.removeprefix("s3pull ") in ENGINES and k != "s3pull auto"}
     notes = []
