@@ -89,6 +89,18 @@ def _written(writer: Any, data: Any) -> None:
         raise BodyWriteError() from exc
 
 
+def pwrite_all(fd: int, data: Any, offset: int) -> None:
+    """pwrite every byte of ``data`` at ``offset``: a short write is continued, and a write that
+    makes no progress is ENOSPC (never a hole that a later write could hide)."""
+    view = memoryview(data)
+    while len(view):
+        done = os.pwrite(fd, view, offset)
+        if done <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[done:]
+        offset += done
+
+
 def _drain(pipe: int, fd: int, n: int, offset: int) -> None:
     """Move ``n`` bytes from ``pipe`` into ``fd`` at ``offset`` (a failure is the writer's: ENOSPC...)."""
     try:
@@ -100,6 +112,35 @@ def _drain(pipe: int, fd: int, n: int, offset: int) -> None:
             offset += moved
     except OSError as exc:
         raise BodyWriteError() from exc
+
+
+class Splicer:
+    """Moves body bytes socket -> pipe -> file in the kernel (``splice``): one copy, into the file's
+    pages, where ``recv_into`` + ``pwrite`` make two (one into our buffer, one out of it).  Its own
+    pipe, closed by :meth:`close` or once the splicer is dropped (never by another thread while
+    a splice may use it)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._out, self._in = os.pipe2(os.O_CLOEXEC)
+        self.close = weakref.finalize(self, _close_pipe, self._out, self._in)
+        with contextlib.suppress(OSError):      # a larger pipe: fewer splices (the default is 64 KiB)
+            fcntl.fcntl(self._in, _F_SETPIPE_SZ, CHUNK)
+
+    def move(self, sock: int, offset: int, want: int) -> int:
+        """Up to ``want`` bytes from the socket ``sock`` into the file at ``offset`` (as many as have
+        come: at least one; 0 once the peer closed).  A failure to write is a BodyWriteError."""
+        got = os.splice(sock, self._in, want)       # blocks: the socket's SO_RCVTIMEO applies
+        if got:
+            _drain(self._out, self.fd, got, offset)
+        return got
+
+
+
+def _close_pipe(*ends: int) -> None:
+    for end in ends:
+        with contextlib.suppress(OSError):
+            os.close(end)
 
 
 class _Pages:
@@ -262,17 +303,13 @@ class Transport:
         over the bytes in the file, never over a copy."""
         fd, at = spot
         sock = self._local.sock.fileno()
-        out, into = os.pipe2(os.O_CLOEXEC)      # one per body: nothing held between bodies
-        with contextlib.suppress(OSError):      # a larger pipe: fewer splices (the default is 64 KiB)
-            fcntl.fcntl(into, _F_SETPIPE_SZ, CHUNK)
-        pages = _Pages(fd)
+        splicer, pages = Splicer(fd), _Pages(fd)    # one pipe per body: nothing held between bodies
         try:
             while n < length:
-                got = os.splice(sock, into, min(CHUNK, length - n))     # blocks: SO_RCVTIMEO applies
+                got = splicer.move(sock, at, min(CHUNK, length - n))
                 if not got:
                     raise TransferError(f"truncated body: got {n} of {length} bytes", retryable=True,
                                         status=status)
-                _drain(out, fd, got, at)
                 writer.landed(pages.view(at, got))
                 at += got
                 n += got
@@ -280,8 +317,7 @@ class Transport:
                     on_bytes(got)
         finally:
             pages.close()
-            os.close(out)
-            os.close(into)
+            splicer.close()
         return n
 
     def open(self, method: str, path: str, extra: list[tuple[str, str]], query: str = "", *,
@@ -532,6 +568,41 @@ class Response:
                 if sock is None:
                     raise TransferError("the response was closed", retryable=True, status=self.status)
                 got = sock.recv_into(view[n:want], want - n, self.flags)
+                if not got:
+                    raise TransferError(f"truncated body: got {self.length - self.remaining + n} of "
+                                        f"{self.length} bytes", retryable=True, status=self.status)
+                n += got
+        except BaseException as exc:
+            self.close()
+            err = self._transport._error(exc, answered=True)
+            raise err from cause_of(err, exc)
+        self.remaining -= n
+        return n
+
+    @property
+    def spliceable(self) -> bool:
+        """Can :meth:`land` move this body in the kernel (plain HTTP, not TLS)?"""
+        return self.sock.__class__ is socket.socket
+
+    def land(self, splicer: Splicer, offset: int, want: int) -> int:
+        """Move up to ``want`` bytes of the body into ``splicer`` 's file at ``offset`` (fewer only at
+        its end; 0 at the end): the bytes that came with the head are written, the rest spliced.  A
+        failure to write is the file's error (ENOSPC...), not the network's."""
+        want = min(want, self.remaining)
+        n = 0
+        try:
+            if self._rest and want:
+                n = min(want, len(self._rest))
+                try:
+                    pwrite_all(splicer.fd, self._rest[:n], offset)
+                except OSError as exc:
+                    raise BodyWriteError() from exc
+                self._rest = self._rest[n:]
+            while n < want:
+                sock = self.sock
+                if sock is None:
+                    raise TransferError("the response was closed", retryable=True, status=self.status)
+                got = splicer.move(sock.fileno(), offset + n, want - n)
                 if not got:
                     raise TransferError(f"truncated body: got {self.length - self.remaining + n} of "
                                         f"{self.length} bytes", retryable=True, status=self.status)
