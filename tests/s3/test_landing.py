@@ -8,7 +8,7 @@ import os
 import subprocess
 
 import pytest
-from s3util import FAST_RETRY, SECRETS, FaultProxy, blob, files_under
+from s3util import FAST_RETRY, blob, files_under
 
 from manyfiles.errors import IntegrityError, ManyfilesError
 from manyfiles.s3 import ClientSettings, pull
@@ -30,24 +30,19 @@ class Watched(FileTarget):
         super().landed(offset, n)
 
 
-def watched(sink: FolderSink, key: str, size: int) -> Watched:
-    sink._ensure_parent(sink.final_path(key))
-    return Watched(sink, key, sink.final_path(key), size, None, None)
-
-
-@pytest.fixture
-def edge(moto_direct):
-    p = FaultProxy(moto_direct, secrets=SECRETS)
-    yield p
-    p.close()
-
-
-def test_a_large_plain_http_body_lands_in_its_file_and_is_checked_there(bucket, edge, tmp_path):
+def landing(bucket, proxy, dest, seed: str):
+    """The object (SIZE bytes, put now), the bucket's store through ``proxy``, and a watched temp file
+    for it in a real sink at ``dest``: (data, store, sink, target)."""
     name, put = bucket
-    data = put("big.bin", blob(SIZE, "land"))
-    store = store_for(ClientSettings(endpoint_url=edge.url, region="us-east-1"), name, retry=FAST_RETRY)
-    sink = FolderSink(str(tmp_path / "o")).open()
-    target = watched(sink, "big.bin", SIZE)
+    data = put("big.bin", blob(SIZE, seed))
+    store = store_for(ClientSettings(endpoint_url=proxy.url, region="us-east-1"), name, retry=FAST_RETRY)
+    sink = FolderSink(str(dest)).open()
+    sink._ensure_parent(sink.final_path("big.bin"))
+    return data, store, sink, Watched(sink, "big.bin", sink.final_path("big.bin"), SIZE, None, None)
+
+
+def test_a_large_plain_http_body_lands_in_its_file_and_is_checked_there(bucket, proxy, tmp_path):
+    data, store, sink, target = landing(bucket, proxy, tmp_path / "o", "land")
     fetched = store.fetch_into("big.bin", target, etag=None, size=SIZE)
     assert fetched.size == SIZE and fetched.claim is not None
     # everything after the bytes that came with the response head landed through the descriptor
@@ -57,12 +52,8 @@ def test_a_large_plain_http_body_lands_in_its_file_and_is_checked_there(bucket, 
     sink.close()
 
 
-def test_a_ranged_part_lands_at_its_offset(bucket, edge, tmp_path):
-    name, put = bucket
-    data = put("big.bin", blob(SIZE, "range"))
-    store = store_for(ClientSettings(endpoint_url=edge.url, region="us-east-1"), name, retry=FAST_RETRY)
-    sink = FolderSink(str(tmp_path / "o")).open()
-    target = watched(sink, "big.bin", SIZE)
+def test_a_ranged_part_lands_at_its_offset(bucket, proxy, tmp_path):
+    data, store, sink, target = landing(bucket, proxy, tmp_path / "o", "range")
     cut = 3 * MiB + 1
     store.fetch_range_into("big.bin", target, cut, SIZE - 1, etag=None, size=SIZE)
     store.fetch_range_into("big.bin", target, 0, cut - 1, etag=None, size=SIZE)
@@ -72,45 +63,27 @@ def test_a_ranged_part_lands_at_its_offset(bucket, edge, tmp_path):
     sink.close()
 
 
-def test_a_flipped_byte_in_a_landed_body_is_caught_then_fetched_again(bucket, edge, tmp_path):
-    name, put = bucket
-    data = put("big.bin", blob(SIZE, "flip"))
-    store = store_for(ClientSettings(endpoint_url=edge.url, region="us-east-1"), name, retry=FAST_RETRY)
-    sink = FolderSink(str(tmp_path / "o")).open()
-    target = watched(sink, "big.bin", SIZE)
-    edge.faults.append((lambda method, path, headers: method == "GET", "flip"))
+def test_a_flipped_byte_in_a_landed_body_is_caught_then_fetched_again(bucket, proxy, tmp_path):
+    name = bucket[0]
+    data, store, sink, target = landing(bucket, proxy, tmp_path / "o", "flip")
+    proxy.faults.append((lambda method, path, headers: method == "GET", "flip"))
     with pytest.raises(IntegrityError):
         store.fetch_into("big.bin", target, etag=None, size=SIZE)
-    assert edge.applied == ["flip"] and target.landed_bytes > SIZE - MiB
+    assert proxy.applied == ["flip"] and target.landed_bytes > SIZE - MiB
     target.abort()
     sink.close()
     # the same through a whole pull: the object is fetched again and lands exact
-    edge.faults.append((lambda method, path, headers: method == "GET"
+    proxy.faults.append((lambda method, path, headers: method == "GET"
                         and path.split("?")[0].endswith("/big.bin"), "flip"))
     report = pull(f"s3://{name}/", str(tmp_path / "p"), strategy="lean",
-                  settings=ClientSettings(endpoint_url=edge.url, region="us-east-1"), retry=FAST_RETRY)
-    assert edge.applied == ["flip", "flip"] and report.failures == [] and report.retries == 1
+                  settings=ClientSettings(endpoint_url=proxy.url, region="us-east-1"), retry=FAST_RETRY)
+    assert proxy.applied == ["flip", "flip"] and report.failures == [] and report.retries == 1
     assert files_under(tmp_path / "p") == {"big.bin": data}
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 6 MiB tmpfs (root only; CI runs as root), smaller than the object."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def test_a_full_disk_while_a_body_lands_is_the_disk_error(bucket, edge, small_disk, run_cli, cli_env):
-    name, put = bucket
-    data = put("big.bin", blob(SIZE, "full"))
-    store = store_for(ClientSettings(endpoint_url=edge.url, region="us-east-1"), name, retry=FAST_RETRY)
-    sink = FolderSink(str(small_disk / "o")).open()
-    target = watched(sink, "big.bin", SIZE)
+def test_a_full_disk_while_a_body_lands_is_the_disk_error(bucket, proxy, small_disk, run_cli, cli_env):
+    name = bucket[0]
+    data, store, sink, target = landing(bucket, proxy, small_disk / "o", "full")
     with pytest.raises(ManyfilesError, match="No space left on device") as got:
         store.fetch_into("big.bin", target, etag=None, size=SIZE)
     assert not got.value.retryable

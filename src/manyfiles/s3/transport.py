@@ -556,28 +556,11 @@ class Response:
 
     def readinto(self, view) -> int:
         """Fill ``view`` with up to ``len(view)`` bytes of the body (fewer only at its end); 0 at the end."""
-        want = min(len(view), self.remaining)
-        n = 0
-        try:
-            if self._rest and want:
-                n = min(want, len(self._rest))
-                view[:n] = self._rest[:n]
-                self._rest = self._rest[n:]
-            while n < want:
-                sock = self.sock
-                if sock is None:
-                    raise TransferError("the response was closed", retryable=True, status=self.status)
-                got = sock.recv_into(view[n:want], want - n, self.flags)
-                if not got:
-                    raise TransferError(f"truncated body: got {self.length - self.remaining + n} of "
-                                        f"{self.length} bytes", retryable=True, status=self.status)
-                n += got
-        except BaseException as exc:
-            self.close()
-            err = self._transport._error(exc, answered=True)
-            raise err from cause_of(err, exc)
-        self.remaining -= n
-        return n
+        def rest(n: int, k: int) -> None:
+            view[n:n + k] = self._rest[:k]
+
+        return self._take(min(len(view), self.remaining), rest,
+                          lambda sock, n, k: sock.recv_into(view[n:n + k], k, self.flags))
 
     @property
     def spliceable(self) -> bool:
@@ -588,21 +571,29 @@ class Response:
         """Move up to ``want`` bytes of the body into ``splicer`` 's file at ``offset`` (fewer only at
         its end; 0 at the end): the bytes that came with the head are written, the rest spliced.  A
         failure to write is the file's error (ENOSPC...), not the network's."""
-        want = min(want, self.remaining)
+        def rest(n: int, k: int) -> None:
+            try:
+                pwrite_all(splicer.fd, self._rest[:k], offset + n)
+            except OSError as exc:
+                raise BodyWriteError() from exc
+
+        return self._take(min(want, self.remaining), rest,
+                          lambda sock, n, k: splicer.move(sock.fileno(), offset + n, k))
+
+    def _take(self, want: int, rest: Callable[[int, int], None], move: Callable[[Any, int, int], int]) -> int:
+        """``want`` bytes of the body: first those that came with the head (``rest(at, k)``), then
+        from the socket (``move(sock, at, k)`` -> bytes moved, 0 once the peer closed)."""
         n = 0
         try:
             if self._rest and want:
                 n = min(want, len(self._rest))
-                try:
-                    pwrite_all(splicer.fd, self._rest[:n], offset)
-                except OSError as exc:
-                    raise BodyWriteError() from exc
+                rest(0, n)
                 self._rest = self._rest[n:]
             while n < want:
                 sock = self.sock
                 if sock is None:
                     raise TransferError("the response was closed", retryable=True, status=self.status)
-                got = splicer.move(sock.fileno(), offset + n, want - n)
+                got = move(sock, n, want - n)
                 if not got:
                     raise TransferError(f"truncated body: got {self.length - self.remaining + n} of "
                                         f"{self.length} bytes", retryable=True, status=self.status)
