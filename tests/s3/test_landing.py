@@ -8,7 +8,7 @@ import os
 import subprocess
 
 import pytest
-from s3util import FAST_RETRY, blob, files_under
+from s3util import FAST_RETRY, SECRETS, FaultProxy, blob, files_under, make_ca
 
 from manyfiles.errors import IntegrityError, ManyfilesError
 from manyfiles.s3 import ClientSettings, pull
@@ -50,6 +50,26 @@ def test_a_large_plain_http_body_lands_in_its_file_and_is_checked_there(bucket, 
     target.commit()
     assert (tmp_path / "o" / "big.bin").read_bytes() == data
     sink.close()
+
+
+def test_a_tls_body_keeps_the_buffer_path(bucket, moto_direct, monkeypatch, tmp_path):
+    from manyfiles.s3 import config
+
+    ca, ctx = make_ca(tmp_path)
+    tls = FaultProxy(moto_direct, tls=ctx, secrets=SECRETS)
+    monkeypatch.setenv("AWS_CA_BUNDLE", ca)
+    config.CONFIG.clear()
+    try:
+        data, store, sink, target = landing(bucket, tls, tmp_path / "o", "tls")
+        store.fetch_into("big.bin", target, etag=None, size=SIZE)
+        assert target.landed_bytes == 0, "a TLS socket cannot be spliced: received and written"
+        target.commit()
+        assert (tmp_path / "o" / "big.bin").read_bytes() == data
+        sink.close()
+    finally:
+        tls.close()
+        monkeypatch.delenv("AWS_CA_BUNDLE")
+        config.CONFIG.clear()
 
 
 def test_a_ranged_part_lands_at_its_offset(bucket, proxy, tmp_path):
