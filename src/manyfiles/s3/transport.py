@@ -136,7 +136,6 @@ class Splicer:
         return got
 
 
-
 def _close_pipe(*ends: int) -> None:
     for end in ends:
         with contextlib.suppress(OSError):
