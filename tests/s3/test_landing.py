@@ -120,3 +120,20 @@ def test_a_full_disk_while_a_body_lands_is_the_disk_error(bucket, proxy, small_d
     r = run_cli("s3pull", f"s3://{name}/", str(dest), "--strategy", "lean", env=cli_env)
     assert r.returncode == 0, r.stderr.decode()
     assert files_under(dest) == {"big.bin": data} and os.listdir(dest / ".s3pull" / "tmp") == []
+
+
+@pytest.mark.parametrize("fault", ["reset", "truncate"])
+def test_a_connection_lost_while_a_body_lands_is_fetched_again(fault, bucket, proxy, tmp_path):
+    data, store, sink, target = landing(bucket, proxy, tmp_path / "o", fault)
+    proxy.faults.append((lambda method, path, headers: method == "GET", fault))
+    with pytest.raises(ManyfilesError) as got:
+        store.fetch_into("big.bin", target, etag=None, size=SIZE)
+    assert got.value.retryable and 0 < target.landed_bytes < SIZE
+    target.abort()
+    sink.close()
+    proxy.faults.append((lambda method, path, headers: method == "GET"
+                         and path.split("?")[0].endswith("/big.bin"), fault))
+    report = pull(f"s3://{bucket[0]}/", str(tmp_path / "p"), strategy="lean",
+                  settings=ClientSettings(endpoint_url=proxy.url, region="us-east-1"), retry=FAST_RETRY)
+    assert proxy.applied == [fault, fault] and report.failures == [] and report.retries == 1
+    assert files_under(tmp_path / "p") == {"big.bin": data}
