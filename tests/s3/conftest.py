@@ -7,7 +7,6 @@ is moto itself, for the admin client that seeds buckets.
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 
 import pytest
@@ -72,15 +71,3 @@ def s3plain(moto_direct):
     return boto3.client("s3", endpoint_url=moto_direct, region_name="us-east-1",
                         aws_access_key_id="testing", aws_secret_access_key="testing",
                         config=Config(request_checksum_calculation="when_required"))
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 6 MiB tmpfs (root only; CI runs as root): the destination fills up mid-run."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)

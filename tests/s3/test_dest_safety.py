@@ -120,6 +120,18 @@ def test_an_empty_prefix_creates_nothing(strategy, run_cli, bucket, cli_env, tmp
     assert r.returncode == 1 and os.listdir(dest) == []
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 6 MiB tmpfs (root only; CI runs as root): the destination fills up mid-run."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
 @pytest.mark.parametrize("strategy", ["threads", "lean", "auto", "http"])
 def test_full_disk_is_one_line_no_wrong_file_and_rerun_completes(strategy, small_disk, run_cli, bucket,
                                                                   cli_env, tmp_path):

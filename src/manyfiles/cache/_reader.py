@@ -481,13 +481,16 @@ class _Pump(threading.Thread):
                         raise ManyfilesError(f"{self._v.source!r}: the stream ended early")
                 elif len(data) != n:
                     raise ManyfilesError(f"{self._v.source!r}: the stream ended early")
-                _settle(fut, data)
-                fut = None
                 if fd is not None:
                     writer.landed()         # in the file already
-                else:
+                    if stream.claim is not None:    # the last block, checked: the file is installed
+                        writer.seal(stream.method, stream.claim)    # before the reader has it
+                _settle(fut, data)
+                fut = None
+                if fd is None:
                     writer.part(j * bs, data)   # dropped when the queue is full: then nothing is kept
-            writer.seal(stream.method, stream.claim)
+            if writer.sealed is None:
+                writer.seal(stream.method, stream.claim)
         except IntegrityError as exc:   # the whole object is not what the server says it is
             if fut is not None:
                 _settle(fut, exc=exc)

@@ -24,7 +24,6 @@ from manyfiles.s3.transport import pwrite_all as _pwrite_all
 from manyfiles.trace import iotrace
 
 PREALLOCATE_MIN = 8 << 20   # whole-object temp files from this size are preallocated
-LANDING_MIN = 8 << 20       # objects from this size may be received straight into their temp file
 
 
 class Target:
@@ -43,22 +42,6 @@ class Target:
         raise NotImplementedError
 
     def read(self, offset: int, n: int) -> bytes:
-        raise NotImplementedError
-
-    def landing_fd(self) -> int | None:
-        """A file descriptor a large body may be moved into by the kernel at its offsets, bypassing
-        ``write_at`` (:meth:`manyfiles.s3.transport.Transport.fetch` splices plain-HTTP bodies into
-        it); None: every byte goes through ``write_at``."""
-        return None
-
-    def landed(self, offset: int, n: int) -> None:
-        """``n`` bytes landed at ``offset`` through :meth:`landing_fd` (not through ``write_at``); the
-        append position is after them."""
-        raise NotImplementedError
-
-    @property
-    def position(self) -> int:
-        """Where :meth:`append` writes next."""
         raise NotImplementedError
 
     def reset(self) -> None:
@@ -173,18 +156,6 @@ class FileTarget(Target):
 
     def read(self, offset: int, n: int) -> bytes:
         return os.pread(self.fd, n, offset)
-
-    def landing_fd(self) -> int | None:
-        # large objects only, and not while an I/O trace records every write
-        big = self.size is not None and self.size >= LANDING_MIN
-        return self.fd if big and iotrace.TRACER is None else None
-
-    def landed(self, offset: int, n: int) -> None:
-        self._pos = offset + n
-
-    @property
-    def position(self) -> int:
-        return self._pos
 
     def reset(self) -> None:
         self._pos = 0

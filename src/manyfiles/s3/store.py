@@ -984,20 +984,6 @@ class _RangeWriter:
 
     def write(self, data) -> None:
         self.target.write_at(self.pos, data)     # complete, or raises
-        self._hashed(data)
-
-    def landing(self) -> tuple[int, int] | None:
-        """Where the range's next bytes may land directly, (file descriptor, offset); None: :meth:`write`."""
-        landing_fd = getattr(self.target, "landing_fd", None)     # (a buffer in memory has none)
-        fd = landing_fd() if landing_fd is not None else None
-        return None if fd is None else (fd, self.pos)
-
-    def landed(self, view) -> None:
-        """``view``: the file's pages the next bytes landed in (:meth:`landing`), hashed from there."""
-        self.target.landed(self.pos, len(view))
-        self._hashed(view)
-
-    def _hashed(self, data) -> None:
         if self.feed is not None:
             self.feed.update(data)
         self.pos += len(data)

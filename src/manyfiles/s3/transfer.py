@@ -117,17 +117,6 @@ class WholeBody:
         self.digest.stream(chunk)       # what was written, in order
         self.n += len(chunk)
 
-    def landing(self) -> tuple[int, int] | None:
-        """Where the body's next bytes may land directly, (file descriptor, offset); None: :meth:`write`."""
-        fd = self.target.landing_fd()
-        return None if fd is None else (fd, self.target.position)
-
-    def landed(self, view) -> None:
-        """``view``: the file's pages the next bytes landed in (:meth:`landing`), checked from there."""
-        self.target.landed(self.target.position, len(view))
-        self.digest.stream(view)
-        self.n += len(view)
-
     def finish(self, content_length: int | None) -> Fetched:
         """The final checks: length, listed size, then the claim over every byte written."""
         expected = content_length if content_length is not None else self.size

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import mmap
 import os
 import socket
 import struct
@@ -42,8 +41,6 @@ if TYPE_CHECKING:
     import asyncio
 
 CHUNK = 1 << 20      # the receive buffer of a thread, and the largest block of a body handed on
-SPLICE_MIN = CHUNK              # a body with at least this much left may be spliced into its file
-LANDING_WINDOW = 16 << 20       # the mapping through which spliced bytes are checked
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
@@ -142,36 +139,6 @@ def _close_pipe(*ends: int) -> None:
             os.close(end)
 
 
-class _Pages:
-    """Read-only views of a file's pages, mapped a window at a time: what a splice landed, for the
-    check.  Only bytes just written are viewed (never a page past the end of the file: no SIGBUS)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self._map: mmap.mmap | None = None
-        self._start = self._end = 0
-
-    def view(self, offset: int, n: int) -> memoryview:
-        if not (self._start <= offset and offset + n <= self._end):
-            self.close()
-            start = offset - offset % mmap.ALLOCATIONGRANULARITY
-            try:
-                # (within the file: Python refuses a mapping past its end; the bytes viewed are in it)
-                size = min(max(LANDING_WINDOW, offset + n - start), os.fstat(self.fd).st_size - start)
-                self._map = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ, offset=start)
-            except OSError as exc:
-                raise BodyWriteError() from exc
-            self._start, self._end = start, start + size
-        return memoryview(self._map)[offset - self._start: offset - self._start + n]
-
-    def close(self) -> None:
-        m, self._map = self._map, None
-        self._start = self._end = 0
-        if m is not None:
-            with contextlib.suppress(BufferError):  # a view still held: unmapped once it is dropped
-                m.close()
-
-
 # -- threads ---------------------------------------------------------------------------------------
 
 _TRANSPORTS: weakref.WeakSet = weakref.WeakSet()    # every Transport of the process, for a fork
@@ -256,11 +223,18 @@ class Transport:
             status, headers, rest = self._drive(steps)
             length, writer, n = _body_start(status, headers, rest, begin, on_bytes)
             if n < length:
-                spot = self._landing(writer, length - n)
-                if spot is not None:
-                    n = self._splice_body(writer, spot, n, length, status, on_bytes)
-                else:
-                    n = self._recv_body(writer, n, length, status, on_bytes)
+                sock, flags = self._local.sock, self._local.flags
+                buf = self._buffer()
+                view = memoryview(buf)
+                while n < length:
+                    got = sock.recv_into(view, min(CHUNK, length - n), flags)
+                    if not got:
+                        raise TransferError(f"truncated body: got {n} of {length} bytes", retryable=True,
+                                            status=status)
+                    _written(writer, view[:got])
+                    n += got
+                    if on_bytes is not None:
+                        on_bytes(got)
             if not http1.keeps_alive(headers):
                 self._drop()
         except BaseException as exc:
@@ -269,55 +243,6 @@ class Transport:
             err.received = n          # type: ignore[attr-defined]  (for the trace)
             raise err from cause_of(err, exc)
         return status, headers, n, writer
-
-    def _recv_body(self, writer: Any, n: int, length: int, status: int,
-                   on_bytes: Callable[[int], None] | None) -> int:
-        """The rest of a body, ``recv_into`` this thread's buffer, each block handed to ``writer``."""
-        sock, flags = self._local.sock, self._local.flags
-        view = memoryview(self._buffer())
-        while n < length:
-            got = sock.recv_into(view, min(CHUNK, length - n), flags)
-            if not got:
-                raise TransferError(f"truncated body: got {n} of {length} bytes", retryable=True,
-                                    status=status)
-            _written(writer, view[:got])
-            n += got
-            if on_bytes is not None:
-                on_bytes(got)
-        return n
-
-    def _landing(self, writer: Any, remaining: int) -> tuple[int, int] | None:
-        """Where a large body on a plain-HTTP socket may land directly: the (file descriptor, offset)
-        its writer offers (``writer.landing()``), or None (TLS, a small rest, a writer without a file)."""
-        if remaining < SPLICE_MIN or self._local.sock.__class__ is not socket.socket:
-            return None
-        landing = getattr(writer, "landing", None)
-        return landing() if landing is not None else None
-
-    def _splice_body(self, writer: Any, spot: tuple[int, int], n: int, length: int, status: int,
-                     on_bytes: Callable[[int], None] | None) -> int:
-        """The rest of a body moved socket -> pipe -> file by the kernel (``splice``: one copy, into the
-        file's pages, instead of one into our buffer and one more by ``pwrite``).  Each piece is then
-        handed to ``writer.landed`` as a view of the file's pages it landed in, so that the check runs
-        over the bytes in the file, never over a copy."""
-        fd, at = spot
-        sock = self._local.sock.fileno()
-        splicer, pages = Splicer(fd), _Pages(fd)    # one pipe per body: nothing held between bodies
-        try:
-            while n < length:
-                got = splicer.move(sock, at, min(CHUNK, length - n))
-                if not got:
-                    raise TransferError(f"truncated body: got {n} of {length} bytes", retryable=True,
-                                        status=status)
-                writer.landed(pages.view(at, got))
-                at += got
-                n += got
-                if on_bytes is not None:
-                    on_bytes(got)
-        finally:
-            pages.close()
-            splicer.close()
-        return n
 
     def open(self, method: str, path: str, extra: list[tuple[str, str]], query: str = "", *,
              ok: tuple[int, ...] = (200, 206),
