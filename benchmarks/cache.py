@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import os
 import random
+import resource
 import shutil
 import statistics
 import sys
@@ -49,7 +50,8 @@ from manyfiles.s3 import ClientSettings
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("CACHE_BENCH_DATA", "/work/bench-data/cache"))
 KEY, SECRET = "benchkey", "benchsecret"
-KiB, MiB = 1 << 10, 1 << 20
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+FILLED: list = []       # getrusage once a cache's fills finished (its close), for the first read's CPU
 CHUNK = 1 * MiB
 
 
@@ -238,6 +240,7 @@ def seed_runs(origin: str, args, srcs: list[str], size: int, settings, endpoint:
     first: dict[str, list[float]] = {m: [] for m in methods}
     reread: dict[str, list[float]] = {m: [] for m in methods}
     dropped: dict[str, list[float]] = {m: [] for m in methods}
+    first_cpu: dict[str, list[float]] = {m: [] for m in methods}
     warm: dict[str, tuple] = {}
     failed: dict[str, str] = {}
     for rep in range(args.repeat):
@@ -248,10 +251,16 @@ def seed_runs(origin: str, args, srcs: list[str], size: int, settings, endpoint:
             try:
                 if args.page_cache == "cold":
                     drop_caches()
+                ru0 = resource.getrusage(resource.RUSAGE_SELF)
                 secs, n = threaded(lambda s, o=open_first: _read_all(o, s), srcs, threads)
                 assert n == total, (name, n, total)
                 first[name].append(total / secs / MiB)
+                FILLED.clear()
+                ru1 = resource.getrusage(resource.RUSAGE_SELF)
                 between()                    # not timed: e.g. a new Cache object, as a new process would
+                ru1 = FILLED[0] if FILLED else ru1      # the read and its fills (done by then)
+                first_cpu[name].append((ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime)
+                                       / (total / GiB))
                 os.sync()                    # the first read's writes on disk: no writeback under the reread
                 # a pass over a warm cache takes ~0.1 s: time several, so one stall does not decide
                 secs = 0.0
@@ -271,7 +280,8 @@ def seed_runs(origin: str, args, srcs: list[str], size: int, settings, endpoint:
                 close()
                 shutil.rmtree(storage, ignore_errors=True)
                 continue
-            print(f"  {origin} rep {rep}: {name} first {first[name][-1]:.0f} MiB/s, "
+            print(f"  {origin} rep {rep}: {name} first {first[name][-1]:.0f} MiB/s "
+                  f"(client CPU {first_cpu[name][-1]:.2f} s/GiB), "
                   f"reread {reread[name][-1]:.0f} MiB/s, page cache dropped {dropped[name][-1]:.0f} MiB/s",
                   file=sys.stderr, flush=True)
             if rep == args.repeat - 1:
@@ -281,6 +291,11 @@ def seed_runs(origin: str, args, srcs: list[str], size: int, settings, endpoint:
                 shutil.rmtree(storage, ignore_errors=True)
     table(f"{origin}: first read (cold cache), {len(srcs)} x {size // MiB} MiB, {threads} threads",
           [(k, statistics.median(v)) for k, v in first.items() if v], "MiB/s", "no cache", True)
+    print(f"\n### {origin}: client CPU of the first read and its fills (this process), s per GiB\n\n"
+          "| method | s/GiB | per repetition |\n|---|---:|---|")
+    for k, v in first_cpu.items():
+        if v:
+            print(f"| {k} | {statistics.median(v):.2f} | {', '.join(f'{x:.2f}' for x in v)} |")
     table(f"{origin}: reread, {len(srcs)} x {size // MiB} MiB, {threads} threads",
           [(k, statistics.median(v)) for k, v in reread.items() if v], "MiB/s", "no cache", True)
     table(f"{origin}: reread with the page cache dropped (one pass), {len(srcs)} x {size // MiB} MiB",
@@ -312,6 +327,7 @@ def _openers(name: str, storage: Path, settings, endpoint: str | None, nocache_o
             t0 = time.perf_counter()
             caches[0].close()               # the lazy fills finish here
             fills_done = time.perf_counter() - t0
+            FILLED.append(resource.getrusage(resource.RUSAGE_SELF))     # the CPU to here (not verify's)
             caches[0] = Cache(storage / "c", settings=settings, ttl=ttl)
             s = caches[0].stats()
             v = caches[0].verify()

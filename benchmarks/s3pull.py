@@ -57,7 +57,7 @@ GO_TOOLS = {   # binary -> (go package, name go install gives it)
     "rclone": ("github.com/rclone/rclone@latest", "rclone"),
 }
 KEY, SECRET = "benchkey", "benchsecret"
-KiB, MiB = 1 << 10, 1 << 20
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 # shape -> list of (count, size)
 SHAPES = {
@@ -349,8 +349,8 @@ def print_shape(shape: str, label: str, times: dict[str, list[float]], checks: d
     upload = how.get(UPLOAD.get(shape, ""), "uploaded by s5cmd")
     lines = [f"\n### {desc}, {upload} ({label}; load average {os.getloadavg()[0]:.1f} at the end)\n",
              "| tool | median s | objects/s | MB/s | speed vs s5cmd | client CPU s / 1,000 objects | "
-             "CPU vs s5cmd | checked by |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+             "client CPU s / GiB | CPU vs s5cmd | checked by |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     base = med.get("s5cmd")
     cpu = {k: statistics.median(CPU[(shape, label, k)]) * 1000 / n for k in med if (shape, label, k) in CPU}
     cpu_base = cpu.get("s5cmd")
@@ -358,8 +358,9 @@ def print_shape(shape: str, label: str, times: dict[str, list[float]], checks: d
         ratio = f"{base / secs:.2f}" if base else "-"
         c = cpu.get(name)
         c_ratio = f"{c / cpu_base:.2f}" if c is not None and cpu_base else "-"
+        per_obj, per_gib = ("-", "-") if c is None else (f"{c:.3f}", f"{c * n / 1000 / (nbytes / GiB):.3f}")
         lines.append(f"| {name} | {secs:.2f} | {n / secs:.0f} | {nbytes / secs / 1e6:.0f} | {ratio} | "
-                     f"{'-' if c is None else f'{c:.3f}'} | {c_ratio} | {checks.get(name, '-')} |")
+                     f"{per_obj} | {per_gib} | {c_ratio} | {checks.get(name, '-')} |")
     forced = {k: v for k, v in med.items()
               if k.startswith("s3pull ") and k.removeprefix("s3pull ") in ENGINES and k != "s3pull auto"}
     notes = []

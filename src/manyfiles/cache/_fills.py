@@ -52,6 +52,7 @@ BACKLOG = 0.75
 FLUSH_INTERVAL = 1.0                 # seconds between flushes of accesses and counters while reads go on
 QUIET = 0.05                         # ... and once reads paused this long (a worker between batches)
 _O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+_O_NEW_RW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
 
 def _default_fill_queue() -> int:
@@ -144,6 +145,7 @@ class WholeWriter:
         self._lock = threading.Lock()       # the temp file's creation (writers only)
         self._once = threading.Lock()       # taken once, never released: _finish runs once
         self._fd: int | None = None
+        self._allocated = False             # the temp file's room reserved (posix_fallocate)
         self._tmp: str | None = None
         self.packed = version.size <= PACK_MAX_OBJECT
         self._buf: bytes | bytearray | None = None      # a packed object's bytes
@@ -162,13 +164,31 @@ class WholeWriter:
             if self._fd is None:
                 store = self.fills.store
                 self._tmp = store.temp_path(".w")
-                fd = os.open(self._tmp, _O_NEW, 0o644)
+                fd = os.open(self._tmp, _O_NEW_RW, 0o644)     # (read too: a stream lands through it)
                 if self.version.size:
                     # one extent for the whole object: cheaper for the kernel than growing the file
                     with contextlib.suppress(OSError):
                         os.posix_fallocate(fd, 0, self.version.size)
+                        self._allocated = True
                 self._fd = fd
             return self._fd
+
+    def landing_fd(self) -> int | None:
+        """The temp file, preallocated to the object's size, that a stream may land its parts in
+        directly (then :meth:`landed`); None: a packed object, or no room was reserved (a full disk
+        must fail a write, never a page of a mapping), or the file was given up."""
+        if self.packed or self.failed or self.done:
+            return None
+        try:
+            fd = self._file()
+        except OSError:
+            return None
+        return fd if self._allocated else None
+
+    def landed(self) -> None:
+        """A part landed in the file directly (the stream's thread): counted as queued and written."""
+        self.queued += 1
+        self._written_one(ok=True)
 
     def write(self, offset: int, data: bytes | memoryview) -> None:
         """Write ``data`` at ``offset`` now (raises OSError: the caller aborts)."""

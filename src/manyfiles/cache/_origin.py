@@ -357,6 +357,17 @@ class _S3Whole(WholeRead):
         self._after(view[:n])
         return n
 
+    def readinto_file(self, fd: int, n: int) -> Any:
+        """The next ``n`` bytes landed in ``fd`` at their offset, a view of the file's pages holding
+        them (:meth:`manyfiles.s3.store.ObjectStream.readinto_file`); None: use :meth:`readinto`."""
+        try:
+            view = self._stream.readinto_file(fd, n)
+        except Exception as exc:
+            raise self._origin.error(exc) from exc
+        if view is not None:
+            self._after(view)
+        return view
+
     def _after(self, data: Any) -> None:
         if self._crc is not None:
             self._crc = zlib.crc32(data, self._crc)

@@ -459,6 +459,10 @@ class _Pump(threading.Thread):
         stream, writer, futures = self._stream, self._writer, self._futures
         buffers = self._store.fills.buffers
         bs, size = self._bs, self._v.size
+        # Straight into the whole file where the stream can (plain HTTP) and the file has its room:
+        # the kernel moves each block into the file's pages, and the reader reads it from there.
+        landing = getattr(stream, "readinto_file", None)
+        fd = writer.landing_fd() if landing is not None else None
         fut = None
         try:
             for j in range(max(futures) + 1):
@@ -468,14 +472,25 @@ class _Pump(threading.Thread):
                         return
                 fut = futures.pop(j)        # (once settled, only the reader holds it, and its block)
                 n = min(bs, size - j * bs)
-                buf = buffers.get()         # received into a recycled buffer: no copy, no fresh pages
-                data = buf if n == len(buf) else memoryview(buf)[:n]
-                if stream.readinto(data) != n:  # the last block only once the object passed its check
+                data = landing(fd, n) if fd is not None else None
+                if data is None:
+                    fd = None
+                    buf = buffers.get()     # received into a recycled buffer: no copy, no fresh pages
+                    data = buf if n == len(buf) else memoryview(buf)[:n]
+                    if stream.readinto(data) != n:  # the last block only once the object passed its check
+                        raise ManyfilesError(f"{self._v.source!r}: the stream ended early")
+                elif len(data) != n:
                     raise ManyfilesError(f"{self._v.source!r}: the stream ended early")
+                if fd is not None:
+                    writer.landed()         # in the file already
+                    if stream.claim is not None:    # the last block, checked: the file is installed
+                        writer.seal(stream.method, stream.claim)    # before the reader has it
                 _settle(fut, data)
                 fut = None
-                writer.part(j * bs, data)   # dropped when the queue is full: then nothing is kept
-            writer.seal(stream.method, stream.claim)
+                if fd is None:
+                    writer.part(j * bs, data)   # dropped when the queue is full: then nothing is kept
+            if writer.sealed is None:
+                writer.seal(stream.method, stream.claim)
         except IntegrityError as exc:   # the whole object is not what the server says it is
             if fut is not None:
                 _settle(fut, exc=exc)

@@ -10,7 +10,6 @@ cannot redirect a write outside it.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import stat as _stat
 import threading
@@ -22,6 +21,7 @@ from manyfiles._core import native as _native
 from manyfiles.errors import from_oserror
 from manyfiles.s3.keys import UnsafeKey
 from manyfiles.s3.state import State, names_of, open_file, unique_name
+from manyfiles.s3.transport import pwrite_all as _pwrite_all
 from manyfiles.trace import iotrace
 
 PREALLOCATE_MIN = 8 << 20   # whole-object temp files from this size are preallocated
@@ -268,18 +268,6 @@ def _install_small_py(dir_fd: int, name: str, data, final: str) -> tuple[int, in
 
 
 install_small = _native.dents.install_small if _native.dents is not None else _install_small_py
-
-
-def _pwrite_all(fd: int, data, offset: int) -> None:
-    """pwrite every byte of ``data`` at ``offset``: a short write is continued, and a write that
-    makes no progress is ENOSPC (never a hole that a later write could hide)."""
-    view = memoryview(data)
-    while len(view):
-        n = os.pwrite(fd, view, offset)
-        if n <= 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        view = view[n:]
-        offset += n
 
 
 def _unlink_quiet(dir_fd: int | None, name: str) -> None:

@@ -44,6 +44,7 @@ itself, :class:`ObjectExists` when ``If-None-Match: *`` finds the key taken).
 from __future__ import annotations
 
 import base64
+import mmap
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -64,7 +65,7 @@ from manyfiles.s3.layouts import alearn_layout, etag_parts, learn_layout
 from manyfiles.s3.retry import classify, coded
 from manyfiles.s3.sigv4 import query_string, uri_path
 from manyfiles.s3.transfer import CHUNK, Fetched, WholeBody, check_answer, check_range, needs_layout
-from manyfiles.s3.transport import AsyncConnection, Transport
+from manyfiles.s3.transport import AsyncConnection, Splicer, Transport
 from manyfiles.trace import iotrace
 
 # -- what the store's calls return -------------------------------------------------------------------
@@ -1031,6 +1032,7 @@ class ObjectStream:
         self._closed = False
         self.pos = 0
         self.claim: Claim | None = None
+        self._splicer: Splicer | None = None       # the pipe of readinto_file
         try:
             self.head = store._retrying(lambda: self._open(if_match, size), on_retry, reset=self._drop)
         except BaseException:
@@ -1109,6 +1111,42 @@ class ObjectStream:
             self._finish()              # raises before the last bytes are handed out
         return want
 
+    def readinto_file(self, fd: int, n: int) -> memoryview | None:
+        """The next ``n`` bytes (fewer only at the end) moved by the kernel into ``fd`` at their offset
+        in the object (``splice``: no copy of ours), checked over the file's pages they landed in;
+        returns a read-only view of those pages.  None (nothing read) where the body cannot be
+        spliced (TLS): :meth:`readinto` then.  The read that reaches the end returns only once
+        every byte passed the check, as :meth:`readinto`."""
+        want = min(n, self.size - self.pos)
+        if want <= 0 or not self.store._retrying(lambda: self._response().spliceable, self._on_retry,
+                                                 reset=self._drop):
+            return None
+        if self._splicer is None or self._splicer.fd != fd:
+            self._close_splicer()
+            self._splicer = Splicer(fd)
+        self.store._retrying(lambda: self._land(want), self._on_retry, reset=self._drop)
+        start = self.pos - self.pos % mmap.ALLOCATIONGRANULARITY
+        try:
+            pages = mmap.mmap(fd, self.pos + want - start, mmap.MAP_SHARED, mmap.PROT_READ, offset=start)
+        except OSError as exc:
+            raise classify(exc) from exc
+        view = memoryview(pages)[self.pos - start:]
+        self._digest.stream(view)
+        self.pos += want
+        if self.pos == self.size:
+            self._finish()              # raises before the last bytes are handed out
+        return view
+
+    def _land(self, want: int) -> None:
+        got = self._response().land(self._splicer, self.pos, want)
+        if got != want:
+            raise TransferError(f"truncated body: got {self.pos + got} of {self.size} bytes", retryable=True)
+
+    def _close_splicer(self) -> None:
+        if self._splicer is not None:
+            self._splicer.close()
+            self._splicer = None
+
     def read(self, n: int = CHUNK) -> bytes:
         """Up to ``n`` bytes (``n`` unless the object ends first); b"" after the end."""
         buf = bytearray(max(0, min(n, self.size - self.pos)))
@@ -1117,6 +1155,7 @@ class ObjectStream:
 
     def _finish(self) -> None:
         self._drop()
+        self._close_splicer()
         self._digest.check()
         self.claim = self._digest.claim
 

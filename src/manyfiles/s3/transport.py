@@ -21,6 +21,8 @@ at once: a run that stopped).
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
 import socket
 import struct
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     import asyncio
 
 CHUNK = 1 << 20      # the receive buffer of a thread, and the largest block of a body handed on
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
 class Answer(NamedTuple):
@@ -81,6 +84,59 @@ def _written(writer: Any, data: Any) -> None:
         writer.write(data)
     except OSError as exc:
         raise BodyWriteError() from exc
+
+
+def pwrite_all(fd: int, data: Any, offset: int) -> None:
+    """pwrite every byte of ``data`` at ``offset``: a short write is continued, and a write that
+    makes no progress is ENOSPC (never a hole that a later write could hide)."""
+    view = memoryview(data)
+    while len(view):
+        done = os.pwrite(fd, view, offset)
+        if done <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[done:]
+        offset += done
+
+
+def _drain(pipe: int, fd: int, n: int, offset: int) -> None:
+    """Move ``n`` bytes from ``pipe`` into ``fd`` at ``offset`` (a failure is the writer's: ENOSPC...)."""
+    try:
+        while n:
+            moved = os.splice(pipe, fd, n, offset_dst=offset)
+            if moved <= 0:          # no progress: the disk is full (never a hole)
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            n -= moved
+            offset += moved
+    except OSError as exc:
+        raise BodyWriteError() from exc
+
+
+class Splicer:
+    """Moves body bytes socket -> pipe -> file in the kernel (``splice``): one copy, into the file's
+    pages, where ``recv_into`` + ``pwrite`` make two (one into our buffer, one out of it).  Its own
+    pipe, closed by :meth:`close` or once the splicer is dropped (never by another thread while
+    a splice may use it)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._out, self._in = os.pipe2(os.O_CLOEXEC)
+        self.close = weakref.finalize(self, _close_pipe, self._out, self._in)
+        with contextlib.suppress(OSError):      # a larger pipe: fewer splices (the default is 64 KiB)
+            fcntl.fcntl(self._in, _F_SETPIPE_SZ, CHUNK)
+
+    def move(self, sock: int, offset: int, want: int) -> int:
+        """Up to ``want`` bytes from the socket ``sock`` into the file at ``offset`` (as many as have
+        come: at least one; 0 once the peer closed).  A failure to write is a BodyWriteError."""
+        got = os.splice(sock, self._in, want)       # blocks: the socket's SO_RCVTIMEO applies
+        if got:
+            _drain(self._out, self.fd, got, offset)
+        return got
+
+
+def _close_pipe(*ends: int) -> None:
+    for end in ends:
+        with contextlib.suppress(OSError):
+            os.close(end)
 
 
 # -- threads ---------------------------------------------------------------------------------------
@@ -424,18 +480,44 @@ class Response:
 
     def readinto(self, view) -> int:
         """Fill ``view`` with up to ``len(view)`` bytes of the body (fewer only at its end); 0 at the end."""
-        want = min(len(view), self.remaining)
+        def rest(n: int, k: int) -> None:
+            view[n:n + k] = self._rest[:k]
+
+        return self._take(min(len(view), self.remaining), rest,
+                          lambda sock, n, k: sock.recv_into(view[n:n + k], k, self.flags))
+
+    @property
+    def spliceable(self) -> bool:
+        """Can :meth:`land` move this body in the kernel (plain HTTP, not TLS)?"""
+        return self.sock.__class__ is socket.socket
+
+    def land(self, splicer: Splicer, offset: int, want: int) -> int:
+        """Move up to ``want`` bytes of the body into ``splicer`` 's file at ``offset`` (fewer only at
+        its end; 0 at the end): the bytes that came with the head are written, the rest spliced.  A
+        failure to write is the file's error (ENOSPC...), not the network's."""
+        def rest(n: int, k: int) -> None:
+            try:
+                pwrite_all(splicer.fd, self._rest[:k], offset + n)
+            except OSError as exc:
+                raise BodyWriteError() from exc
+
+        return self._take(min(want, self.remaining), rest,
+                          lambda sock, n, k: splicer.move(sock.fileno(), offset + n, k))
+
+    def _take(self, want: int, rest: Callable[[int, int], None], move: Callable[[Any, int, int], int]) -> int:
+        """``want`` bytes of the body: first those that came with the head (``rest(at, k)``), then
+        from the socket (``move(sock, at, k)`` -> bytes moved, 0 once the peer closed)."""
         n = 0
         try:
             if self._rest and want:
                 n = min(want, len(self._rest))
-                view[:n] = self._rest[:n]
+                rest(0, n)
                 self._rest = self._rest[n:]
             while n < want:
                 sock = self.sock
                 if sock is None:
                     raise TransferError("the response was closed", retryable=True, status=self.status)
-                got = sock.recv_into(view[n:want], want - n, self.flags)
+                got = move(sock, n, want - n)
                 if not got:
                     raise TransferError(f"truncated body: got {self.length - self.remaining + n} of "
                                         f"{self.length} bytes", retryable=True, status=self.status)
