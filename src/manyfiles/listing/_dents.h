@@ -142,6 +142,9 @@ extern PyMethodDef walk_functions[]; /* walk_count, walk_write and remove_tree (
 /* _crc.c: crc64nvme() and crc32c() for s3pull's checks of small objects */
 int crc_add_functions(PyObject *module);
 
+/* cache/_records.c: pread_records(), a batch of packed records read for the cache's hit table */
+int records_add_functions(PyObject *module);
+
 /* ---- JSON + names helpers shared by the writers --------------------------------------------- */
 
 PyObject *make_name(const char *name, size_t len, int as_bytes);
