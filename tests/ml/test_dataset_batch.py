@@ -130,6 +130,7 @@ def test_packs_evicted_by_another_process_before_or_during_a_batch_are_never_wro
     assert got == [ds[i] for i in batch]
 
     # after: the next batch sees the packs removed (their descriptors closed): misses, fetched again
+    ds.cache.flush()                        # (what the reads above fetched is accounted, then evicted)
     _evict_everything(cache_dir)
     gets = len(s3.gets())
     before = _mine(ds)
