@@ -54,8 +54,8 @@ if sys.platform.startswith("linux"):
             "manyfiles._dents",
             # one directory + module init, the one glob rule set, the parallel tree walker and its
             # remove-tree mode (listing/), the CRCs of s3pull's small-object checks and the one-call
-            # install of small objects (s3/).  One extension at the package root: listing, remove
-            # (remove_tree) and s3 all use it.
+            # install of small objects (s3/), the batch read of packed records (cache/).  One extension
+            # at the package root: listing, remove (remove_tree), s3 and cache all use it.
             [
                 "src/manyfiles/listing/_dents.c",
                 "src/manyfiles/listing/_glob.c",
@@ -63,6 +63,7 @@ if sys.platform.startswith("linux"):
                 "src/manyfiles/listing/_remove_tree.c",
                 "src/manyfiles/s3/_crc.c",
                 "src/manyfiles/s3/_install.c",
+                "src/manyfiles/cache/_records.c",
             ],
             include_dirs=["src/manyfiles/listing"],  # _dents.h, for s3/_crc.c
             depends=["src/manyfiles/listing/_dents.h", "src/manyfiles/listing/_walk.h"],

@@ -5,8 +5,11 @@ process, where the packs hold each of them: three arrays indexed like the datase
 offset, length), filled in bulk from the index and kept up to date by comparing the packs'
 :class:`~manyfiles.cache._packs.Generation` (a memory read) before each batch.  A hit is then one
 ``pread`` on a pack descriptor the table keeps open: no SQLite, no per-object object but the
-bytes returned.  What it does not know (not packed yet, held whole in a file of its own, or in
-blocks) the caller reads through the cache's general path.
+bytes returned.  A batch (:meth:`HitTable.get_many`) is one call: the C core's ``pread_records``
+reads the batch's records with one ``preadv`` per run of records lying close together in a pack,
+straight into the bytes returned, and the hits are counted once for the batch.  What it does not
+know (not packed yet, held whole in a file of its own, or in blocks) the caller reads through the
+cache's general path.
 
 Why it may trust what it loaded: a pack is only ever appended to and its id is never reused
 (_packs.py), so an offset the index once named holds that record for as long as the pack exists;
@@ -21,6 +24,7 @@ import os
 import sqlite3
 import time
 from array import array
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from manyfiles.cache import _format as fmt
@@ -32,6 +36,46 @@ if TYPE_CHECKING:
     from manyfiles.cache._store import BlockStore
 
 ID = 16     # bytes of an object id
+#: a batch's records this close together in a pack are read with one ``preadv`` (the bytes between
+#: them, their headers, are read too): reading a few KiB more costs less than another system call
+#: (docs/benchmarks.md, issue 27's batch read)
+MAX_GAP = 4096
+
+
+def pread_records_python(indexes: Sequence[int], slots: array, fds: array, offsets: array,
+                         lengths: array, used: bytearray, max_gap: int) -> tuple[list, int, int]:
+    """What the C core's ``pread_records`` does, one ``pread`` per record (when it is not built):
+    ``(payloads, hits, bytes)``, a payload None where ``slots``/``fds`` hold none or the read fell
+    short or failed; ``used[slot]`` set for every slot read."""
+    out: list[bytes | None] = []
+    hits = nbytes = 0
+    n = len(slots)
+    for i in indexes:
+        if not 0 <= i < n:
+            raise IndexError(f"pread_records: index {i} out of range ({n})")
+        data = None
+        s = slots[i]
+        if s >= 0 and fds[s] >= 0:
+            length = lengths[i]
+            try:
+                data = os.pread(fds[s], length, offsets[i])
+            except OSError:
+                data = None
+            if data is not None and len(data) == length:
+                hits += 1
+                nbytes += length
+                used[s] = 1
+            else:
+                data = None
+        out.append(data)
+    return out, hits, nbytes
+
+
+try:
+    from manyfiles._dents import pread_records as pread_records_c
+except ImportError:     # pragma: no cover - the C core was not built
+    pread_records_c = None
+pread_records = pread_records_c or pread_records_python
 
 
 class HitTable:
@@ -49,7 +93,7 @@ class HitTable:
         self._off = array("q", bytes(8 * n))     # where its payload starts in that pack
         self._len = array("q", bytes(8 * n))
         self._packs: list[int] = []              # slot -> pack id
-        self._fds: list[int] = []                # slot -> descriptor (-1: gone)
+        self._fds = array("i")                   # slot -> descriptor (-1: gone)
         self._slot_of: dict[int, int] = {}
         self._used = bytearray()                 # slot -> read since the last settle
         self._seen: tuple[int, int] | None = None
@@ -82,6 +126,45 @@ class HitTable:
         self.hit_bytes += n
         self._used[s] = 1
         return data
+
+    def get_many(self, indexes: Sequence[int]) -> tuple[list[bytes | None], int]:
+        """Objects ``indexes`` (positions, each ``0 <= i < len(self)``) where the packs hold them, in
+        order, None where not (read those another way): one call, the records read with one
+        ``preadv`` per run of them close together in a pack.  Returns (the list, the bytes of its
+        hits); its hits are counted as :meth:`get`'s."""
+        out, hits, nbytes = pread_records(indexes, self._slot, self._fds, self._off, self._len,
+                                          self._used, MAX_GAP)
+        if hits:
+            self.hits += hits
+            self.hit_bytes += nbytes
+            bs = self._bs
+            if self.packed_max <= bs:           # (every packed record is one block at most)
+                self.blocks += hits
+            else:
+                self.blocks += sum(-(-len(d) // bs) for d in out if d is not None)
+        return out, nbytes
+
+    def get_files(self, indexes: Sequence[int], paths: Sequence[bytes]) -> tuple[list[bytes | None], int]:
+        """As :meth:`get_many` for local/NFS files (``paths[k]`` is item ``indexes[k]``'s): a file
+        is read only if it is still the version the table names (a ``stat`` each, as :meth:`get_file`)."""
+        slot, ids = self._slot, self._ids
+        valid = []
+        for i, path in zip(indexes, paths, strict=True):
+            ok = False
+            if slot[i] >= 0:
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    pass
+                else:
+                    ok = fmt.object_id(b"file:" + path, file_validator(st)) == ids[i * ID:(i + 1) * ID]
+            valid.append(ok)
+        if all(valid):
+            return self.get_many(indexes)
+        some = [i for i, ok in zip(indexes, valid, strict=True) if ok]
+        got, nbytes = self.get_many(some)
+        it = iter(got)
+        return [next(it) if ok else None for ok in valid], nbytes
 
     def get_elsewhere(self, i: int, size: int) -> bytes | None:
         """Object ``i`` (``size`` bytes, up to :attr:`packed_max`) if this process holds it whole but
@@ -163,7 +246,7 @@ class HitTable:
         for fd in self._fds:
             if fd >= 0:
                 os.close(fd)
-        self._fds, self._packs, self._slot_of = [], [], {}
+        self._fds, self._packs, self._slot_of = array("i"), [], {}
         self._slot = array("i")
         self._off = self._len = array("q")
         self.enabled = False
@@ -174,7 +257,7 @@ class HitTable:
         for fd in self._fds:
             if fd >= 0:
                 os.close(fd)
-        self._fds = [-1] * len(self._fds)
+        self._fds = array("i", [-1]) * len(self._fds)
         if self._wanted is not None:
             self._wanted.close()
             self._wanted = None

@@ -528,6 +528,7 @@ static int dents_exec(PyObject *m) {
     if (PyModule_AddFunctions(m, walk_functions) < 0) return -1;
     if (crc_add_functions(m) < 0) return -1;
     if (install_add_functions(m) < 0) return -1;
+    if (records_add_functions(m) < 0) return -1;
     if (PyModule_AddIntConstant(m, "MIN_BUFSIZE", MIN_BUFSIZE) < 0) return -1;
     if (PyModule_AddIntConstant(m, "DEFAULT_BUFSIZE", DEFAULT_BUFSIZE) < 0) return -1;
     if (PyModule_AddIntConstant(m, "MAX_BUFSIZE", MAX_BUFSIZE) < 0) return -1;

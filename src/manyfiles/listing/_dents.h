@@ -144,6 +144,9 @@ int crc_add_functions(PyObject *module);
 /* s3/_install.c: install_small, the small-object sink's one-call install */
 int install_add_functions(PyObject *module);
 
+/* cache/_records.c: pread_records(), a batch of packed records read for the cache's hit table */
+int records_add_functions(PyObject *module);
+
 /* ---- JSON + names helpers shared by the writers --------------------------------------------- */
 
 PyObject *make_name(const char *name, size_t len, int as_bytes);

@@ -30,8 +30,10 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
 from typing import Any, NamedTuple
 
+from manyfiles._core.checkpoints import reached
 from manyfiles.cache import Cache
 from manyfiles.errors import ObjectChanged, UsageError
 from manyfiles.ml._hitpath import HitPath
@@ -49,6 +51,9 @@ class Sample(NamedTuple):
 
     key: str
     data: bytes
+
+
+_new_sample = tuple.__new__     # Sample(key, data) without the Python of NamedTuple's __new__
 
 
 class _Base:
@@ -125,8 +130,49 @@ class _Base:
     # -- reading ----------------------------------------------------------------------------------
 
     def _sample(self, item: Item, data: bytes) -> Any:
-        sample = Sample(item.key, data)
+        sample = _new_sample(Sample, (item.key, data))
         return self.transform(sample) if self.transform is not None else sample
+
+    def _batch(self, indexes: list[int]) -> list[Any]:
+        """The samples of ``indexes`` (each ``0 <= i < len(self)``), in order: what the hit table
+        holds read in one call, the rest through :meth:`_stream` (fetched at once); counters
+        published once."""
+        items = self._listing.items
+        cache = self._cache_ref.get()
+        table = self._hits.table(cache)
+        slot = self._slot()
+        table.refresh()
+        datas = self._table_hits(table, indexes, slot.values)
+        if None in datas:
+            missed = [k for k, d in enumerate(datas) if d is None]
+            got = self._stream([indexes[k] for k in missed], len(missed))
+            for k, (_item, data) in zip(missed, got, strict=True):
+                datas[k] = data
+        table.settle()
+        slot.publish()
+        samples = [_new_sample(Sample, (items[i].key, d)) for i, d in zip(indexes, datas, strict=True)]
+        return samples if self.transform is None else list(map(self.transform, samples))
+
+    def _table_hits(self, table: Any, indexes: list[int], values: list[int]) -> list[bytes | None]:
+        """The objects of ``indexes`` that the hit table holds, read in one call, None for the others
+        (read them through :meth:`_cached`); the hits counted and timed once for the batch."""
+        if not table.enabled:
+            return [None] * len(indexes)
+        reached("hit-batch")
+        t0 = time.perf_counter_ns()
+        if self._hits.files:
+            items = self._listing.items
+            datas, nbytes = table.get_files(indexes, [os.fsencode(items[i].url) for i in indexes])
+        else:
+            datas, nbytes = table.get_many(indexes)
+        hits = len(datas) - datas.count(None)
+        if hits:
+            values[0] += hits                       # samples
+            values[1] += hits                       # packed_hits
+            values[2] += hits                       # hits
+            values[5] += nbytes                     # hit_bytes
+            values[4] += time.perf_counter_ns() - t0    # hit_ns
+        return datas
 
     def _cached_export(self, cache: Cache, item: Item) -> bytes | None:
         """The object from the cache at its listed version, or None (no request is made)."""
@@ -182,32 +228,42 @@ class _Base:
         raise got.error
 
     def _stream(self, indexes: Iterable[int], ahead: int) -> Iterator[tuple[Item, bytes]]:
-        """(item, bytes) in the order of ``indexes``; misses fetched ``ahead`` objects in advance."""
+        """(item, bytes) in the order of ``indexes``; what the hit table holds is read ``ahead``
+        objects at a time (one call each: :meth:`_table_hits`), misses are fetched ``ahead`` objects
+        in advance."""
         items = self._listing.items
         cache = self._cache_ref.get()
         table = self._hits.table(cache)
         table.refresh()
         read, elsewhere, counts = self._hits.reader(table), self._hits.elsewhere(table), self._slot().values
         window: deque[tuple[Item, bytes | None]] = deque()
+        read_ahead: deque[tuple[int, bytes | None]] = deque()     # (index, its bytes if the table held it)
+        step = max(1, ahead)
         fetcher: ObjectFetcher | None = None
         submitted: set[str] = set()
-        offline = self._offline_now(cache)       # misses are not fetched: _read says what is missing
+        offline: bool | None = None     # misses are not fetched: _read says what is missing
         it = iter(indexes)
         more = True
         try:
             while True:
                 while more and len(window) <= ahead:
-                    i = next(it, None)
-                    if i is None:
-                        more = False
-                        break
+                    if not read_ahead:
+                        chunk = list(islice(it, step))
+                        if not chunk:
+                            more = False
+                            break
+                        read_ahead.extend(zip(chunk, self._table_hits(table, chunk, counts), strict=True))
+                    i, data = read_ahead.popleft()
                     item = items[i]
-                    data = self._cached(cache, item, i, read, elsewhere, counts)
+                    if data is None:
+                        data = self._cached(cache, item, i, read, elsewhere, counts)
                     if data is not None and not window:
                         yield item, data        # a hit with nothing before it: straight out
                         continue
-                    if data is None and self._fetchable(item) and not offline:
-                        fetcher = fetcher or self._fetcher_for()
+                    if data is None and self._fetchable(item):
+                        if offline is None:
+                            offline = self._offline_now(cache)
+                        fetcher = fetcher or (None if offline else self._fetcher_for())
                         if fetcher is not None:
                             fetcher.submit(item)
                             submitted.add(item.key)
@@ -355,12 +411,10 @@ class Dataset(_Base):
         return self._sample(item, data)
 
     def __getitems__(self, indexes: list[int]) -> list[Any]:
-        """A batch (what ``DataLoader`` asks for): every miss of it fetched at once."""
+        """A batch (what ``DataLoader`` asks for): what the packs hold read in one call (one
+        ``preadv`` per run of records close together in a pack), every miss of it fetched at once."""
         n = len(self._listing.items)
-        indexes = [i + n if i < 0 else i for i in indexes]
-        out = [self._sample(item, data) for item, data in self._stream(indexes, len(indexes))]
-        self._slot().publish()
-        return out
+        return self._batch([i + n if i < 0 else i for i in indexes])
 
     def __iter__(self) -> Iterator[Any]:
         yield from self._samples(range(len(self)))
