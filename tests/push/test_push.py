@@ -173,6 +173,28 @@ def test_a_rerun_keeps_only_parts_whose_etag_is_the_one_recorded_and_aborts_unne
     assert bucket_contents(dest) == {"p/big.bin": data} and uploads_in_progress(dest) == []
 
 
+def test_an_abort_that_fails_stays_in_the_journal_and_the_next_run_aborts_it(tmp_path, dest, state):
+    make_tree(tmp_path / "src", {"gone.bin": blob(6 * MiB, "g"), "small": b"s" * 10})
+
+    def complete(m, path, headers):
+        return m == "POST" and "uploadId=" in path
+
+    def abort(m, path, headers):
+        return m == "DELETE" and "uploadId=" in path
+
+    dest.proxy.faults.append((complete, "500-always"))
+    assert not run(dest, state, [f"{tmp_path / 'src'}/"]).ok
+    assert uploads_in_progress(dest) == ["p/gone.bin"]
+    (tmp_path / "src" / "gone.bin").unlink()          # its upload is no longer needed
+    dest.proxy.faults[:] = [(abort, "500-always")]    # ... and aborting it fails
+    report = run(dest, state, [f"{tmp_path / 'src'}/"], retry=RetryPolicy(attempts=2, base=0.001, cap=0.005))
+    assert report.aborted == 0 and uploads_in_progress(dest) == ["p/gone.bin"]
+    dest.proxy.faults.clear()
+    report = run(dest, state, [f"{tmp_path / 'src'}/"])
+    assert report.aborted == 1 and uploads_in_progress(dest) == [], "the upload was forgotten, not aborted"
+    assert bucket_contents(dest) == {"p/small": b"s" * 10}
+
+
 def test_abort_stale_aborts_only_uploads_older_than_the_age(dest):
     for key in ("old/a", "old/b", "other/c"):
         dest.admin.create_multipart_upload(Bucket=dest.bucket, Key=key)

@@ -514,8 +514,10 @@ class _Upload:
             raise Wrong(f"{wrong}; the object was removed")
 
     def _abort(self) -> None:
-        with contextlib.suppress(TransferError):
+        try:
             self.p.store.abort_multipart(self.file.key, self.uid)
+        except TransferError:
+            return          # (still in the journal: the next run aborts it)
         if self.p.journal is not None:
             self.p.journal.append(t="end", uid=self.uid)
 
@@ -530,17 +532,24 @@ def abort_unneeded(store: S3Store, journal: Journal, keep: Iterable[str]) -> int
     for uid, rec in list(journal.uploads.items()):
         if uid in keep:
             continue
-        with contextlib.suppress(TransferError):
+        try:
             store.abort_multipart(rec["key"], uid)
+        except TransferError:
+            continue        # (an abort that failed stays in the journal: the next run tries again)
         journal.append(t="end", uid=uid)
         n += 1
     for key in sorted(journal.intents):
+        cleared = True
         for upload in list(store.list_multipart_uploads(key)):
             if upload.key == key and upload.upload_id not in journal.uploads:
-                with contextlib.suppress(TransferError):
+                try:
                     store.abort_multipart(key, upload.upload_id)
+                except TransferError:
+                    cleared = False
+                    continue
                 n += 1
-        journal.append(t="cleared", key=key)
+        if cleared:
+            journal.append(t="cleared", key=key)
     return n
 
 
