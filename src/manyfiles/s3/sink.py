@@ -210,7 +210,25 @@ class FileTarget(Target):
                 _unlink_quiet(self.dir_fd, self._parts_name)
 
 
-class SmallTarget(Target):
+class _InMemory(Target):
+    """A target whose bytes are held in ``buf`` until it is committed (grown as writes land)."""
+
+    buf: bytearray
+
+    def write_at(self, offset: int, data) -> None:
+        end = offset + len(data)
+        if end > len(self.buf):
+            self.buf.extend(bytes(end - len(self.buf)))
+        self.buf[offset:end] = data
+
+    def read(self, offset: int, n: int) -> bytes:
+        return bytes(self.buf[offset:offset + n])
+
+    def abort(self, keep: bool = False) -> None:
+        self.buf = bytearray()
+
+
+class SmallTarget(_InMemory):
     """A small object (up to SMALL_MAX, size known from the listing) held in memory until it checked
     out, then written to a temp file in DEST/.s3pull/tmp and renamed to its final name in one call
     of the C core (:func:`install_small`): one GIL release for the create, write, stat, close and
@@ -221,17 +239,8 @@ class SmallTarget(Target):
         self.buf = bytearray()
         self.resumable_parts = set()
 
-    def write_at(self, offset: int, data) -> None:
-        end = offset + len(data)
-        if end > len(self.buf):
-            self.buf.extend(bytes(end - len(self.buf)))
-        self.buf[offset:end] = data
-
     def append(self, data) -> None:
         self.buf += data
-
-    def read(self, offset: int, n: int) -> bytes:
-        return bytes(self.buf[offset:offset + n])
 
     def reset(self) -> None:
         self.buf = bytearray()
@@ -245,9 +254,6 @@ class SmallTarget(Target):
             raise UnsafeKey(f"'{rel}' is a directory in DEST") from None
         finally:
             self.buf = bytearray()
-
-    def abort(self, keep: bool = False) -> None:
-        self.buf = bytearray()
 
 
 def _install_small_py(dir_fd: int, name: str, data, final: str) -> tuple[int, int]:
@@ -425,25 +431,16 @@ class FolderSink:
         self._parents = set()
 
 
-class MemoryTarget(Target):
+class MemoryTarget(_InMemory):
     def __init__(self, sink: MemorySink, key: str, size: int | None) -> None:
         self.sink, self.key, self.size = sink, key, size
         self.buf = bytearray(size) if size else bytearray()
         self._pos = 0
         self.resumable_parts = set()
 
-    def write_at(self, offset: int, data) -> None:
-        end = offset + len(data)
-        if end > len(self.buf):
-            self.buf.extend(b"\0" * (end - len(self.buf)))
-        self.buf[offset:end] = data
-
     def append(self, data) -> None:
         self.write_at(self._pos, data)
         self._pos += len(data)
-
-    def read(self, offset: int, n: int) -> bytes:
-        return bytes(self.buf[offset:offset + n])
 
     def reset(self) -> None:
         self._pos = 0
@@ -454,9 +451,6 @@ class MemoryTarget(Target):
         data = bytes(self.buf) if self.size is not None else bytes(self.buf[: self._pos])
         self.buf = bytearray()
         self.sink.deliver(self.key, data)
-
-    def abort(self, keep: bool = False) -> None:
-        self.buf = bytearray()
 
 
 class MemorySink:
