@@ -344,3 +344,38 @@ def test_a_shard_publishes_at_once_when_its_stall_starts_or_ends() -> None:
     publish(2, 0, 0, Stall(10.0, "refused"))         # throttled
     publish(3)                                       # moving again: news
     assert sent == [(1, 0, 0, None), (2, 0, 0, Stall(5.0, "refused")), (3, 0, 0, None)]
+
+
+@dataclass(frozen=True)
+class HeardJob(Job):
+    """Each shard reports, in ``per_kind``, how its worker judges a refused connection to ``endpoint``."""
+
+    endpoint: str
+    name = "heard"
+
+    def shards(self):
+        return range(2)
+
+    def new_report(self) -> CountReport:
+        return CountReport()
+
+    def run(self, shard: int, publish) -> ShardResult:
+        from manyfiles.s3.retry import network_error
+
+        err = network_error(ConnectionRefusedError(111, "Connection refused"), self.endpoint)
+        judged = "first contact" if err.first_contact else "outage"
+        return ShardResult(report=CountReport(done=1, per_kind={judged: 1}), items=1)
+
+
+def test_workers_count_the_endpoints_that_answered_the_client(dask_client) -> None:
+    """A worker whose first request to S3 meets a cut must ride it out as the outage it is (the client
+    listed from that endpoint), not give up after half the stall timeout as on a first contact with an
+    endpoint that was never there."""
+    from manyfiles.s3.retry import answered
+
+    endpoint = f"http://192.0.2.{os.getpid() % 250 + 1}:9"       # TEST-NET-1, never contacted: a name only
+    before = scale.run_job(HeardJob(endpoint), dask_client)
+    assert before.result.per_kind == {"first contact": 2}
+    answered(endpoint)                                             # the client heard from it (its listing)
+    after = scale.run_job(HeardJob(endpoint), dask_client)
+    assert after.result.per_kind == {"outage": 2}

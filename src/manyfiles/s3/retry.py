@@ -28,6 +28,7 @@ import ssl
 import sys
 from urllib.parse import urlsplit
 
+from manyfiles._core import client_facts
 from manyfiles._core.retry import RetryPolicy
 from manyfiles.errors import (
     AccessDenied,
@@ -145,8 +146,12 @@ def answered(endpoint: str | None) -> None:
 
 
 def has_answered(endpoint: str | None) -> bool:
-    """Did ``endpoint`` answer a request in this process?"""
+    """Did ``endpoint`` answer a request in this process (or the client of this worker's job)?"""
     return endpoint in _answered
+
+
+# a cluster job's workers learn which endpoints answered its client (see client_facts)
+client_facts.share("endpoints answered", lambda: frozenset(_answered), _answered.update)
 
 
 class NetworkError(TransferError):

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
+from manyfiles._core import client_facts
 from manyfiles._core.extras import require
 from manyfiles.errors import ManyfilesError, UsageError
 from manyfiles.scale._jobs import (
@@ -190,7 +191,7 @@ class DaskExecutor(Executor):
                 def submit(p: Pending) -> None:
                     key = f"{job.name}-{token}-{p.sid}" + (f"-{p.lapses}" if p.lapses else "")
                     fut = client.submit(run_on_worker, job, p.sid, p.shard, topic, lease.terms, key, p.notes,
-                                        key=key, pure=False)
+                                        client_facts.collect(), key=key, pure=False)
                     in_flight[fut] = p
                     fut.add_done_callback(finished.put)
 
@@ -291,10 +292,12 @@ def _result(fut: Any, sid: int) -> ShardResult:
 
 
 def run_on_worker(job: Job, sid: int, shard: Any, topic: str, lease: LeaseTerms, key: str,
-                  notes: dict | None = None) -> ShardResult:
+                  notes: dict | None = None, facts: dict | None = None) -> ShardResult:
     """The task: one shard under the job's lease, its counters published to ``topic`` as it goes
     (``key``: the task's own, under which its attempts register; ``notes``: those of the attempts
-    of the shard's earlier tasks, which stopped when their lease lapsed)."""
+    of the shard's earlier tasks, which stopped when their lease lapsed; ``facts``: what the
+    client knew when it submitted the shard, :mod:`manyfiles._core.client_facts`)."""
+    client_facts.adopt(facts or {})
     worker = distributed.get_worker()
     attempt = f"{worker_name()}:{secrets.token_hex(4)}"
 
