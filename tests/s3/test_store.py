@@ -4,6 +4,7 @@ moto (which checks every signature, and relays what the store sends)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 
@@ -161,3 +162,52 @@ def test_the_store_survives_a_fork(store, bucket):
             os._exit(0 if ok else 1)
     assert bytes(store.get_range("k/x", 0, 1, if_match=None).data) == b"da"
     assert os.waitpid(pid, 0)[1] == 0
+
+
+def test_a_response_closed_by_another_thread_keeps_its_fd_until_the_reader_leaves(store, bucket, tmp_path):
+    """The cache's read-ahead thread splices a stream's body while the reader drops the stream (a
+    seek).  Had close() released the fd while the splice had its number, the next connection opened
+    under that number would lose its response's body to the splice (a ranged GET then waited for it
+    until the read timeout)."""
+    import stat
+    import threading
+
+    from manyfiles.errors import TransferError
+    from manyfiles.s3.transport import Splicer
+
+    name, put = bucket
+    put("big.bin", blob(3 * MiB, "big"))
+    took, go = threading.Event(), threading.Event()
+
+    class HeldSplicer(Splicer):
+        """Holds the reader between taking the socket's fd number and the splice itself."""
+
+        def move(self, sock: int, offset: int, want: int) -> int:
+            took.set()
+            go.wait(30)
+            return super().move(sock, offset, want)
+
+    resp = store.transport.open("GET", f"/{name}/big.bin", [])
+    fd = resp.sock.fileno()
+    inode = os.fstat(fd).st_ino
+    errors: list[BaseException] = []
+    with open(tmp_path / "landing", "wb") as f:
+        splicer = HeldSplicer(f.fileno())
+
+        def read() -> None:
+            try:
+                resp.land(splicer, 0, resp.length)
+            except BaseException as exc:
+                errors.append(exc)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert took.wait(30)
+        resp.close()                            # from another thread, the reader about to splice
+        st = os.fstat(fd)                       # still this socket: no other connection can get its number
+        assert stat.S_ISSOCK(st.st_mode) and st.st_ino == inode
+        go.set()
+        reader.join(30)
+    assert len(errors) == 1 and isinstance(errors[0], TransferError), errors
+    with contextlib.suppress(OSError):          # released by the reader as it left
+        assert os.fstat(fd).st_ino != inode

@@ -471,6 +471,8 @@ class Response:
                  head_only: bool = False, *, transport: Transport) -> None:
         self.sock, self.flags, self.status, self.headers = sock, flags, status, headers
         self._transport = transport
+        self._lock = threading.Lock()
+        self._reading = False       # a thread is in _take: the socket's fd stays open until it leaves
         self.length = http1.content_length(headers) if not head_only else 0
         if self.length < 0:
             self.close()
@@ -508,14 +510,15 @@ class Response:
         """``want`` bytes of the body: first those that came with the head (``rest(at, k)``), then
         from the socket (``move(sock, at, k)`` -> bytes moved, 0 once the peer closed)."""
         n = 0
+        with self._lock:
+            sock, self._reading = self.sock, True
         try:
             if self._rest and want:
                 n = min(want, len(self._rest))
                 rest(0, n)
                 self._rest = self._rest[n:]
             while n < want:
-                sock = self.sock
-                if sock is None:
+                if self.sock is None:
                     raise TransferError("the response was closed", retryable=True, status=self.status)
                 got = move(sock, n, want - n)
                 if not got:
@@ -526,6 +529,12 @@ class Response:
             self.close()
             err = self._transport._error(exc, answered=True)
             raise err from cause_of(err, exc)
+        finally:
+            with self._lock:
+                self._reading = False
+                closed_meanwhile = sock is not None and self.sock is None
+            if closed_meanwhile:
+                _release(sock)
         self.remaining -= n
         return n
 
@@ -537,12 +546,21 @@ class Response:
 
     def close(self) -> None:
         """Close the connection; a thread blocked reading the body (a stalled server) returns at
-        once: the socket is shut down first."""
-        sock, self.sock = self.sock, None
+        once: the socket is shut down first.  Its fd is released by that thread as it leaves, never
+        under it: a read that took the fd's number just before would otherwise read whichever
+        connection opened next under that number (and take that response's body)."""
+        with self._lock:
+            sock, self.sock = self.sock, None
+            reading = self._reading
         if sock is not None:
             _shut(sock)
-            with contextlib.suppress(OSError):
-                sock.close()
+            if not reading:
+                _release(sock)
+
+
+def _release(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.close()
 
 
 # -- a loop ----------------------------------------------------------------------------------------
