@@ -171,13 +171,14 @@ class Progress:
         if threading.get_ident() == self._owner:
             self.tick()
 
-    def set_stall(self, stall: Stall | None) -> None:
-        """Show ``stall`` (None: moving again) from the next rendering on."""
+    def set_stall(self, stall: Stall | None, *, force: bool = False) -> None:
+        """Show ``stall`` (None: moving again) from the next rendering on (``force``: render it now,
+        from the owning thread, however recent the last rendering)."""
         if self._render is None:
             return
         self._stall = stall
         if threading.get_ident() == self._owner:
-            self.tick()
+            self.tick(force)
 
     def start_part(self, *, done: int | None = None, failures: int | None = None) -> None:
         """Start the next part of the operation (one path of several): :meth:`part_done` and
@@ -282,6 +283,13 @@ class StallWatch:
 
             raise Stalled(self.message(where))
         return stall
+
+    def show(self, progress: Progress | None) -> None:
+        """Draw the stall as of now on ``progress`` at once, never raising: the last frame of a run
+        that ends on an error says what the watch knows then (an error that came after its last
+        :meth:`tick` included)."""
+        if progress:
+            progress.set_stall(self.check(), force=True)
 
     def check(self, now: float | None = None) -> Stall | None:
         """The stall as of ``now``, None while the run moves."""
