@@ -120,7 +120,7 @@ def test_an_outage_shorter_than_the_stall_timeout_exits_0_with_the_exact_bytes(v
         from manyfiles.cache import Cache
 
         store.proxy.faults.clear()
-        with Cache(cache, settings=store.settings) as c:
+        with Cache(cache, min_free=0, settings=store.settings) as c:
             gets = len(store.gets())
             assert {k: c.get_bytes(store.url(f"p/{k}")) for k in objs} == objs
             assert len(store.gets()) == gets, "not all of it was in the cache"

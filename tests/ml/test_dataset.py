@@ -29,7 +29,7 @@ def _seed(s3, n: int = 24, prefix: str = "train/") -> dict[str, bytes]:
 def test_a_listed_version_is_read_without_a_head_and_a_changed_one_never_mixes(s3, cache_dir):
     data = s3.put("a.bin", os.urandom(5000))
     info = next(iter(mf.s3.list(s3.url("a.bin"), settings=s3.settings)))
-    with mf.Cache(cache_dir, settings=s3.settings) as cache:
+    with mf.Cache(cache_dir, min_free=0, settings=s3.settings) as cache:
         assert cache.get_bytes(s3.url("a.bin"), etag=info.etag, size=info.size) == data
         assert cache.get_bytes(s3.url("a.bin"), etag=info.etag, size=info.size) == data
         assert s3.heads() == [] and len(s3.gets()) == 1, "listed: no HEAD, and the second read is a hit"
@@ -45,7 +45,7 @@ def test_a_listed_version_is_read_without_a_head_and_a_changed_one_never_mixes(s
 
 def test_mf_open_takes_a_ttl(s3, cache_dir):
     data = s3.put("t.bin", os.urandom(3000))
-    cache = mf.Cache(cache_dir, settings=s3.settings)
+    cache = mf.Cache(cache_dir, min_free=0, settings=s3.settings)
     with mf.open(s3.url("t.bin"), cache=cache) as f:
         assert f.read() == data
     cache.flush()
@@ -62,7 +62,7 @@ def test_mf_open_takes_a_ttl(s3, cache_dir):
 
 def test_object_counters_reach_stats_and_render_as_html(s3, cache_dir):
     objs = _seed(s3, 5)
-    with mf.Cache(cache_dir, settings=s3.settings) as cache:
+    with mf.Cache(cache_dir, min_free=0, settings=s3.settings) as cache:
         for key in objs:
             cache.get_bytes(s3.url(key))
         cache.flush()

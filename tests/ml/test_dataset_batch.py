@@ -167,7 +167,7 @@ def test_a_flipped_byte_at_rest_is_never_served_with_verify_and_a_batch_reads_as
 
     # verify=True: the record is checked before its first use in the process, fails, is dropped and
     # fetched again; a batch never serves it
-    checked = mf.Cache(cache_dir, settings=s3.settings, verify=True)
+    checked = mf.Cache(cache_dir, min_free=0, settings=s3.settings, verify=True)
     vds = mf.Dataset(s3.url("train/"), cache=checked)
     gets = len(s3.gets())
     with pytest.warns(RuntimeWarning, match="corrupt cache record"):

@@ -171,7 +171,7 @@ def test_an_endpoint_that_cannot_be_reached_is_a_connection_error_naming_the_url
         for sock, family, other in ((refusing, ConnectionError, TimeoutError), (silent, TimeoutError, None)):
             settings = ClientSettings(endpoint_url=f"http://127.0.0.1:{sock.getsockname()[1]}",
                                       region="us-east-1", connect_timeout=0.3, read_timeout=0.3)
-            cache = mf.Cache(tmp_path / family.__name__, settings=settings, offline=False,
+            cache = mf.Cache(tmp_path / family.__name__, min_free=0, settings=settings, offline=False,
                              retry=Quick(attempts=2, base=0.01, cap=0.02, stall_timeout=0.5))
             fs = fsspec.filesystem("manyfiles", cache=cache, settings=settings, skip_instance_cache=True)
             for call in (fs.cat_file, fs.info, fs.ls, fs.open):
