@@ -12,15 +12,15 @@ import pytest
 fsspec = pytest.importorskip("fsspec")       # the [fsspec] extra (in [dev])
 
 
-def _fs(s3, cache_dir, **kw):
-    return fsspec.filesystem("manyfiles", cache=cache_dir, endpoint_url=s3.endpoint, region="us-east-1",
+def _fs(s3, cache, **kw):
+    return fsspec.filesystem("manyfiles", cache=cache, endpoint_url=s3.endpoint, region="us-east-1",
                              skip_instance_cache=True, **kw)
 
 
-def test_every_entry_point_reads_the_exact_bytes(s3, cache_dir, tmp_path):
+def test_every_entry_point_reads_the_exact_bytes(s3, cache, tmp_path):
     objs = {f"d/sub{i % 2}/f{i}.bin": s3.put(f"d/sub{i % 2}/f{i}.bin", os.urandom(1000 + 77 * i))
             for i in range(6)}
-    fs = _fs(s3, cache_dir)
+    fs = _fs(s3, cache)
     b = s3.bucket
     # names come back as s3fs gives them: bucket/key
     assert sorted(e["name"] for e in fs.ls(f"s3://{b}/d", detail=True)) == [f"{b}/d/sub0", f"{b}/d/sub1"]
@@ -45,7 +45,7 @@ def test_every_entry_point_reads_the_exact_bytes(s3, cache_dir, tmp_path):
     assert got == [d[:10] for d in objs.values()] + [d[5:-5] for d in objs.values()]
     # the URL form and the chained form (fsspec resolves the s3 link's class too: s3fs is in [dev])
     key, data = next(iter(objs.items()))
-    opts = {"cache": cache_dir, "endpoint_url": s3.endpoint, "region": "us-east-1"}
+    opts = {"cache": cache, "endpoint_url": s3.endpoint, "region": "us-east-1"}
     with fsspec.open(f"manyfiles://s3://{b}/{key}", **opts) as f:
         assert f.read() == data
     with fsspec.open(f"manyfiles::s3://{b}/{key}", manyfiles=opts) as f:
@@ -59,16 +59,16 @@ def test_every_entry_point_reads_the_exact_bytes(s3, cache_dir, tmp_path):
     assert pickle.loads(pickle.dumps(fs)).cat_file(f"s3://{b}/{key}") == data
 
 
-def test_a_listing_validates_so_opens_send_no_head_and_rereads_nothing(s3, cache_dir):
+def test_a_listing_validates_so_opens_send_no_head_and_rereads_nothing(s3, cache):
     objs = {f"p/{i}.bin": s3.put(f"p/{i}.bin", os.urandom(2000 + i)) for i in range(10)}
-    fs = _fs(s3, cache_dir)
+    fs = _fs(s3, cache)
     names = fs.find(f"s3://{s3.bucket}/p/")
     for n in names:
         with fs.open(n) as f:
             assert f.read() == objs[n.split("/", 1)[1]]
     assert s3.heads() == [] and len(s3.gets()) == len(objs)
     fs.cache.flush()
-    fs2 = _fs(s3, cache_dir)
+    fs2 = _fs(s3, cache)
     fs2.find(f"s3://{s3.bucket}/p/")
     assert [fs2.cat_file(n) for n in names] == [objs[n.split("/", 1)[1]] for n in names]
     assert s3.heads() == [] and len(s3.gets()) == len(objs), "a reread after a listing sent requests"
@@ -79,7 +79,7 @@ def test_a_listing_validates_so_opens_send_no_head_and_rereads_nothing(s3, cache
     assert fs2.cat_file(f"s3://{s3.bucket}/p/0.bin") == b"changed"
 
 
-def test_parquet_through_pyarrow_and_pandas(s3, cache_dir):
+def test_parquet_through_pyarrow_and_pandas(s3, cache):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
     pd = pytest.importorskip("pandas")
@@ -88,13 +88,13 @@ def test_parquet_through_pyarrow_and_pandas(s3, cache_dir):
     pq.write_table(table, buf, row_group_size=1000)
     s3.put("t/part-0.parquet", buf.getvalue())
     csv = s3.put("c/small.csv", b"a,b\n1,2\n3,4\n")
-    fs = _fs(s3, cache_dir)
+    fs = _fs(s3, cache)
     url = f"s3://{s3.bucket}/t/part-0.parquet"
     assert pq.read_table(url, filesystem=fs).equals(table)
     assert pq.read_table(f"{s3.bucket}/t/", filesystem=fs).select(["id", "name"]).equals(table)
     fs.cache.flush()
     gets = len(s3.gets())
-    opts = {"cache": cache_dir, "endpoint_url": s3.endpoint, "region": "us-east-1"}
+    opts = {"cache": cache, "endpoint_url": s3.endpoint, "region": "us-east-1"}
     df = pd.read_parquet(f"manyfiles://{url}", storage_options=opts)
     assert df["id"].tolist() == list(range(5000))
     assert len(s3.gets()) == gets, "the reread of the Parquet file went to S3"
@@ -102,8 +102,8 @@ def test_parquet_through_pyarrow_and_pandas(s3, cache_dir):
         index=False).encode() == csv
 
 
-def test_writing_is_refused_in_one_line(s3, cache_dir):
-    fs = _fs(s3, cache_dir)
+def test_writing_is_refused_in_one_line(s3, cache):
+    fs = _fs(s3, cache)
     x = f"s3://{s3.bucket}/x"
     for call in (lambda: fs.open(x, "wb"), lambda: fs.pipe_file(x, b"1"), lambda: fs.rm(x),
                  lambda: fs.mkdir(f"s3://{s3.bucket}/d")):
@@ -126,11 +126,11 @@ def test_without_options_the_cache_is_the_one_of_the_environment(s3, tmp_path, m
     assert fs.cache.stats().entries == 1
 
 
-def test_a_flipping_link_never_reaches_pyarrow_or_cat(s3, cache_dir):
+def test_a_flipping_link_never_reaches_pyarrow_or_cat(s3, cache):
     objs = {f"f/{i}.bin": s3.put(f"f/{i}.bin", os.urandom(3000 + i)) for i in range(20)}
     s3.proxy.random_faults = (0.5, ("flip", "wrong-range"),
                               lambda m, p, h: m == "GET" and "list-type" not in p)
-    fs = _fs(s3, cache_dir)
+    fs = _fs(s3, cache)
     served = 0
     for key, data in objs.items():
         try:
@@ -143,7 +143,7 @@ def test_a_flipping_link_never_reaches_pyarrow_or_cat(s3, cache_dir):
     assert served and s3.proxy.applied
     fs.cache.flush()
     s3.proxy.random_faults = None
-    clean = _fs(s3, cache_dir)
+    clean = _fs(s3, cache)
     assert all(clean.cat_file(f"s3://{s3.bucket}/{k}") == d for k, d in objs.items()), "wrong bytes kept"
 
 

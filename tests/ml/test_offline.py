@@ -42,6 +42,7 @@ SCRIPT = textwrap.dedent("""
 
     out = {}
     cache_dir = sys.argv[1]
+    kept = mf.Cache(cache_dir, min_free=0)     # the directory's cache: what is filled stays, however full the disk
     srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     srv.start()
     host, port = srv.get_host_and_port()
@@ -72,10 +73,10 @@ SCRIPT = textwrap.dedent("""
                     listed_at=listing.listed_at)
     filler.flush()
     assert filler.stats().entries == 2000
-    fs = fsspec.filesystem("manyfiles", cache=cache_dir, endpoint_url=endpoint, region="us-east-1",
+    fs = fsspec.filesystem("manyfiles", cache=kept, endpoint_url=endpoint, region="us-east-1",
                            skip_instance_cache=True)
     assert pq.read_table("offline-data/t/", filesystem=fs).equals(table)
-    assert mf.open("s3://offline-data/one.bin", cache=cache_dir, settings=settings).read() == b"one"
+    assert mf.open("s3://offline-data/one.bin", cache=kept, settings=settings).read() == b"one"
 
     # a blip on a cold cache: the server is stopped while something never cached is read (an object,
     # a prefix never listed); once the read has tried twice (its first request and a retry), the
@@ -121,7 +122,7 @@ SCRIPT = textwrap.dedent("""
     opens = tcp_opens()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ds = mf.Dataset("s3://offline-data/train/", cache=cache_dir, settings=settings)
+        ds = mf.Dataset("s3://offline-data/train/", cache=kept, settings=settings)
         out["epoch"] = [s.data for s in ds] == list(objs.values())
         out["packed_hits"] = sum(s["packed_hits"] for s in ds.worker_stats())   # (records of packs)
         out["opens_after_epoch"] = attempts_since(opens)
@@ -143,7 +144,7 @@ SCRIPT = textwrap.dedent("""
         out["uncached_again_tries"] = attempts_since(opens) - sum(out[k] for k in ("opens_after_cached",
                                                                                  "uncached_tries"))
     out["warnings"] = [str(w.message) for w in caught if w.category.__name__ == "OfflineWarning"]
-    explicit = mf.Dataset("s3://offline-data/train/", cache=cache_dir, settings=settings, offline=True)
+    explicit = mf.Dataset("s3://offline-data/train/", cache=kept, settings=settings, offline=True)
     out["explicit"] = explicit[1999].data == objs["train/01999.bin"]
     try:
         mf.Dataset("s3://offline-data/train/", cache=quick, offline=False)
