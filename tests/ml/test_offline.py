@@ -42,7 +42,7 @@ SCRIPT = textwrap.dedent("""
 
     out = {}
     cache_dir = sys.argv[1]
-    kept = mf.Cache(cache_dir, min_free=0)     # the directory's cache: what is filled stays, however full the disk
+    kept = mf.Cache(cache_dir, min_free=0)     # what is filled stays, however full the disk
     srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     srv.start()
     host, port = srv.get_host_and_port()
