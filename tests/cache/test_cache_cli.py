@@ -97,9 +97,9 @@ def test_warm_an_s3_prefix_from_the_command_line(tmp_path: Path, s3):
         assert len(s3.gets()) == gets
 
 
-def test_s3pull_reads_through_the_cache(tmp_path: Path, s3):
+def test_s3pull_reads_through_the_cache(tmp_path: Path, s3, roomy_dir: Path):
     objs = {f"data/{i}.bin": s3.put(f"data/{i}.bin", blob(30_000 * i + 7, f"pull{i}")) for i in range(1, 6)}
-    cache = str(tmp_path / "c")
+    cache = str(roomy_dir / "c")            # (s3pull opens it with the default watermarks)
     s3pull = os.path.join(os.path.dirname(sys.executable), "s3pull")
 
     def pull(dest: Path) -> dict:

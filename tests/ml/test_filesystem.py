@@ -113,14 +113,14 @@ def test_writing_is_refused_in_one_line(s3, cache):
     assert [r for r in s3.proxy.requests if r[0] in ("PUT", "DELETE", "POST")] == []
 
 
-def test_without_options_the_cache_is_the_one_of_the_environment(s3, tmp_path, monkeypatch):
+def test_without_options_the_cache_is_the_one_of_the_environment(s3, roomy_dir, monkeypatch):
     """Libraries that pass no options (datasets' ``manyfiles::`` forms) still read through the cache:
     the directory of $MANYFILES_CACHE_DIR, as the CLI's."""
-    monkeypatch.setenv("MANYFILES_CACHE_DIR", str(tmp_path / "envcache"))
+    monkeypatch.setenv("MANYFILES_CACHE_DIR", str(roomy_dir / "envcache"))
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
     data = s3.put("e.bin", os.urandom(3000))
     fs = fsspec.filesystem("manyfiles", skip_instance_cache=True)
-    assert fs.cache.dir == str(tmp_path / "envcache")
+    assert fs.cache.dir == str(roomy_dir / "envcache")
     assert fs.cat_file(f"{s3.bucket}/e.bin") == data
     fs.cache.flush()
     assert fs.cache.stats().entries == 1
