@@ -17,10 +17,10 @@ def _fs(s3, cache, **kw):
                              skip_instance_cache=True, **kw)
 
 
-def test_every_entry_point_reads_the_exact_bytes(s3, cache, tmp_path):
+def test_every_entry_point_reads_the_exact_bytes(s3, cache_dir, tmp_path):
     objs = {f"d/sub{i % 2}/f{i}.bin": s3.put(f"d/sub{i % 2}/f{i}.bin", os.urandom(1000 + 77 * i))
             for i in range(6)}
-    fs = _fs(s3, cache)
+    fs = _fs(s3, cache_dir)
     b = s3.bucket
     # names come back as s3fs gives them: bucket/key
     assert sorted(e["name"] for e in fs.ls(f"s3://{b}/d", detail=True)) == [f"{b}/d/sub0", f"{b}/d/sub1"]
@@ -45,7 +45,7 @@ def test_every_entry_point_reads_the_exact_bytes(s3, cache, tmp_path):
     assert got == [d[:10] for d in objs.values()] + [d[5:-5] for d in objs.values()]
     # the URL form and the chained form (fsspec resolves the s3 link's class too: s3fs is in [dev])
     key, data = next(iter(objs.items()))
-    opts = {"cache": cache, "endpoint_url": s3.endpoint, "region": "us-east-1"}
+    opts = {"cache": cache_dir, "endpoint_url": s3.endpoint, "region": "us-east-1"}
     with fsspec.open(f"manyfiles://s3://{b}/{key}", **opts) as f:
         assert f.read() == data
     with fsspec.open(f"manyfiles::s3://{b}/{key}", manyfiles=opts) as f:
@@ -102,8 +102,8 @@ def test_parquet_through_pyarrow_and_pandas(s3, cache):
         index=False).encode() == csv
 
 
-def test_writing_is_refused_in_one_line(s3, cache):
-    fs = _fs(s3, cache)
+def test_writing_is_refused_in_one_line(s3, cache_dir):
+    fs = _fs(s3, cache_dir)
     x = f"s3://{s3.bucket}/x"
     for call in (lambda: fs.open(x, "wb"), lambda: fs.pipe_file(x, b"1"), lambda: fs.rm(x),
                  lambda: fs.mkdir(f"s3://{s3.bucket}/d")):
@@ -126,11 +126,11 @@ def test_without_options_the_cache_is_the_one_of_the_environment(s3, roomy_dir, 
     assert fs.cache.stats().entries == 1
 
 
-def test_a_flipping_link_never_reaches_pyarrow_or_cat(s3, cache):
+def test_a_flipping_link_never_reaches_pyarrow_or_cat(s3, cache_dir):
     objs = {f"f/{i}.bin": s3.put(f"f/{i}.bin", os.urandom(3000 + i)) for i in range(20)}
     s3.proxy.random_faults = (0.5, ("flip", "wrong-range"),
                               lambda m, p, h: m == "GET" and "list-type" not in p)
-    fs = _fs(s3, cache)
+    fs = _fs(s3, cache_dir)
     served = 0
     for key, data in objs.items():
         try:
@@ -143,7 +143,7 @@ def test_a_flipping_link_never_reaches_pyarrow_or_cat(s3, cache):
     assert served and s3.proxy.applied
     fs.cache.flush()
     s3.proxy.random_faults = None
-    clean = _fs(s3, cache)
+    clean = _fs(s3, cache_dir)
     assert all(clean.cat_file(f"s3://{s3.bucket}/{k}") == d for k, d in objs.items()), "wrong bytes kept"
 
 
