@@ -81,6 +81,18 @@ def test_a_batch_equals_its_items_read_one_by_one_hits_misses_and_repeats(s3, ca
         ds.__getitems__([0, 80])
 
 
+def test_an_index_repeated_in_a_batch_of_misses_is_one_get_and_the_same_bytes(s3, cache):
+    """Two GETs of one key in flight were one outcome's: when both bytes came before the first was
+    waited for, the second turn got no bytes and no error (``raise None``: a TypeError, under load)."""
+    objs = _seed(s3, 6)
+    ds = mf.Dataset(s3.url("train/"), cache=cache, settings=s3.settings)
+    batch = [3, 3, 5, 0, 5, 3]
+    got = ds.__getitems__(batch)
+    assert _data(got) == [objs[ds.keys[i]] for i in batch]
+    keys = sorted(path.partition("?")[0].rsplit("/", 2)[-1] for _, path, _ in s3.gets())
+    assert keys == ["000.bin", "003.bin", "005.bin"], "one GET per object"
+
+
 def test_a_batch_of_records_side_by_side_in_a_pack_is_one_read(s3, cache):
     """32 records appended one after the other: the C core reads them with one ``preadv`` (this
     thread's read system calls, /proc/thread-self/io), where the per-object path made 32."""
