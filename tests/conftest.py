@@ -129,6 +129,23 @@ def world_readable_tmp(tmp_path_factory: pytest.TempPathFactory):
     shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture
+def roomy_dir(tmp_path: Path):
+    """A folder on a filesystem of its own (a 256 MiB tmpfs, where the tests may mount one: as root)
+    for a cache opened with its default watermarks -- the forms that take no options: s3pull
+    --cache, $MANYFILES_CACHE_DIR, fsspec's chained URLs -- so that what a test fills stays however
+    full the disk is (the default min_free is 10% of the filesystem).  Elsewhere: a folder of tmp_path."""
+    import subprocess
+
+    path = tmp_path / "roomy"
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(path)],
+                             capture_output=True).returncode == 0
+    yield path
+    if mounted:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
 S3_TESTS = Path(__file__).resolve().parent / "s3"   # s3util: the S3 fixtures' helpers (FaultProxy, Bucket)
 if str(S3_TESTS) not in sys.path:
     sys.path.insert(0, str(S3_TESTS))

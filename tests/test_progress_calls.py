@@ -73,12 +73,12 @@ def _fastls(root: Path, out: Any, progress: Any) -> int:
 
 
 def _warm(root: Path, out: Any, progress: Any) -> int:
-    with Cache(root.parent / "cache") as cache:
+    with Cache(root.parent / "cache", min_free=0) as cache:
         return cache.warm([str(root)], progress=progress).objects
 
 
 def _cache_verify(root: Path, out: Any, progress: Any) -> int:
-    with Cache(root.parent / "cache") as cache:
+    with Cache(root.parent / "cache", min_free=0) as cache:
         cache.warm([str(root)])
         return cache.verify(progress=progress).entries
 
@@ -128,7 +128,7 @@ def test_bad_progress_is_refused_before_anything_changes(name: str, bad: object,
 @BAD
 def test_cache_calls_refuse_bad_progress_before_anything_changes(bad: object, tmp_path: Path) -> None:
     root = make_flat(tmp_path / "data")
-    with Cache(tmp_path / "cache") as cache:   # opening the cache is not the call under test
+    with Cache(tmp_path / "cache", min_free=0) as cache:   # opening the cache is not the call under test
         before = state(tmp_path)
         with pytest.raises(UsageError, match="progress"):
             cache.warm([str(root)], progress=bad)

@@ -46,7 +46,7 @@ def _check_all(cache_dir: str, s3, objs: dict[str, bytes]) -> None:
     """Read every object through the cache (8 threads) and check it; then nothing on disk is torn."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with Cache(cache_dir, settings=s3.settings) as cache:
+    with Cache(cache_dir, min_free=0, settings=s3.settings) as cache:
         with ThreadPoolExecutor(8) as pool:
             got = dict(zip(objs, pool.map(lambda k: cache.get_bytes(s3.url(k)), objs), strict=True))
         for key, data in objs.items():
@@ -58,7 +58,7 @@ def _check_all(cache_dir: str, s3, objs: dict[str, bytes]) -> None:
 def test_kill_9_during_warm_never_leaves_a_wrong_byte(tmp_path: Path, s3):
     objs = _seed_mixed(s3)
     cache_dir = str(tmp_path / "cache")
-    Cache(cache_dir, block_size=BS).close()
+    Cache(cache_dir, min_free=0, block_size=BS).close()
     exe = os.path.join(os.path.dirname(sys.executable), "manyfiles")
     rng = random.Random(1234)
     kills = 0
@@ -82,7 +82,7 @@ def test_kill_9_during_warm_never_leaves_a_wrong_byte(tmp_path: Path, s3):
         # Every read after the kill is right, and nothing torn is on disk.
         _check_all(cache_dir, s3, objs)
         # Keep a random third so that the next warm has both work and entries to skip.
-        with Cache(cache_dir, settings=s3.settings) as cache:
+        with Cache(cache_dir, min_free=0, settings=s3.settings) as cache:
             gone = rng.sample(sorted(objs), k=2 * len(objs) // 3)
             cache.evict([s3.url(k) for k in gone])
             if round_ % 5 == 4:
@@ -93,13 +93,13 @@ def test_kill_9_during_warm_never_leaves_a_wrong_byte(tmp_path: Path, s3):
 def test_two_processes_filling_the_same_entries(tmp_path: Path, s3):
     objs = _seed_mixed(s3)
     cache_dir = str(tmp_path / "cache")
-    Cache(cache_dir, block_size=BS).close()
+    Cache(cache_dir, min_free=0, block_size=BS).close()
     code = f"""
         import json, random, sys
         from manyfiles.cache import Cache
         keys = {sorted(objs)!r}
         random.Random(int(sys.argv[1])).shuffle(keys)
-        with Cache({cache_dir!r}) as cache:
+        with Cache({cache_dir!r}, min_free=0) as cache:
             for k in keys:                       # lazy fills, sequential and random reads
                 with cache.open("s3://{s3.bucket}/" + k) as f:
                     f.read()
@@ -113,7 +113,7 @@ def test_two_processes_filling_the_same_entries(tmp_path: Path, s3):
         _, err = p.communicate(timeout=180)
         assert p.returncode == 0, err.decode()
     _check_all(cache_dir, s3, objs)
-    with Cache(cache_dir) as cache:
+    with Cache(cache_dir, min_free=0) as cache:
         s = cache.stats()
         files = sum(os.path.getsize(os.path.join(d, f))
                     for d, _, files in os.walk(os.path.join(cache_dir, "blocks")) for f in files)
@@ -133,7 +133,7 @@ def _large_file_in_blocks(tmp_path: Path, blocks: list[int]) -> tuple[Path, byte
     path = tmp_path / "big.bin"
     data = blob(8 * BS + 5, "big")
     path.write_bytes(data)
-    cache = Cache(tmp_path / "c", block_size=BS, verify_whole_max=2 * BS)
+    cache = Cache(tmp_path / "c", min_free=0, block_size=BS, verify_whole_max=2 * BS)
     with cache.open(path, buffering=0) as f:
         for i in blocks:
             f.seek(i * BS + 1)
@@ -158,7 +158,7 @@ def test_a_flipped_byte_in_a_block_is_caught_by_verify_and_fetched_again(tmp_pat
         byte = f.read(1)
         f.seek(HEADER_SIZE + 1000)
         f.write(bytes([byte[0] ^ 0x01]))
-    with Cache(tmp_path / "c", verify=True, verify_whole_max=2 * BS) as cache:
+    with Cache(tmp_path / "c", min_free=0, verify=True, verify_whole_max=2 * BS) as cache:
         before = cache.stats()
         with cache.open(path, buffering=0) as f, pytest.warns(RuntimeWarning, match="corrupt cache file"):
             f.seek(BS)
@@ -170,7 +170,7 @@ def test_a_flipped_byte_in_a_block_is_caught_by_verify_and_fetched_again(tmp_pat
     with open(block, "r+b") as f:
         f.seek(HEADER_SIZE + 7)
         f.write(b"\xff\xfe")
-    with Cache(tmp_path / "c", verify_whole_max=2 * BS) as cache:
+    with Cache(tmp_path / "c", min_free=0, verify_whole_max=2 * BS) as cache:
         report = cache.verify()
         assert (report.corrupt, report.wrong, report.blocks) == (1, 1, 1) and not os.path.exists(block)
         assert not report.ok and report.failures[0].reason == "1 cached blocks failed their CRC-32: dropped"
@@ -186,7 +186,7 @@ def test_a_truncated_or_foreign_block_is_a_miss_even_without_verify(tmp_path: Pa
         header_of_block_1 = f.read(HEADER_SIZE)
     with open(b0, "r+b") as f:                     # block 0's file now claims to be another block
         f.write(header_of_block_1)
-    with Cache(tmp_path / "c", verify_whole_max=2 * BS) as cache, warnings.catch_warnings():
+    with Cache(tmp_path / "c", min_free=0, verify_whole_max=2 * BS) as cache, warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         with cache.open(path, buffering=0) as f:
             assert f.read(3 * BS) == data[:3 * BS]
@@ -207,7 +207,7 @@ def test_leftovers_of_killed_processes_are_cleaned(tmp_path: Path):
     for orphan in orphans:
         orphan.write_bytes(b"x" * 100)
         os.utime(orphan, (time.time() - 3600, time.time() - 3600))
-    with Cache(cache_dir, verify_whole_max=2 * BS) as cache:
+    with Cache(cache_dir, min_free=0, verify_whole_max=2 * BS) as cache:
         assert not stale.exists(), "a dead process's temp file survived a restart"
         # forget block 1 in the index only: as if the kill came between rename and accounting
         v = cache.version(cache.origin(path))
@@ -229,13 +229,13 @@ def test_restart_keeps_every_complete_entry(tmp_path: Path):
     proc = subprocess.run([sys.executable, "-c", f"""
 import os, signal
 from manyfiles.cache import Cache
-cache = Cache({cache_dir!r}, block_size={BS})
+cache = Cache({cache_dir!r}, min_free=0, block_size={BS})
 assert cache.warm([{str(folder)!r}]).ok
 cache.flush()
 os.kill(os.getpid(), signal.SIGKILL)   # no close(), no atexit: the index must already hold it all
 """], capture_output=True, text=True)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    with Cache(cache_dir) as cache:
+    with Cache(cache_dir, min_free=0) as cache:
         before = cache.stats()
         for p, d in files.items():
             assert cache.get_bytes(p) == d

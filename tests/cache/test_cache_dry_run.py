@@ -24,7 +24,7 @@ def test_dry_runs_pick_what_the_real_run_removes_and_keep_everything(tmp_path: P
     src.mkdir()
     for i in range(6):     # (over 1 MiB: each in a whole file of its own, not packed together)
         (src / f"f{i}").write_bytes(blob(BS * 20 * (i + 1), str(i)))
-    with Cache(tmp_path / "cache", block_size=BS) as cache:
+    with Cache(tmp_path / "cache", min_free=0, block_size=BS) as cache:
         assert cache.warm([str(src / f"f{i}") for i in range(6)]).ok
         time.sleep(0.05)
         with cache.open(str(src / "f0")) as f:     # f0 is now the most recently used

@@ -21,7 +21,7 @@ WHOLE_MAX = 4 * BS     # files up to this are read (and cached) whole; larger on
 
 @pytest.fixture
 def cache(tmp_path: Path):
-    c = Cache(tmp_path / "cache", block_size=BS, verify_whole_max=WHOLE_MAX)
+    c = Cache(tmp_path / "cache", min_free=0, block_size=BS, verify_whole_max=WHOLE_MAX)
     yield c
     c.close()
 
@@ -73,7 +73,7 @@ def test_reads_match_the_file_cold_warm_and_after_restart(tmp_path: Path, cache:
     first = cache.stats()
     assert first.entries == 1 and first.fills == 6 and first.hits > 0
 
-    with Cache(cache.dir, verify_whole_max=WHOLE_MAX) as again:     # a restart: the same dir
+    with Cache(cache.dir, min_free=0, verify_whole_max=WHOLE_MAX) as again:     # a restart: the same dir
         with again.open(path, buffering=0) as f:
             replay(f)
         assert again.get_bytes(str(path)) == data
@@ -146,7 +146,7 @@ def test_write_through_replaces_the_file_and_invalidates(tmp_path: Path):
     path = tmp_path / "w.bin"
     _write(path, b"old" * 1000)
     os.chmod(path, 0o640)
-    with Cache(tmp_path / "c", block_size=BS, ttl=3600) as cache:
+    with Cache(tmp_path / "c", min_free=0, block_size=BS, ttl=3600) as cache:
         assert cache.get_bytes(path) == b"old" * 1000
         cache.flush()
         with mf.open(path, "wb", cache=cache) as f:
@@ -172,14 +172,14 @@ def test_write_through_replaces_the_file_and_invalidates(tmp_path: Path):
 def test_ttl_trusts_the_last_validation_for_its_duration(tmp_path: Path):
     path = tmp_path / "t.bin"
     data = _write(path, blob(2 * BS, "ttl"))
-    with Cache(tmp_path / "c", block_size=BS, ttl=3600) as cache:
+    with Cache(tmp_path / "c", min_free=0, block_size=BS, ttl=3600) as cache:
         assert cache.get_bytes(path) == data
         cache.flush()
     path.unlink()
     # A new process-like Cache: the validation time comes from the index, no stat is made.
-    with Cache(tmp_path / "c", ttl=3600) as cache:
+    with Cache(tmp_path / "c", min_free=0, ttl=3600) as cache:
         assert cache.get_bytes(path) == data
-    with Cache(tmp_path / "c") as cache, pytest.raises(mf.NotFound):
+    with Cache(tmp_path / "c", min_free=0) as cache, pytest.raises(mf.NotFound):
         cache.get_bytes(path)           # ttl=0: every open asks the origin
 
 
@@ -297,7 +297,7 @@ def test_opening_an_existing_cache_takes_no_lock_while_another_process_writes(tm
     import sqlite3
 
     d = tmp_path / "c"
-    with Cache(d):
+    with Cache(d, min_free=0):
         pass
     writer = sqlite3.connect(d / "index.sqlite", isolation_level=None)
     writer.execute("BEGIN IMMEDIATE")             # another process in the middle of a write
@@ -305,7 +305,7 @@ def test_opening_an_existing_cache_takes_no_lock_while_another_process_writes(tm
 
     def open_it() -> None:
         try:
-            with Cache(d) as c:
+            with Cache(d, min_free=0) as c:
                 outcome.append(c.stats().entries)
         except Exception as exc:
             outcome.append(exc)

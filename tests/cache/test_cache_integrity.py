@@ -80,8 +80,8 @@ def _seed(s3, which: str = "all") -> dict[str, bytes]:
 
 
 def _cache(tmp_path: Path, s3, **kw) -> Cache:
-    return Cache(tmp_path / "cache", block_size=BS, verify_whole_max=WHOLE_MAX, settings=s3.settings,
-                 retry=PATIENT, **kw)
+    return Cache(tmp_path / "cache", min_free=0, block_size=BS, verify_whole_max=WHOLE_MAX,
+                 settings=s3.settings, retry=PATIENT, **kw)
 
 
 def _lie(s3, p: float = 0.5, kinds: tuple[str, ...] = CONTENT_LIES) -> None:
@@ -137,7 +137,7 @@ def _reread_in_a_new_process(cache_dir: Path, s3, objs: dict[str, bytes], **opti
         from manyfiles.cache import Cache
         from manyfiles.s3 import ClientSettings, RetryPolicy
         settings = ClientSettings(endpoint_url={s3.settings.endpoint_url!r}, region="us-east-1")
-        with Cache({str(cache_dir)!r}, settings=settings, verify_whole_max={WHOLE_MAX},
+        with Cache({str(cache_dir)!r}, min_free=0, settings=settings, verify_whole_max={WHOLE_MAX},
                    retry=RetryPolicy(attempts=2, base=0.001), **{options!r}) as cache:
             ok = {{k: hashlib.sha256(cache.get_bytes("s3://{s3.bucket}/" + k)).hexdigest() == d
                   for k, d in {json.dumps(digests)}.items()}}
@@ -345,7 +345,7 @@ def _unverified_wrong_block_left_by_a_killed_reader(tmp_path: Path, s3, key: str
         from manyfiles.cache import Cache
         from manyfiles.s3 import ClientSettings, RetryPolicy
         settings = ClientSettings(endpoint_url={s3.settings.endpoint_url!r}, region="us-east-1")
-        cache = Cache({str(tmp_path / "cache")!r}, block_size={BS}, verify_whole_max={WHOLE_MAX},
+        cache = Cache({str(tmp_path / "cache")!r}, min_free=0, block_size={BS}, verify_whole_max={WHOLE_MAX},
                       settings=settings, retry=RetryPolicy(attempts=1))
         raw = cache.reader("s3://{s3.bucket}/{key}")
         raw.seek({3 * BS})

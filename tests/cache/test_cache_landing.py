@@ -18,7 +18,7 @@ BS = 64 << 10
 @pytest.fixture
 def cache(tmp_path: Path, s3):
     """Objects over 4 blocks are streamed (read by block, not checked whole first)."""
-    c = Cache(tmp_path / "cache", block_size=BS, settings=s3.settings, retry=s3.retry,
+    c = Cache(tmp_path / "cache", min_free=0, block_size=BS, settings=s3.settings, retry=s3.retry,
               verify_whole_max=4 * BS)
     yield c
     c.close()

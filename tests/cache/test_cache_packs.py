@@ -66,12 +66,12 @@ def _kept_wrong(cache_dir: str, truth: dict[str, bytes]) -> list[str]:
 def test_thousands_of_small_objects_are_a_few_files_and_read_back_exactly(tmp_path: Path):
     files = _small_files(tmp_path / "src", 3000)
     cache_dir = tmp_path / "cache"
-    with Cache(cache_dir) as cache:
+    with Cache(cache_dir, min_free=0) as cache:
         report = cache.warm([str(tmp_path / "src")], jobs=4)
         assert (report.ok, report.fetched) == (True, 3000)
     on_disk = _all_files(cache_dir)
     assert len(on_disk) <= 10, f"{len(on_disk)} files for 3,000 objects: {sorted(on_disk)[:5]}..."
-    with Cache(cache_dir) as cache:          # a restart: every object read from its record
+    with Cache(cache_dir, min_free=0) as cache:          # a restart: every object read from its record
         assert all(cache.get_bytes(p) == data for p, data in files.items())
         s = cache.stats()
         assert (s.entries, s.object_hits, s.object_misses) == (3000, 3000, 0)
@@ -87,7 +87,7 @@ def test_kill_9_during_packed_fills_never_serves_nor_keeps_a_wrong_byte(tmp_path
     exits 0."""
     files = _small_files(tmp_path / "src", 400, hi=24 * KiB)
     cache_dir = str(tmp_path / "cache")
-    Cache(cache_dir).close()
+    Cache(cache_dir, min_free=0).close()
     rng = random.Random(27)
     exe = os.path.join(os.path.dirname(sys.executable), "manyfiles")
     kills = 0
@@ -108,7 +108,7 @@ def test_kill_9_during_packed_fills_never_serves_nor_keeps_a_wrong_byte(tmp_path
         else:
             assert proc.returncode == 0 and how == "timed", err.decode()
         assert _kept_wrong(cache_dir, files) == [], f"round {round_} ({how})"
-        with Cache(cache_dir) as cache:
+        with Cache(cache_dir, min_free=0) as cache:
             picked = rng.sample(sorted(files), 40)
             assert all(cache.get_bytes(p) == files[p] for p in picked), f"round {round_} ({how})"
             cache.evict([p for p in files if rng.random() < 0.7])     # work for the next run
@@ -117,7 +117,7 @@ def test_kill_9_during_packed_fills_never_serves_nor_keeps_a_wrong_byte(tmp_path
             assert r.returncode == 0, r.stderr.decode()
             assert json.loads(r.stdout)["corrupt"] == 0
     assert kills == 20
-    with Cache(cache_dir) as cache:
+    with Cache(cache_dir, min_free=0) as cache:
         assert all(cache.get_bytes(p) == data for p, data in files.items())
         assert cache.verify().ok
         s = cache.stats()
@@ -150,7 +150,7 @@ def test_eviction_frees_space_a_pack_at_a_time_and_keeps_the_hot_one(tmp_path: P
 
 def test_removing_every_record_of_a_pack_removes_the_pack(tmp_path: Path):
     files = _small_files(tmp_path / "src", 50)
-    with Cache(tmp_path / "c") as cache:
+    with Cache(tmp_path / "c", min_free=0) as cache:
         cache.warm([str(tmp_path / "src")])
         assert len(_all_files(Path(cache.dir, fmt.PACKS))) == 2       # one pack and the generation file
         r = cache.evict(list(files)[:49])
@@ -163,7 +163,7 @@ def test_removing_every_record_of_a_pack_removes_the_pack(tmp_path: Path):
 def test_verify_drops_a_damaged_record_and_forgets_a_pack_gone(tmp_path: Path):
     files = _small_files(tmp_path / "src", 30)
     cache_dir = str(tmp_path / "c")
-    with Cache(cache_dir) as cache:
+    with Cache(cache_dir, min_free=0) as cache:
         cache.warm([str(tmp_path / "src")])
     with sqlite3.connect(os.path.join(cache_dir, fmt.INDEX)) as db:
         pack, offset, length = db.execute("SELECT pack, offset, length FROM packed LIMIT 1").fetchone()
@@ -175,7 +175,7 @@ def test_verify_drops_a_damaged_record_and_forgets_a_pack_gone(tmp_path: Path):
     r = cli("cache", "verify", "--dir", cache_dir, "--json")
     assert r.returncode == 1 and json.loads(r.stdout)["wrong"] == 1
     assert cli("cache", "verify", "--dir", cache_dir).returncode == 0, "repaired"
-    with Cache(cache_dir) as cache:
+    with Cache(cache_dir, min_free=0) as cache:
         assert all(cache.get_bytes(p) == data for p, data in files.items())
         cache.flush()
         packs = cache._store.packs.files()
@@ -194,7 +194,7 @@ def test_verify_keeps_a_pack_another_process_accounted_after_verify_listed_the_f
     first = _small_files(tmp_path / "a", 20, "a")
     second = _small_files(tmp_path / "b", 20, "b")
     cache_dir = str(tmp_path / "c")
-    with Cache(cache_dir) as verifier, Cache(cache_dir) as other:
+    with Cache(cache_dir, min_free=0) as verifier, Cache(cache_dir, min_free=0) as other:
         verifier.warm([str(tmp_path / "a")])
         verifier.flush()
         packs = verifier._store.packs
@@ -222,7 +222,7 @@ def test_verify_judges_a_reread_record_before_an_eviction_can_remove_its_check(t
     # eviction cannot commit (it is tried with no wait: "database is locked").
     files = _small_files(tmp_path / "src", 10)
     cache_dir = str(tmp_path / "c")
-    with Cache(cache_dir) as cache:
+    with Cache(cache_dir, min_free=0) as cache:
         cache.warm([str(tmp_path / "src")])
         cache.flush()
         store = cache._store
@@ -256,7 +256,7 @@ def test_verify_judges_a_reread_record_before_an_eviction_can_remove_its_check(t
         assert (report.wrong, report.corrupt, report.failures) == (0, 0, []), report.failures
         assert report.blocks == 10 and cache.stats().entries == 10
     assert cli("cache", "verify", "--dir", cache_dir).returncode == 0
-    with Cache(cache_dir) as cache:
+    with Cache(cache_dir, min_free=0) as cache:
         assert all(cache.get_bytes(p) == data for p, data in files.items())
 
 
@@ -310,7 +310,7 @@ def test_a_cache_of_the_old_format_is_upgraded_in_place_and_read(tmp_path: Path)
     new = _small_files(tmp_path / "new", 20, seed="n")
     cache_dir = tmp_path / "cache"
     _old_cache(cache_dir, old)
-    with Cache(cache_dir) as cache:
+    with Cache(cache_dir, min_free=0) as cache:
         assert all(cache.get_bytes(p) == data for p, data in old.items())
         assert cache.stats().object_misses == 0, "the old whole files were read, not the origin"
         assert all(cache.get_bytes(p) == data for p, data in new.items())
@@ -326,11 +326,11 @@ def test_a_cache_of_the_old_format_is_upgraded_in_place_and_read(tmp_path: Path)
 
 def test_a_cache_of_a_newer_format_is_refused_not_misread(tmp_path: Path):
     cache_dir = tmp_path / "cache"
-    Cache(cache_dir).close()
+    Cache(cache_dir, min_free=0).close()
     desc = json.loads((cache_dir / fmt.DESCRIPTOR).read_text())
     (cache_dir / fmt.DESCRIPTOR).write_text(json.dumps({**desc, "format": "manyfiles-cache/3"}))
     with pytest.raises(UsageError, match="cache format manyfiles-cache/3 is not supported"):
-        Cache(cache_dir)
+        Cache(cache_dir, min_free=0)
     r = cli("cache", "stats", "--dir", str(cache_dir))
     assert r.returncode == 2 and b"Traceback" not in r.stderr
 

@@ -21,7 +21,7 @@ WHOLE_MAX = 4 * BS     # objects up to this are checked whole before a byte is s
 
 @pytest.fixture
 def cache(tmp_path: Path, s3):
-    c = Cache(tmp_path / "cache", block_size=BS, settings=s3.settings, retry=s3.retry)
+    c = Cache(tmp_path / "cache", min_free=0, block_size=BS, settings=s3.settings, retry=s3.retry)
     yield c
     c.close()
 
@@ -29,7 +29,7 @@ def cache(tmp_path: Path, s3):
 @pytest.fixture
 def small_whole(tmp_path: Path, s3):
     """A cache whose objects over 4 blocks are read by block (or streamed)."""
-    c = Cache(tmp_path / "cache", block_size=BS, settings=s3.settings, retry=s3.retry,
+    c = Cache(tmp_path / "cache", min_free=0, block_size=BS, settings=s3.settings, retry=s3.retry,
               verify_whole_max=WHOLE_MAX)
     yield c
     c.close()
@@ -63,7 +63,7 @@ def test_a_new_process_reads_everything_from_the_cache_without_a_get(tmp_path: P
         import manyfiles as mf
         from manyfiles.cache import Cache
         expected = {json.dumps(expected)}
-        with mf.tracing({str(trace)!r}), Cache({cache.dir!r}) as cache:
+        with mf.tracing({str(trace)!r}), Cache({cache.dir!r}, min_free=0) as cache:
             ok = {{}}
             for key, digest in expected.items():
                 url = "s3://{s3.bucket}/" + key
@@ -180,7 +180,7 @@ def test_a_corrupted_body_is_detected_and_fetched_again(s3, cache: Cache):
 def test_write_through_to_s3(tmp_path: Path, s3):
     url = s3.url("out/model.bin")
     s3.put("out/model.bin", b"v1" * 100)
-    with Cache(tmp_path / "c", block_size=BS, settings=s3.settings, ttl=3600) as cache:
+    with Cache(tmp_path / "c", min_free=0, block_size=BS, settings=s3.settings, ttl=3600) as cache:
         assert cache.get_bytes(url) == b"v1" * 100
         cache.flush()
         with mf.open(url, "wb", cache=cache) as f:
@@ -205,7 +205,7 @@ def test_warm_a_prefix_then_validate_by_listing(s3, cache: Cache, tmp_path: Path
     assert again.cached == len(objs) and again.fetched == 0
     assert (len(s3.gets()), len(s3.heads())) == (gets, heads), "a listing validates, no GET/HEAD"
     # epoch 2 with a TTL: the listing's validation is trusted, no request at all
-    with Cache(cache.dir, ttl=600, settings=s3.settings) as ttl_cache:
+    with Cache(cache.dir, min_free=0, ttl=600, settings=s3.settings) as ttl_cache:
         for key, data in objs.items():
             assert ttl_cache.get_bytes(s3.url(key)) == data
     assert (len(s3.gets()), len(s3.heads())) == (gets, heads)
@@ -314,7 +314,7 @@ def test_closing_a_reader_ends_its_stream_stalled_on_the_server(s3, tmp_path: Pa
     a lost connection, held back by the proxy) ends as soon as the reader is closed, not after the
     read timeout (an hour here); nothing of the object is kept, nothing more is asked."""
     settings = replace(s3.settings, read_timeout=3600.0)
-    cache = Cache(tmp_path / "cache", block_size=BS, settings=settings, retry=s3.retry,
+    cache = Cache(tmp_path / "cache", min_free=0, block_size=BS, settings=settings, retry=s3.retry,
                   verify_whole_max=WHOLE_MAX)
     s3.put("w/stall.bin", blob(6 * BS + 5, "stall"))     # cut after 3 blocks: within the read-ahead
     stalled = threading.Event()

@@ -51,7 +51,7 @@ def test_max_size_evicts_least_recently_used_and_reads_never_fail(tmp_path: Path
 
 def test_evict_by_source_size_and_age(tmp_path: Path):
     files = _files(tmp_path / "src", 8, size=WHOLE)
-    with Cache(tmp_path / "c", block_size=BS) as cache:
+    with Cache(tmp_path / "c", min_free=0, block_size=BS) as cache:
         assert cache.warm([tmp_path / "src"]).fetched == 8
         first, second = list(files)[:2]
         r = cache.evict([first, second])
@@ -137,7 +137,7 @@ def test_a_full_fill_queue_drops_blocks_and_never_the_read(tmp_path: Path):
         s = cache.stats()
     # every miss was either written or dropped (a queue of one block cannot hold a burst)
     assert s.misses == 6 * 21 and s.fills + s.fills_dropped == s.misses
-    with Cache(tmp_path / "c") as cache:
+    with Cache(tmp_path / "c", min_free=0) as cache:
         for p, data in files.items():
             assert cache.get_bytes(p) == data
         assert cache.stats().fills_dropped == s.fills_dropped

@@ -151,6 +151,7 @@ def _json_lines(stdout: bytes) -> list[dict]:
 def test_json_is_json_lines_for_every_local_verb(run_cli, tmp_path: Path) -> None:
     root = _flat(tmp_path / "d")
     cache = str(tmp_path / "cache")
+    at = ["--dir", cache, "--min-free", "0"]     # what is filled stays, however full the disk
     checks = [
         (["fastls", "--json", str(root)], lambda recs: len(recs) == 13),
         (["fastls", "-r", "-c", "--json", str(root)], lambda recs: recs[-1]["entries"] == 13),
@@ -164,12 +165,12 @@ def test_json_is_json_lines_for_every_local_verb(run_cli, tmp_path: Path) -> Non
         (["shard", "reshard", str(root), "--levels", "1", "--json"],   # out of the old tree, into the new
          lambda recs: recs[-1]["moved"] == 26),
         (["shard", "revert", str(root), "--json"], lambda recs: recs[-1]["moved"] == 13),
-        (["manyfiles", "cache", "warm", "--dir", cache, str(root), "--json"], lambda recs: recs[-1]["ok"]),
-        (["manyfiles", "cache", "stats", "--dir", cache, "--json"], lambda recs: recs[-1]["entries"] == 13),
-        (["manyfiles", "cache", "verify", "--dir", cache, "--json"], lambda recs: recs[-1]["ok"]),
-        (["manyfiles", "cache", "evict", "--dir", cache, "--to", "0", "--json"],
+        (["manyfiles", "cache", "warm", *at, str(root), "--json"], lambda recs: recs[-1]["ok"]),
+        (["manyfiles", "cache", "stats", *at, "--json"], lambda recs: recs[-1]["entries"] == 13),
+        (["manyfiles", "cache", "verify", *at, "--json"], lambda recs: recs[-1]["ok"]),
+        (["manyfiles", "cache", "evict", *at, "--to", "0", "--json"],
          lambda recs: recs[-1]["entries"] == 13),
-        (["manyfiles", "cache", "clear", "--dir", cache, "--json"], lambda recs: recs[-1]["entries"] == 0),
+        (["manyfiles", "cache", "clear", *at, "--json"], lambda recs: recs[-1]["entries"] == 0),
         (["fastrm", str(root), "--json"], lambda recs: recs[-1]["files"] == 13 and recs[-1]["ok"]),
     ]
     for argv, check in checks:
@@ -201,7 +202,8 @@ def test_dry_run_changes_nothing_for_each_mutating_verb(run_cli, tmp_path: Path)
     sharded = _flat(tmp_path / "sharded")
     assert run_cli("shard", "apply", str(sharded), "-q").returncode == 0
     cache = str(tmp_path / "cache")
-    assert run_cli("manyfiles", "cache", "warm", "--dir", cache, str(flat), "-q").returncode == 0
+    at = ["--dir", cache, "--min-free", "0"]     # what is filled stays, however full the disk
+    assert run_cli("manyfiles", "cache", "warm", *at, str(flat), "-q").returncode == 0
     runs = [
         (["fastrm", "-n", str(flat)], b"would remove 13 files"),
         (["fastrm", "-n", "--include", "f0*", str(flat)], b"would remove 10 files"),
@@ -209,10 +211,10 @@ def test_dry_run_changes_nothing_for_each_mutating_verb(run_cli, tmp_path: Path)
         (["shard", "apply", "-n", str(flat)], b"files to move        13"),
         (["shard", "revert", "-n", str(sharded)], b"13 files would move back"),
         (["shard", "reshard", "-n", "--levels", "1", str(sharded)], b"13 files would move into levels 1"),
-        (["manyfiles", "cache", "evict", "--dir", cache, "-n", "--to", "0"], b"13 entries would be evicted"),
-        (["manyfiles", "cache", "evict", "--dir", cache, "-n", str(flat / "f01.dat")],
+        (["manyfiles", "cache", "evict", *at, "-n", "--to", "0"], b"13 entries would be evicted"),
+        (["manyfiles", "cache", "evict", *at, "-n", str(flat / "f01.dat")],
          b"1 entries would be evicted"),
-        (["manyfiles", "cache", "clear", "--dir", cache, "-n"], b"13 entries would be removed"),
+        (["manyfiles", "cache", "clear", *at, "-n"], b"13 entries would be removed"),
     ]
     for argv, said in runs:
         before = _snapshot(tmp_path)
@@ -220,7 +222,7 @@ def test_dry_run_changes_nothing_for_each_mutating_verb(run_cli, tmp_path: Path)
         assert r.returncode == 0, (argv, r.stderr)
         assert said in r.stdout + r.stderr, (argv, r.stdout, r.stderr)
         assert _snapshot(tmp_path) == before, argv
-    r = run_cli("manyfiles", "cache", "stats", "--dir", cache, "--json")
+    r = run_cli("manyfiles", "cache", "stats", *at, "--json")
     assert json.loads(r.stdout)["entries"] == 13 and json.loads(r.stdout)["evictions"] == 0
 
 
@@ -254,7 +256,8 @@ def test_fastls_and_cache_warm_files_from(run_cli, tmp_path: Path) -> None:
     r = run_cli("fastls", "-c", "--files-from", "-", input=os.fsencode(a) + b"\0" + os.fsencode(b) + b"\0")
     assert r.returncode == 0 and r.stdout.decode().splitlines()[-1] == "10\ttotal"
     cache = str(tmp_path / "cache")
-    r = run_cli("manyfiles", "cache", "warm", "--dir", cache, "--files-from", "-", "--json",
+    at = ["--dir", cache, "--min-free", "0"]     # what is filled stays, however full the disk
+    r = run_cli("manyfiles", "cache", "warm", *at, "--files-from", "-", "--json",
                 input=os.fsencode(a / "f01.dat") + b"\n" + os.fsencode(b) + b"\n")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["objects"] == 7

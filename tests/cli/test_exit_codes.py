@@ -451,7 +451,7 @@ def test_every_verb_stops_with_141_when_its_output_is_closed(verb: str, tmp_path
     tree.mkdir()
     for i in range(50):
         (tree / f"f{i}").write_text("x")
-    Cache(tmp_path / "cache").close()
+    Cache(tmp_path / "cache", min_free=0).close()
     trace = tmp_path / "t.mftrace"
     subprocess.run([str(BIN / "fastls"), "--trace", str(trace), str(tree)], capture_output=True, check=True)
     argv = [a.replace("{D}", str(tree)).replace("{C}", str(tmp_path / "cache")).replace("{T}", str(trace))

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -170,6 +171,31 @@ def test_progress_parts_count_on_from_the_parts_before():
         quiet.start_part(done=3)
         quiet.part_done(2)
         assert quiet.snapshot().done == 0
+
+
+def test_wait_ticking_returns_once_its_thread_has_ended_in_the_kernel_too():
+    """s3pull's processes engine forks right after the listing's first page, which wait_ticking
+    awaited in a thread that used TLS: OpenSSL's destructor at that thread's C-level end takes a
+    global lock, and a fork in the middle left it taken in the workers (their first TLS call hung;
+    the pull stalled for 120 s).  Here a destructor of the thread's own keeps it 0.3 s past its
+    function's return (``usleep`` as the destructor, the key's value its argument)."""
+    import ctypes
+
+    from manyfiles._core.progress import wait_ticking
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = ctypes.c_uint()
+    usleep = ctypes.cast(libc.usleep, ctypes.c_void_p)
+    assert libc.pthread_key_create(ctypes.byref(key), usleep) == 0
+    try:
+        def ends_late() -> int:
+            libc.pthread_setspecific(key, ctypes.c_void_p(300_000))
+            return threading.get_native_id()
+
+        tid = wait_ticking(ends_late, lambda: None)
+        assert not Path(f"/proc/self/task/{tid}").exists(), "returned while its thread was still ending"
+    finally:
+        libc.pthread_key_delete(key)
 
 
 def test_progress_true_without_terminal_prints_plain_lines():

@@ -5,11 +5,13 @@ directory."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from s3util import Bucket
+
+from manyfiles.cache import Cache
 
 
 @pytest.fixture
@@ -37,3 +39,11 @@ def local_files(tmp_path: Path) -> Callable[[int, int], tuple[Path, dict[str, by
             files[str(p)] = p.read_bytes()
         return root, files
     return make
+
+
+@pytest.fixture
+def cache(cache_dir: str) -> Iterator[Cache]:
+    """The test's cache, opened with ``min_free=0``: what a test fills stays however full the disk
+    is (a directory alone opens it with the default, which keeps 10% of the filesystem free)."""
+    with Cache(cache_dir, min_free=0) as c:
+        yield c

@@ -29,7 +29,7 @@ def _seed(s3, n: int = 24, prefix: str = "train/") -> dict[str, bytes]:
 def test_a_listed_version_is_read_without_a_head_and_a_changed_one_never_mixes(s3, cache_dir):
     data = s3.put("a.bin", os.urandom(5000))
     info = next(iter(mf.s3.list(s3.url("a.bin"), settings=s3.settings)))
-    with mf.Cache(cache_dir, settings=s3.settings) as cache:
+    with mf.Cache(cache_dir, min_free=0, settings=s3.settings) as cache:
         assert cache.get_bytes(s3.url("a.bin"), etag=info.etag, size=info.size) == data
         assert cache.get_bytes(s3.url("a.bin"), etag=info.etag, size=info.size) == data
         assert s3.heads() == [] and len(s3.gets()) == 1, "listed: no HEAD, and the second read is a hit"
@@ -45,7 +45,7 @@ def test_a_listed_version_is_read_without_a_head_and_a_changed_one_never_mixes(s
 
 def test_mf_open_takes_a_ttl(s3, cache_dir):
     data = s3.put("t.bin", os.urandom(3000))
-    cache = mf.Cache(cache_dir, settings=s3.settings)
+    cache = mf.Cache(cache_dir, min_free=0, settings=s3.settings)
     with mf.open(s3.url("t.bin"), cache=cache) as f:
         assert f.read() == data
     cache.flush()
@@ -62,7 +62,7 @@ def test_mf_open_takes_a_ttl(s3, cache_dir):
 
 def test_object_counters_reach_stats_and_render_as_html(s3, cache_dir):
     objs = _seed(s3, 5)
-    with mf.Cache(cache_dir, settings=s3.settings) as cache:
+    with mf.Cache(cache_dir, min_free=0, settings=s3.settings) as cache:
         for key in objs:
             cache.get_bytes(s3.url(key))
         cache.flush()
@@ -90,9 +90,9 @@ def test_s3_list_is_a_table_that_downloads_nothing(s3):
 
 # -- Dataset -------------------------------------------------------------------------------------------
 
-def test_dataset_is_byte_exact_in_key_order_and_epoch_2_sends_no_request(s3, cache_dir):
+def test_dataset_is_byte_exact_in_key_order_and_epoch_2_sends_no_request(s3, cache):
     objs = _seed(s3)
-    ds = mf.Dataset(s3.url("train/"), cache=cache_dir, settings=s3.settings)
+    ds = mf.Dataset(s3.url("train/"), cache=cache, settings=s3.settings)
     assert len(ds) == len(objs) and ds.keys == sorted(objs)
     assert [(s.key, s.data) for s in ds] == sorted(objs.items())
     assert ds[3] == (ds.keys[3], objs[ds.keys[3]]) and ds[-1].data == objs[ds.keys[-1]]
@@ -105,7 +105,7 @@ def test_dataset_is_byte_exact_in_key_order_and_epoch_2_sends_no_request(s3, cac
     assert [s.data for s in ds] == [objs[k] for k in ds.keys]
     assert len(s3.proxy.requests) == requests, "epoch 2 sent requests"
     # a transform gets the Sample; a changed object is fetched again after refresh()
-    ds2 = mf.Dataset(s3.url("train/"), cache=cache_dir, settings=s3.settings, transform=lambda s: len(s.data))
+    ds2 = mf.Dataset(s3.url("train/"), cache=cache, settings=s3.settings, transform=lambda s: len(s.data))
     assert list(ds2) == [len(objs[k]) for k in ds2.keys]
     new = s3.put(ds.keys[0], b"changed")
     assert ds[0].data == objs[ds.keys[0]], "a dataset reads the versions it listed (from the cache)"
@@ -113,13 +113,13 @@ def test_dataset_is_byte_exact_in_key_order_and_epoch_2_sends_no_request(s3, cac
     assert ds[0].data == new
 
 
-def test_dataset_over_a_local_folder(tmp_path, local_files, cache_dir):
+def test_dataset_over_a_local_folder(tmp_path, local_files, cache):
     root, files = local_files(7, 2)
-    ds = mf.Dataset(root, cache=cache_dir, exclude=["f006.bin"])
+    ds = mf.Dataset(root, cache=cache, exclude=["f006.bin"])
     assert ds.keys == sorted(k for k in files if not k.endswith("f006.bin"))
     assert all(s.data == files[s.key] for s in ds)
     with pytest.raises(mf.NotFound):
-        mf.Dataset(tmp_path / "missing", cache=cache_dir)
+        mf.Dataset(tmp_path / "missing", cache=cache)
     with pytest.raises(UsageError):
         mf.Dataset(root, cache=None)
 
@@ -129,9 +129,9 @@ def _read_share(blob: bytes, indexes: list[int]) -> dict[str, str]:
     return {s.key: hashlib.sha256(s.data).hexdigest() for s in ds.__getitems__(indexes)}
 
 
-def test_dataset_in_two_spawned_workers_then_a_new_process_sends_no_get(s3, cache_dir):
+def test_dataset_in_two_spawned_workers_then_a_new_process_sends_no_get(s3, cache_dir, cache):
     objs = _seed(s3, 30)
-    ds = mf.Dataset(s3.url("train/"), cache=cache_dir, settings=s3.settings)
+    ds = mf.Dataset(s3.url("train/"), cache=cache, settings=s3.settings)
     blob = pickle.dumps(ds)
     pool = mp.get_context("spawn").Pool(2)     # what DataLoader(multiprocessing_context="spawn") does
     try:
@@ -146,7 +146,7 @@ def test_dataset_in_two_spawned_workers_then_a_new_process_sends_no_get(s3, cach
     code = textwrap.dedent(f"""
         import hashlib, json, manyfiles as mf
         from manyfiles.s3 import ClientSettings
-        ds = mf.Dataset("s3://{s3.bucket}/train/", cache={cache_dir!r},
+        ds = mf.Dataset("s3://{s3.bucket}/train/", cache=mf.Cache({cache_dir!r}, min_free=0),
                         settings=ClientSettings(endpoint_url={s3.endpoint!r}, region="us-east-1"))
         print(json.dumps({{s.key: hashlib.sha256(s.data).hexdigest() for s in ds}}))
     """)
@@ -160,17 +160,17 @@ def test_dataset_in_two_spawned_workers_then_a_new_process_sends_no_get(s3, cach
 
 # -- IterableDataset -----------------------------------------------------------------------------------
 
-def test_iterable_dataset_shards_by_rank_and_worker_and_shuffles_by_seed_and_epoch(s3, cache_dir):
+def test_iterable_dataset_shards_by_rank_and_worker_and_shuffles_by_seed_and_epoch(s3, cache):
     objs = _seed(s3, 20)
     seen = []
     for rank in range(2):
-        ds = mf.IterableDataset(s3.url("train/"), cache=cache_dir, settings=s3.settings, shuffle=True, seed=7,
+        ds = mf.IterableDataset(s3.url("train/"), cache=cache, settings=s3.settings, shuffle=True, seed=7,
                                 rank=rank, world_size=2, prefetch=3)
         ds.set_epoch(1)
         for w in range(3):
             seen += [(s.key, s.data) for s in ds.worker(w, 3)]
     assert sorted(seen) == sorted(objs.items()), "every object exactly once per epoch"
-    a = mf.IterableDataset(s3.url("train/"), cache=cache_dir, settings=s3.settings, shuffle=True, seed=7)
+    a = mf.IterableDataset(s3.url("train/"), cache=cache, settings=s3.settings, shuffle=True, seed=7)
     first, second = a.order(), (a.set_epoch(1), a.order())[1]
     assert sorted(first) == sorted(second) == list(range(20)) and first != second
     b = pickle.loads(pickle.dumps(a))
@@ -179,13 +179,13 @@ def test_iterable_dataset_shards_by_rank_and_worker_and_shuffles_by_seed_and_epo
     assert a.epoch == 2, "iterating advanced the epoch"
 
 
-def test_iterable_dataset_follows_torch_worker_info_when_torch_is_loaded(s3, cache_dir, monkeypatch):
+def test_iterable_dataset_follows_torch_worker_info_when_torch_is_loaded(s3, cache, monkeypatch):
     """The protocol without torch: a stand-in torch.utils.data whose get_worker_info says worker 1 of 2."""
     _seed(s3, 9)
     fake = types.ModuleType("torch.utils.data")
     fake.get_worker_info = lambda: types.SimpleNamespace(id=1, num_workers=2)
     monkeypatch.setitem(sys.modules, "torch.utils.data", fake)
-    ds = mf.IterableDataset(s3.url("train/"), cache=cache_dir, settings=s3.settings)
+    ds = mf.IterableDataset(s3.url("train/"), cache=cache, settings=s3.settings)
     assert [s.key for s in ds] == ds.keys[1::2]
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setenv("RANK", "2")
@@ -194,18 +194,18 @@ def test_iterable_dataset_follows_torch_worker_info_when_torch_is_loaded(s3, cac
 
 # -- faults ---------------------------------------------------------------------------------------------
 
-def test_a_flipping_lying_link_never_yields_wrong_bytes_nor_keeps_them(s3, cache_dir):
+def test_a_flipping_lying_link_never_yields_wrong_bytes_nor_keeps_them(s3, cache):
     from manyfiles.errors import TransferError
 
     objs = _seed(s3, 30)
     s3.proxy.random_faults = (0.5, ("flip", "wrong-range", "truncate"),
                               lambda m, p, h: m == "GET" and "list-type" not in p)
-    ds = mf.Dataset(s3.url("train/"), cache=cache_dir, settings=s3.settings)
+    ds = mf.Dataset(s3.url("train/"), cache=cache, settings=s3.settings)
     served = {}
     for i in range(len(ds)):
         with contextlib.suppress(TransferError):    # a fault on every retry: an error, never wrong bytes
             served[ds.keys[i]] = ds[i].data
-    it = mf.IterableDataset(s3.url("train/"), cache=cache_dir, settings=s3.settings, prefetch=8)
+    it = mf.IterableDataset(s3.url("train/"), cache=cache, settings=s3.settings, prefetch=8)
     with contextlib.suppress(TransferError):    # (an error ends the iteration, as it would a loader's)
         for s in it:
             served.setdefault(s.key, s.data)
@@ -214,5 +214,5 @@ def test_a_flipping_lying_link_never_yields_wrong_bytes_nor_keeps_them(s3, cache
     assert served and all(served[k] == objs[k] for k in served), "wrong bytes served"
     ds.cache.flush()
     s3.proxy.random_faults = None
-    clean = mf.Dataset(s3.url("train/"), cache=cache_dir, settings=s3.settings)
+    clean = mf.Dataset(s3.url("train/"), cache=cache, settings=s3.settings)
     assert {s.key: s.data for s in clean} == objs, "wrong bytes kept in the cache"

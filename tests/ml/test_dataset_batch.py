@@ -58,9 +58,9 @@ def _data(samples) -> list[bytes]:
     return [s.data for s in samples]
 
 
-def test_a_batch_equals_its_items_read_one_by_one_hits_misses_and_repeats(s3, cache_dir, reads):
+def test_a_batch_equals_its_items_read_one_by_one_hits_misses_and_repeats(s3, cache, reads):
     objs = _seed(s3, 80)
-    ds = mf.Dataset(s3.url("train/"), cache=cache_dir, settings=s3.settings)
+    ds = mf.Dataset(s3.url("train/"), cache=cache, settings=s3.settings)
     truth = [objs[k] for k in ds.keys]
     ds.__getitems__(list(range(0, 80, 2)))           # the even ones fetched, packed behind
     ds.cache.flush()
@@ -81,12 +81,24 @@ def test_a_batch_equals_its_items_read_one_by_one_hits_misses_and_repeats(s3, ca
         ds.__getitems__([0, 80])
 
 
-def test_a_batch_of_records_side_by_side_in_a_pack_is_one_read(s3, cache_dir):
+def test_an_index_repeated_in_a_batch_of_misses_is_one_get_and_the_same_bytes(s3, cache):
+    """Two GETs of one key in flight were one outcome's: when both bytes came before the first was
+    waited for, the second turn got no bytes and no error (``raise None``: a TypeError, under load)."""
+    objs = _seed(s3, 6)
+    ds = mf.Dataset(s3.url("train/"), cache=cache, settings=s3.settings)
+    batch = [3, 3, 5, 0, 5, 3]
+    got = ds.__getitems__(batch)
+    assert _data(got) == [objs[ds.keys[i]] for i in batch]
+    keys = sorted(path.partition("?")[0].rsplit("/", 2)[-1] for _, path, _ in s3.gets())
+    assert keys == ["000.bin", "003.bin", "005.bin"], "one GET per object"
+
+
+def test_a_batch_of_records_side_by_side_in_a_pack_is_one_read(s3, cache):
     """32 records appended one after the other: the C core reads them with one ``preadv`` (this
     thread's read system calls, /proc/thread-self/io), where the per-object path made 32."""
     assert _hits.pread_records is _hits.pread_records_c, "the C core is not built"
     objs = _seed(s3, 32)
-    ds = mf.Dataset(s3.url("train/"), cache=cache_dir, settings=s3.settings)
+    ds = mf.Dataset(s3.url("train/"), cache=cache, settings=s3.settings)
     batch = list(range(32))
     ds.__getitems__(batch)                  # fetched, appended to this process's one pack
     ds.cache.flush()
@@ -106,9 +118,9 @@ def test_a_batch_of_records_side_by_side_in_a_pack_is_one_read(s3, cache_dir):
 
 
 def test_packs_evicted_by_another_process_before_or_during_a_batch_are_never_wrong_bytes(
-        s3, cache_dir, reads):
+        s3, cache_dir, cache, reads):
     objs = _seed(s3, 40)
-    ds = mf.Dataset(s3.url("train/"), cache=cache_dir, settings=s3.settings)
+    ds = mf.Dataset(s3.url("train/"), cache=cache, settings=s3.settings)
     truth = [objs[k] for k in ds.keys]
     batch = [7, *range(40), 3]
     ds.__getitems__(batch)
@@ -156,9 +168,9 @@ def _flip_a_payload_byte(cache_dir: str, objid: bytes) -> None:
 
 
 def test_a_flipped_byte_at_rest_is_never_served_with_verify_and_a_batch_reads_as_its_items(
-        s3, cache_dir, reads):
+        s3, cache_dir, cache, reads):
     objs = _seed(s3, 30)
-    ds = mf.Dataset(s3.url("train/"), cache=cache_dir, settings=s3.settings)
+    ds = mf.Dataset(s3.url("train/"), cache=cache, settings=s3.settings)
     truth = [objs[k] for k in ds.keys]
     ds.__getitems__(list(range(30)))
     ds.cache.flush()                        # (written and accounted: the index names every record)
@@ -167,7 +179,7 @@ def test_a_flipped_byte_at_rest_is_never_served_with_verify_and_a_batch_reads_as
 
     # verify=True: the record is checked before its first use in the process, fails, is dropped and
     # fetched again; a batch never serves it
-    checked = mf.Cache(cache_dir, settings=s3.settings, verify=True)
+    checked = mf.Cache(cache_dir, min_free=0, settings=s3.settings, verify=True)
     vds = mf.Dataset(s3.url("train/"), cache=checked)
     gets = len(s3.gets())
     with pytest.warns(RuntimeWarning, match="corrupt cache record"):
@@ -181,14 +193,14 @@ def test_a_flipped_byte_at_rest_is_never_served_with_verify_and_a_batch_reads_as
 
     # verify=False: a hit is not re-hashed (docs/cache.md, "At rest"); a batch reads exactly what the
     # same items read one by one read -- here the bytes at rest, the record re-fetched above included
-    ds = mf.Dataset(s3.url("train/"), cache=cache_dir, settings=s3.settings)
+    ds = mf.Dataset(s3.url("train/"), cache=cache, settings=s3.settings)
     assert ds.__getitems__(batch) == [ds[i] for i in batch]
 
 
 @pytest.mark.parametrize("prefetch", [0, 1, 5, 32])
-def test_iteration_reads_ahead_from_the_table_in_its_order(s3, cache_dir, reads, prefetch):
+def test_iteration_reads_ahead_from_the_table_in_its_order(s3, cache_dir, cache, reads, prefetch):
     objs = _seed(s3, 50)
-    ds = mf.IterableDataset(s3.url("train/"), cache=cache_dir, settings=s3.settings, prefetch=prefetch,
+    ds = mf.IterableDataset(s3.url("train/"), cache=cache, settings=s3.settings, prefetch=prefetch,
                             shuffle=True, seed=3)
     truth = dict(objs)
     ds.set_epoch(0)
@@ -200,7 +212,7 @@ def test_iteration_reads_ahead_from_the_table_in_its_order(s3, cache_dir, reads,
     assert again == first and [d for _, d in first] == [truth[k] for k, _ in first]
     assert [k for k, _ in first] == [ds.keys[i] for i in order]
     assert _mine(ds)["packed_hits"] == 50
-    mix = cache_dir + "-mix"                                    # a mix: every other one packed
+    mix = mf.Cache(cache_dir + "-mix", min_free=0)             # a mix: every other one packed
     ds = mf.IterableDataset(s3.url("train/"), cache=mix, settings=s3.settings, prefetch=prefetch,
                             shuffle=True, seed=3)
     ds.set_epoch(7)
@@ -214,9 +226,9 @@ def test_iteration_reads_ahead_from_the_table_in_its_order(s3, cache_dir, reads,
     assert [d for _, d in mixed] == [truth[k] for k, _ in mixed]
 
 
-def test_a_batch_of_local_files_reads_them_from_packs_and_sees_a_change(local_files, cache_dir, reads):
+def test_a_batch_of_local_files_reads_them_from_packs_and_sees_a_change(local_files, cache, reads):
     root, files = local_files(120, 3)
-    ds = mf.Dataset(root, cache=cache_dir)
+    ds = mf.Dataset(root, cache=cache)
     batch = [5, *range(120), 5]
     assert _data(ds.__getitems__(batch)) == [files[ds.keys[i]] for i in batch]
     ds.cache.flush()

@@ -42,10 +42,10 @@ def _statements_by_thread(monkeypatch) -> list[tuple[int, str]]:
     return calls
 
 
-def test_a_packed_hit_is_one_pread_without_sqlite_and_without_a_request(s3, cache_dir, monkeypatch):
+def test_a_packed_hit_is_one_pread_without_sqlite_and_without_a_request(s3, cache, monkeypatch):
     objs = _seed(s3, 60)
     statements = _statements_by_thread(monkeypatch)
-    ds = mf.Dataset(s3.url("train/"), cache=cache_dir, settings=s3.settings)
+    ds = mf.Dataset(s3.url("train/"), cache=cache, settings=s3.settings)
     assert [s.data for s in ds] == [objs[k] for k in ds.keys]          # epoch 1: fetched, packed behind
     ds.cache.flush()
     assert [s.data for s in ds] == [objs[k] for k in ds.keys]          # epoch 2: from the packs
@@ -75,9 +75,9 @@ def _worker(ds, share: list[int], other: list[int], ready, go) -> None:
     assert all(len(s.data) == 300 + 97 * int(s.key[6:9]) for s in got)
 
 
-def test_worker_stats_gathers_the_counters_of_every_worker_process(s3, cache_dir):
+def test_worker_stats_gathers_the_counters_of_every_worker_process(s3, cache):
     _seed(s3, 40)
-    ds = mf.Dataset(s3.url("train/"), cache=cache_dir, settings=s3.settings)
+    ds = mf.Dataset(s3.url("train/"), cache=cache, settings=s3.settings)
     ctx = mp.get_context("fork")
     go = ctx.Event()
     halves = [list(range(0, 40, 2)), list(range(1, 40, 2))]
@@ -100,9 +100,10 @@ def test_worker_stats_gathers_the_counters_of_every_worker_process(s3, cache_dir
     assert all(s["samples"] == 40 and s["packed_hits"] == 20 and s["hit_ns"] > 0 for s in epoch2.values())
 
 
-def test_a_dataset_of_small_local_files_reads_them_from_packs_and_sees_a_change(local_files, cache_dir):
+def test_a_dataset_of_small_local_files_reads_them_from_packs_and_sees_a_change(local_files, cache_dir,
+                                                                                  cache):
     root, files = local_files(200, 4)
-    ds = mf.Dataset(root, cache=cache_dir)
+    ds = mf.Dataset(root, cache=cache)
     assert [s.data for s in ds] == [files[k] for k in ds.keys]
     ds.cache.flush()
     cache_files = [f for _, _, fs in os.walk(cache_dir) for f in fs]

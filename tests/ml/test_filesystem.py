@@ -12,8 +12,8 @@ import pytest
 fsspec = pytest.importorskip("fsspec")       # the [fsspec] extra (in [dev])
 
 
-def _fs(s3, cache_dir, **kw):
-    return fsspec.filesystem("manyfiles", cache=cache_dir, endpoint_url=s3.endpoint, region="us-east-1",
+def _fs(s3, cache, **kw):
+    return fsspec.filesystem("manyfiles", cache=cache, endpoint_url=s3.endpoint, region="us-east-1",
                              skip_instance_cache=True, **kw)
 
 
@@ -59,16 +59,16 @@ def test_every_entry_point_reads_the_exact_bytes(s3, cache_dir, tmp_path):
     assert pickle.loads(pickle.dumps(fs)).cat_file(f"s3://{b}/{key}") == data
 
 
-def test_a_listing_validates_so_opens_send_no_head_and_rereads_nothing(s3, cache_dir):
+def test_a_listing_validates_so_opens_send_no_head_and_rereads_nothing(s3, cache):
     objs = {f"p/{i}.bin": s3.put(f"p/{i}.bin", os.urandom(2000 + i)) for i in range(10)}
-    fs = _fs(s3, cache_dir)
+    fs = _fs(s3, cache)
     names = fs.find(f"s3://{s3.bucket}/p/")
     for n in names:
         with fs.open(n) as f:
             assert f.read() == objs[n.split("/", 1)[1]]
     assert s3.heads() == [] and len(s3.gets()) == len(objs)
     fs.cache.flush()
-    fs2 = _fs(s3, cache_dir)
+    fs2 = _fs(s3, cache)
     fs2.find(f"s3://{s3.bucket}/p/")
     assert [fs2.cat_file(n) for n in names] == [objs[n.split("/", 1)[1]] for n in names]
     assert s3.heads() == [] and len(s3.gets()) == len(objs), "a reread after a listing sent requests"
@@ -79,7 +79,7 @@ def test_a_listing_validates_so_opens_send_no_head_and_rereads_nothing(s3, cache
     assert fs2.cat_file(f"s3://{s3.bucket}/p/0.bin") == b"changed"
 
 
-def test_parquet_through_pyarrow_and_pandas(s3, cache_dir):
+def test_parquet_through_pyarrow_and_pandas(s3, cache):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
     pd = pytest.importorskip("pandas")
@@ -88,13 +88,13 @@ def test_parquet_through_pyarrow_and_pandas(s3, cache_dir):
     pq.write_table(table, buf, row_group_size=1000)
     s3.put("t/part-0.parquet", buf.getvalue())
     csv = s3.put("c/small.csv", b"a,b\n1,2\n3,4\n")
-    fs = _fs(s3, cache_dir)
+    fs = _fs(s3, cache)
     url = f"s3://{s3.bucket}/t/part-0.parquet"
     assert pq.read_table(url, filesystem=fs).equals(table)
     assert pq.read_table(f"{s3.bucket}/t/", filesystem=fs).select(["id", "name"]).equals(table)
     fs.cache.flush()
     gets = len(s3.gets())
-    opts = {"cache": cache_dir, "endpoint_url": s3.endpoint, "region": "us-east-1"}
+    opts = {"cache": cache, "endpoint_url": s3.endpoint, "region": "us-east-1"}
     df = pd.read_parquet(f"manyfiles://{url}", storage_options=opts)
     assert df["id"].tolist() == list(range(5000))
     assert len(s3.gets()) == gets, "the reread of the Parquet file went to S3"
@@ -113,14 +113,14 @@ def test_writing_is_refused_in_one_line(s3, cache_dir):
     assert [r for r in s3.proxy.requests if r[0] in ("PUT", "DELETE", "POST")] == []
 
 
-def test_without_options_the_cache_is_the_one_of_the_environment(s3, tmp_path, monkeypatch):
+def test_without_options_the_cache_is_the_one_of_the_environment(s3, roomy_dir, monkeypatch):
     """Libraries that pass no options (datasets' ``manyfiles::`` forms) still read through the cache:
     the directory of $MANYFILES_CACHE_DIR, as the CLI's."""
-    monkeypatch.setenv("MANYFILES_CACHE_DIR", str(tmp_path / "envcache"))
+    monkeypatch.setenv("MANYFILES_CACHE_DIR", str(roomy_dir / "envcache"))
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
     data = s3.put("e.bin", os.urandom(3000))
     fs = fsspec.filesystem("manyfiles", skip_instance_cache=True)
-    assert fs.cache.dir == str(tmp_path / "envcache")
+    assert fs.cache.dir == str(roomy_dir / "envcache")
     assert fs.cat_file(f"{s3.bucket}/e.bin") == data
     fs.cache.flush()
     assert fs.cache.stats().entries == 1
@@ -171,7 +171,7 @@ def test_an_endpoint_that_cannot_be_reached_is_a_connection_error_naming_the_url
         for sock, family, other in ((refusing, ConnectionError, TimeoutError), (silent, TimeoutError, None)):
             settings = ClientSettings(endpoint_url=f"http://127.0.0.1:{sock.getsockname()[1]}",
                                       region="us-east-1", connect_timeout=0.3, read_timeout=0.3)
-            cache = mf.Cache(tmp_path / family.__name__, settings=settings, offline=False,
+            cache = mf.Cache(tmp_path / family.__name__, min_free=0, settings=settings, offline=False,
                              retry=Quick(attempts=2, base=0.01, cap=0.02, stall_timeout=0.5))
             fs = fsspec.filesystem("manyfiles", cache=cache, settings=settings, skip_instance_cache=True)
             for call in (fs.cat_file, fs.info, fs.ls, fs.open):

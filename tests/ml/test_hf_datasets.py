@@ -40,7 +40,7 @@ def _forms(bucket: str, opts: dict) -> dict[str, dict]:
     }
 
 
-def test_load_dataset_reads_through_the_cache_in_every_form(s3, tmp_path):
+def test_load_dataset_reads_through_the_cache_in_every_form(s3, tmp_path, roomy_dir):
     rows = []
     for i in range(3):
         ids = list(range(i * 100, i * 100 + 100))
@@ -48,7 +48,7 @@ def test_load_dataset_reads_through_the_cache_in_every_form(s3, tmp_path):
         buf = io.BytesIO()
         pq.write_table(pa.table({"i": ids, "s": [f"r{j}" for j in ids]}), buf)
         s3.put(f"train/part-{i}.parquet", buf.getvalue())
-    cache = str(tmp_path / "cache")
+    cache = str(roomy_dir / "cache")        # (the forms without options open it with the default watermarks)
     opts = {"cache": cache, "endpoint_url": s3.endpoint, "region": "us-east-1"}
     # the forms without options find the cache and endpoint in the environment; the hub's endpoint is
     # a closed local port: nothing leaves the machine

@@ -42,6 +42,7 @@ SCRIPT = textwrap.dedent("""
 
     out = {}
     cache_dir = sys.argv[1]
+    kept = mf.Cache(cache_dir, min_free=0)     # what is filled stays, however full the disk
     srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     srv.start()
     host, port = srv.get_host_and_port()
@@ -62,7 +63,7 @@ SCRIPT = textwrap.dedent("""
     # (cache.fill of each object, checked whole against its ETag: 2,000 GETs over HTTP would be most
     # of this test's time; tests/ml/test_dataset.py reads epochs over HTTP); the filesystem and
     # mf.open read too
-    filler = mf.Cache(cache_dir, settings=settings)
+    filler = mf.Cache(cache_dir, min_free=0, settings=settings)
     listing = filler.list_objects("s3://offline-data/train/")
     assert [o.key for o in listing.objects] == list(objs)
     for o in listing.objects:
@@ -72,15 +73,16 @@ SCRIPT = textwrap.dedent("""
                     listed_at=listing.listed_at)
     filler.flush()
     assert filler.stats().entries == 2000
-    fs = fsspec.filesystem("manyfiles", cache=cache_dir, endpoint_url=endpoint, region="us-east-1",
+    fs = fsspec.filesystem("manyfiles", cache=kept, endpoint_url=endpoint, region="us-east-1",
                            skip_instance_cache=True)
     assert pq.read_table("offline-data/t/", filesystem=fs).equals(table)
-    assert mf.open("s3://offline-data/one.bin", cache=cache_dir, settings=settings).read() == b"one"
+    assert mf.open("s3://offline-data/one.bin", cache=kept, settings=settings).read() == b"one"
 
     # a blip on a cold cache: the server is stopped while something never cached is read (an object,
     # a prefix never listed); once the read has tried twice (its first request and a retry), the
     # server answers again on its port
-    patient = mf.Cache(cache_dir, settings=settings, retry=RetryPolicy(attempts=200, base=0.02, cap=0.1))
+    patient = mf.Cache(cache_dir, min_free=0, settings=settings,
+                       retry=RetryPolicy(attempts=200, base=0.02, cap=0.1))
 
     def blip(read):
         global srv
@@ -109,25 +111,25 @@ SCRIPT = textwrap.dedent("""
     out["blip_listing"] = blip(lambda: [s.data.decode() for s in mf.Dataset("s3://offline-data/blip",
                                                                            cache=patient)])
     patient.close()
-    mf.Cache(cache_dir).flush()
+    mf.Cache(cache_dir, min_free=0).flush()
 
     srv.stop()                                  # the S3 server is gone
     class Quick(RetryPolicy):       # a test's budget: unanswered requests retried for 0.3 s, no grace
         GRACE = 0.0
 
-    quick = mf.Cache(cache_dir, settings=settings,
+    quick = mf.Cache(cache_dir, min_free=0, settings=settings,
                      retry=Quick(attempts=3, base=0.01, cap=0.05, stall_timeout=0.3))
     opens = tcp_opens()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ds = mf.Dataset("s3://offline-data/train/", cache=cache_dir, settings=settings)
+        ds = mf.Dataset("s3://offline-data/train/", cache=kept, settings=settings)
         out["epoch"] = [s.data for s in ds] == list(objs.values())
         out["packed_hits"] = sum(s["packed_hits"] for s in ds.worker_stats())   # (records of packs)
         out["opens_after_epoch"] = attempts_since(opens)
         fs = fsspec.filesystem("manyfiles", cache=quick, settings=settings, skip_instance_cache=True)
         out["pyarrow"] = pq.read_table("offline-data/t/", filesystem=fs).equals(table)
         out["mf_open"] = mf.open("s3://offline-data/one.bin", cache=quick).read().decode()
-        report = mf.Cache(cache_dir, settings=settings).warm(["s3://offline-data/train/"])
+        report = mf.Cache(cache_dir, min_free=0, settings=settings).warm(["s3://offline-data/train/"])
         out["warm"] = [report.objects, report.cached, len(report.failures)]
         out["opens_after_cached"] = attempts_since(opens)
         try:                        # never cached: asked with the usual retries, then one error
@@ -142,7 +144,7 @@ SCRIPT = textwrap.dedent("""
         out["uncached_again_tries"] = attempts_since(opens) - sum(out[k] for k in ("opens_after_cached",
                                                                                  "uncached_tries"))
     out["warnings"] = [str(w.message) for w in caught if w.category.__name__ == "OfflineWarning"]
-    explicit = mf.Dataset("s3://offline-data/train/", cache=cache_dir, settings=settings, offline=True)
+    explicit = mf.Dataset("s3://offline-data/train/", cache=kept, settings=settings, offline=True)
     out["explicit"] = explicit[1999].data == objs["train/01999.bin"]
     try:
         mf.Dataset("s3://offline-data/train/", cache=quick, offline=False)

@@ -105,6 +105,32 @@ def test_a_silent_endpoint_ends_the_pull_with_its_error_and_shows_the_stall_mean
     assert not (tmp_path / "d").exists()
 
 
+def test_a_listing_that_gives_up_between_two_ticks_leaves_its_last_error_on_the_display(tmp_path):
+    """The display is drawn about once a second while the first page is awaited; a listing whose
+    error came after the last drawing, and that then gave up, still leaves that error on the last
+    frame (the live bar said ``last error: none yet`` above the error line when the ticks fell so)."""
+    from manyfiles._core.progress import Progress, StallWatch
+    from manyfiles.s3._pullconfig import PullConfig
+    from manyfiles.s3._run import run
+    from manyfiles.s3.keys import parse_url
+
+    timed_out = "http://127.0.0.1:9: timed out (no answer in 1 s)"
+    watch = StallWatch(4, show_after=0)
+
+    def listing():
+        watch.failed(timed_out)             # a try timed out and was retried; the next one gave up,
+        raise TransferError(f"s3://bucket/p/: {timed_out}", retryable=False)    # before any tick
+        yield
+
+    seen = []
+    with pytest.raises(TransferError):
+        list(run(parse_url("s3://bucket/p/"), listing(), str(tmp_path / "d"), cfg=PullConfig(),
+                 settings=settings_for("http://127.0.0.1:9"), progress=Progress("s3pull", seen.append),
+                 watch=watch))
+    assert seen and seen[-1].stall is not None and seen[-1].stall.error == timed_out, seen
+    assert not (tmp_path / "d").exists()
+
+
 @pytest.fixture
 def store(moto_direct):
     b = Bucket(moto_direct, prefix="net")

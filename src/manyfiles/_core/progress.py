@@ -34,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 import time
@@ -171,13 +172,14 @@ class Progress:
         if threading.get_ident() == self._owner:
             self.tick()
 
-    def set_stall(self, stall: Stall | None) -> None:
-        """Show ``stall`` (None: moving again) from the next rendering on."""
+    def set_stall(self, stall: Stall | None, *, force: bool = False) -> None:
+        """Show ``stall`` (None: moving again) from the next rendering on (``force``: render it now,
+        from the owning thread, however recent the last rendering)."""
         if self._render is None:
             return
         self._stall = stall
         if threading.get_ident() == self._owner:
-            self.tick()
+            self.tick(force)
 
     def start_part(self, *, done: int | None = None, failures: int | None = None) -> None:
         """Start the next part of the operation (one path of several): :meth:`part_done` and
@@ -283,6 +285,13 @@ class StallWatch:
             raise Stalled(self.message(where))
         return stall
 
+    def show(self, progress: Progress | None) -> None:
+        """Draw the stall as of now on ``progress`` at once, never raising: the last frame of a run
+        that ends on an error says what the watch knows then (an error that came after its last
+        :meth:`tick` included)."""
+        if progress:
+            progress.set_stall(self.check(), force=True)
+
     def check(self, now: float | None = None) -> Stall | None:
         """The stall as of ``now``, None while the run moves."""
         now = time.monotonic() if now is None else now
@@ -325,13 +334,31 @@ def wait_ticking(fn: Callable[[], T], tick: Callable[[], object], interval: floa
         finally:
             done.set()
 
-    threading.Thread(target=call, name="manyfiles-wait", daemon=True).start()
+    waiter = threading.Thread(target=call, name="manyfiles-wait", daemon=True)
+    waiter.start()
     while not done.wait(interval):
         tick()
+    _ended(waiter)
     ok, value = out[0]
     if not ok:
         raise value
     return value
+
+
+ENDED_WAIT = 1.0    # seconds at most that wait_ticking waits for its thread's C-level end
+
+
+def _ended(thread: threading.Thread) -> None:
+    """Until ``thread`` (whose function returned) has left the kernel: its C-level thread-local
+    destructors have run then.  The caller may fork next (the processes engine does), and a thread
+    ending meanwhile may hold a library's global lock -- OpenSSL's thread registry, which a thread
+    that used TLS takes as it ends -- that the child would inherit taken for ever: its first TLS
+    call hangs.  ``join`` is not enough: it returns before that end.  (Linux; elsewhere: ``join``.)"""
+    thread.join()
+    task = f"/proc/self/task/{thread.native_id}"
+    deadline = time.monotonic() + ENDED_WAIT
+    while os.path.exists(task) and time.monotonic() < deadline:
+        time.sleep(0.0002)
 
 
 def iter_ticking(items: Iterable[T], tick: Callable[[], object], interval: float = 1.0) -> Iterator[T]:

@@ -264,7 +264,10 @@ class _Base:
                         if offline is None:
                             offline = self._offline_now(cache)
                         fetcher = fetcher or (None if offline else self._fetcher_for())
-                        if fetcher is not None:
+                        # an index repeated in the window is one GET: its later turns read what the
+                        # first filled (two GETs of one key in flight are one outcome's: the second
+                        # found its bytes taken by the first and came out empty)
+                        if fetcher is not None and item.key not in submitted:
                             fetcher.submit(item)
                             submitted.add(item.key)
                     window.append((item, data))

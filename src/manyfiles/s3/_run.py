@@ -43,7 +43,11 @@ def _first_listed(objects: Iterable[ObjectInfo], progress: Progress | None, watc
     (a prefix with a typo) leaves no DEST behind.  While it is awaited, the progress shows the
     stall (an endpoint that does not answer) and the watch ends the wait past its limit."""
     objects = iter(objects)
-    first = wait_ticking(lambda: next(objects, None), lambda: watch.tick(progress, where))
+    try:
+        first = wait_ticking(lambda: next(objects, None), lambda: watch.tick(progress, where))
+    except BaseException:
+        watch.show(progress)    # the ticks are a second apart: the listing's last error may be newer
+        raise
     return (objects, False) if first is None else (itertools.chain([first], objects), True)
 
 
