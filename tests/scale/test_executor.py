@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing.resource_tracker
 import os
 import signal
 import subprocess
@@ -258,6 +259,9 @@ def test_local_n_starts_a_cluster_traces_its_workers_and_stops_it(tmp_path: Path
         (tree / f"d{i}").mkdir(parents=True)
         for k in range(30):
             (tree / f"d{i}" / f"f{k}").write_bytes(b"")
+    # multiprocessing's resource tracker, started by the first spawn of this process, lives as long
+    # as the process: started here, before the count, so that it is not taken for the cluster's
+    multiprocessing.resource_tracker.ensure_running()
     before = _children()
     out = tmp_path / "run.mftrace"
     with iotrace.tracing(out), connect("local:2") as executor:
