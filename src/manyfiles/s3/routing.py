@@ -27,12 +27,13 @@ import os
 from dataclasses import dataclass
 
 MiB = 1 << 20
+LOOP_MAX = 64 << 10        # auto's objects for the loop engine: those a SmallTarget holds (sink.SMALL_MAX)
 RANGED_MIN = 64 * MiB
 PART_SIZE = 8 * MiB        # the smallest part auto chooses (and the size of a forced one's parts)
 AUTO_PART_MAX = 128 * MiB
 MAX_PARTS = 10_000
 
-STRATEGIES = ("auto", "sync", "async", "http", "lean", "threads", "processes", "ranged")
+STRATEGIES = ("auto", "sync", "async", "http", "loop", "lean", "threads", "processes", "ranged")
 # Engines on other libraries, measured against ours (issue 18), forced only by name; not held to every
 # rule of the engines above (engines/candidates.py says which they cannot keep), not used by auto.
 CANDIDATES = ("obstore", "crt")
@@ -87,7 +88,7 @@ def budget(strategy: str, concurrency: int, processes: int = 0) -> Budget:
         return Budget(1, 1, 1)
     if strategy in ("threads", "ranged", "lean"):
         return Budget(concurrency, concurrency, 0)
-    if strategy in ("async", "http", "obstore", "crt"):
+    if strategy in ("async", "http", "loop", "obstore", "crt"):
         return Budget(concurrency, 0, concurrency)
     if strategy == "processes":
         procs = processes or 2
@@ -102,6 +103,8 @@ def choose(strategy: str, size: int | None, *, ranged_min: int = RANGED_MIN,
     ``part_size`` None: by object size (:func:`part_size_for`)."""
     smallest = part_size or PART_SIZE
     if strategy == "auto":
+        if size is not None and size <= LOOP_MAX:
+            return "loop", 0
         if size is None or size < max(ranged_min, smallest + 1):
             return "lean", 0
         return "ranged", part_size_for(size, part_size)
