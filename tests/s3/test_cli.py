@@ -48,7 +48,7 @@ def test_json_events_and_failures_exit_1(run_cli, bucket, cli_env, tmp_path):
     assert kinds[-1] == "summary" and "done" in kinds and "failed" in kinds
     summary = events[-1]
     assert summary["done"] == 1 and summary["failed"] == 1
-    assert summary["engines"] == {"lean": {"objects": 1, "bytes": 4}}
+    assert summary["engines"] == {"loop": {"objects": 1, "bytes": 4}}
     failed = next(e for e in events if e["event"] == "failed")
     assert failed["key"] == "j/../../etc/passwd" and "unsafe key" in failed["reason"]
     assert (dest / STATE_DIR / "failures.tsv").read_text().startswith("j/../../etc/passwd\t")

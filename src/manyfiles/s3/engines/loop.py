@@ -34,6 +34,7 @@ from manyfiles._core.retry import _next_attempt, _Tries
 from manyfiles.errors import TransferError
 from manyfiles.s3 import http1
 from manyfiles.s3.engines.base import Ctx, Engine, Failed, cancelled, finish, open_target
+from manyfiles.s3.engines.events import Batch, JobDone, JobFailed, Retried
 from manyfiles.s3.retry import classify
 from manyfiles.s3.store import _WholeGet, store_for
 from manyfiles.s3.transfer import Download, needs_layout
@@ -86,13 +87,38 @@ class _Conn:
         self.addrs: list = []
 
 
+class _Outbox:
+    """The run's :class:`~manyfiles.s3.engines.base.Ctx` as the loop thread sees it: the outcomes and
+    retries of one turn of the loop are held and handed to the consumer as one :class:`Batch`
+    (:meth:`send`), so that its thread wakes once a turn, not once an object."""
+
+    def __init__(self, ctx: Ctx) -> None:
+        self.run = ctx
+        self.options, self.sink, self.cancel, self.bytes = ctx.options, ctx.sink, ctx.cancel, ctx.bytes
+        self.held: list = []
+
+    def done(self, job, outcome) -> None:
+        self.held.append(JobDone(job, outcome))
+
+    def failed(self, job, outcome) -> None:
+        self.held.append(JobFailed(job, outcome))
+
+    def retried(self, job, reason: str) -> None:
+        self.held.append(Retried(job, reason))
+
+    def send(self) -> None:
+        if self.held:
+            self.run.events.put(Batch(tuple(self.held)))
+            self.held = []
+
+
 class LoopEngine(Engine):
     """Whole-object GETs on one thread and ``connections`` sockets (see the module docstring)."""
 
     name = "loop"
 
     def __init__(self, ctx: Ctx, connections: int, elsewhere: Callable[[Download], None]) -> None:
-        self.ctx, self.connections = ctx, max(1, connections)
+        self.ctx, self.connections = _Outbox(ctx), max(1, connections)
         opts = ctx.options
         self.store = store_for(opts.settings, opts.bucket, retry=opts.retry, verify=opts.verify,
                                checksum_mode=opts.checksum_mode, cancel=ctx.cancel)
@@ -152,6 +178,7 @@ class LoopEngine(Engine):
         except BaseException as exc:        # a bug: every job still here fails, none is lost
             self._abandon(Failed(f"internal error: {type(exc).__name__}: {exc}", "internal"))
         finally:
+            self.ctx.send()
             for conn in self._conns:
                 self._drop(conn)
             self._ep.close()
@@ -183,6 +210,7 @@ class LoopEngine(Engine):
                 wait = min(wait, timers[0][0] - now)
             if incoming and free:
                 wait = 0
+            ctx.send()
             self._sleeping = True
             if incoming and free:       # (submitted after the check above)
                 wait = 0
