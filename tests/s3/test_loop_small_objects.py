@@ -19,6 +19,12 @@ from manyfiles.s3.routing import LOOP_MAX, choose
 KiB = 1024
 
 
+def engine_threads() -> set[str]:
+    """The engines' threads alive now (the planner aside)."""
+    return {t.name for t in threading.enumerate()
+            if t.name.startswith("s3pull-") and t.name != "s3pull-planner"}
+
+
 def seed(put, n: int, size: int = KiB) -> dict[str, bytes]:
     return {f"{i:03d}.bin": put(f"s/{i:03d}.bin", blob(size + i, f"l{i}")) for i in range(n)}
 
@@ -29,19 +35,18 @@ def test_auto_fetches_small_objects_on_one_thread_and_installs_the_exact_bytes(b
     name, put = bucket
     data = seed(put, 40)
     assert choose("auto", KiB) == ("loop", 0) and choose("auto", LOOP_MAX + 1)[0] == "lean"
-    engine_threads: set[str] = set()
+    seen: set[str] = set()
 
     def on_event(ev) -> None:
         if ev.kind == "done":
-            engine_threads.update(t.name for t in threading.enumerate() if t.name.startswith("s3pull-")
-                                  and t.name != "s3pull-planner")
+            seen.update(engine_threads())
 
     via = ClientSettings(endpoint_url=proxy.url, region="us-east-1")
     report = pull(f"s3://{name}/s/", str(tmp_path / "d"), settings=via, retry=FAST_RETRY, concurrency=8,
                   on_event=on_event)
     assert report.failures == [] and report.engines == {"loop": Tally(40, sum(map(len, data.values())))}
     assert files_under(tmp_path / "d") == data
-    assert engine_threads == {"s3pull-loop"}
+    assert seen == {"s3pull-loop"}
     assert "size-only" not in report.verified and sum(report.verified.values()) == 40
 
 
@@ -69,6 +74,7 @@ def test_a_body_that_keeps_lying_fails_that_object_only(bucket, proxy, tmp_path)
     via = ClientSettings(endpoint_url=proxy.url, region="us-east-1")
     report = pull(f"s3://{name}/s/", str(tmp_path / "d"), settings=via, retry=FAST_RETRY, concurrency=4)
     assert [(f.path, f.code) for f in report.failures] == [("s/002.bin", "integrity")]
+    assert set(report.engines) == {"loop"}
     assert report.retries == FAST_RETRY.attempts - 1
     del data["002.bin"]
     assert files_under(tmp_path / "d") == data
@@ -83,13 +89,20 @@ def test_an_endpoint_that_never_answers_ends_the_run_within_its_budget(tmp_path)
     manifest.write_text("".join(f"k/{i}\t1024\n" for i in range(20)))
     settings = ClientSettings(endpoint_url=silent.url, region="us-east-1", read_timeout=0.3,
                               connect_timeout=0.3)
+    waiting: set[str] = set()
+
+    def on_event(ev) -> None:
+        if ev.kind == "retry":
+            waiting.update(engine_threads())
+
     t0 = time.monotonic()
     try:
         with pytest.raises(Stalled) as info:
             pull("s3://bucket/k/", str(tmp_path / "d"), manifest=str(manifest), settings=settings,
-                 retry=RetryPolicy(base=0.01, cap=0.2, stall_timeout=1.0), concurrency=8)
+                 retry=RetryPolicy(base=0.01, cap=0.2, stall_timeout=1.0), concurrency=8, on_event=on_event)
     finally:
         silent.close()
     assert str(info.value) == f"{silent.url}: timed out (no answer in 0.3 s)"
+    assert waiting == {"s3pull-loop"}         # the GETs that timed out were the loop's
     assert time.monotonic() - t0 < 10
     assert len(silent.accepted) >= 2          # several connections at once, not one after another

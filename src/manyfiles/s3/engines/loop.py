@@ -128,6 +128,7 @@ class LoopEngine(Engine):
         self._elsewhere = elsewhere
         self._incoming: collections.deque = collections.deque()
         self._closing = self._killed = False
+        self._broken: Failed | None = None
         self._sleeping = False
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._ep = select.epoll()
@@ -154,6 +155,8 @@ class LoopEngine(Engine):
         self._incoming.append(job)
         if self._sleeping:
             self._poke()
+        elif self._broken is not None:      # the loop is gone: nothing would ever take it
+            self._abandon(self._broken)
 
     def _poke(self) -> None:
         self._sleeping = False
@@ -176,7 +179,8 @@ class LoopEngine(Engine):
         try:
             self._loop()
         except BaseException as exc:        # a bug: every job still here fails, none is lost
-            self._abandon(Failed(f"internal error: {type(exc).__name__}: {exc}", "internal"))
+            self._broken = Failed(f"internal error: {type(exc).__name__}: {exc}", "internal")
+            self._abandon(self._broken)
         finally:
             self.ctx.send()
             for conn in self._conns:
@@ -521,10 +525,17 @@ class LoopEngine(Engine):
         """The run stopped (or the loop broke): every job here is cancelled, its temp file removed."""
         ctx = self.ctx
         gets = [c.get for c in self._conns if c.get is not None] + [t[2] for t in self._timers]
+        for conn in self._conns:
+            conn.get = None
+        self._timers = []
         for get in gets:
             get.target.abort()
             ctx.failed(get.job, failed) if failed is not None else cancelled(ctx, get.job)
-        while self._incoming:
-            job = self._incoming.popleft()
+        while True:
+            try:
+                job = self._incoming.popleft()
+            except IndexError:
+                break
             ctx.failed(job, failed) if failed is not None else cancelled(ctx, job)
         self._busy = 0
+        ctx.send()
