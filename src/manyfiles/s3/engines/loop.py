@@ -276,6 +276,7 @@ class LoopEngine(Engine):
             self._drop(conn)
         conn.out, conn.buf = op.data, b""
         if conn.sock is None:
+            conn.addrs = []         # (the endpoint's addresses, looked up again: it may have moved)
             try:
                 self._connect(conn, op.ep)
             except OSError as exc:
