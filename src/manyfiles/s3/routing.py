@@ -3,7 +3,10 @@
 The auto rule uses only the size the listing already gave (no HEAD per object).
 It comes from ``benchmarks/s3pull.py`` (see docs/s3pull.md, "How auto decides"):
 
-* objects below ``RANGED_MIN`` go whole to the ``lean`` pool: threads on raw
+* objects up to ``LOOP_MAX`` go to the ``loop`` engine: one thread driving many
+  non-blocking connections, the same hand-signed GETs without a GIL hand-over
+  per object (it sends TLS, proxied and multipart-ETag objects on to ``lean``);
+* larger objects below ``RANGED_MIN`` go whole to the ``lean`` pool: threads on raw
   sockets with hand-signed GETs.  Small objects cost client CPU per request,
   and a lean request costs a fraction of botocore's (~1 ms) or aiobotocore's;
   in the benchmark the lean thread pool also beat the asyncio ``http`` engine
@@ -16,9 +19,10 @@ It comes from ``benchmarks/s3pull.py`` (see docs/s3pull.md, "How auto decides"):
   own buffers (3.5x its CPU: 8 ms vs 28 ms per 50 MiB), and a whole GET needs no
   HEAD; concurrent objects keep the connections busy anyway.
 
-The two pools share one budget of ``concurrency`` connections: the ranged pool
+The pools share one budget of ``concurrency`` connections: the ranged pool
 gets ``big_pool(concurrency)`` of them, the lean pool the rest, so a few large
-objects can never take every connection from the small ones (nor the reverse).
+objects can never take every connection from the small ones (nor the reverse);
+the loop has the lean pool's share too.
 """
 
 from __future__ import annotations
