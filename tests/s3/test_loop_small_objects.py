@@ -17,6 +17,7 @@ from manyfiles.s3.report import Tally
 from manyfiles.s3.routing import LOOP_MAX, choose
 
 KiB = 1024
+LOOP_THREADS = {"s3pull-loop", "s3pull-loop-install"}     # the loop, and the installs it verified
 
 
 def engine_threads() -> set[str]:
@@ -30,8 +31,9 @@ def seed(put, n: int, size: int = KiB) -> dict[str, bytes]:
 
 
 def test_auto_fetches_small_objects_on_one_thread_and_installs_the_exact_bytes(bucket, proxy, tmp_path):
-    """Every 1 KiB object goes to the loop, whose one thread is the only engine thread of the run
-    (the lean pool's 48 threads never start), each checked by its checksum, none by size alone."""
+    """Every 1 KiB object goes to the loop, whose thread (and its installer's) are the only engine
+    threads of the run (the lean pool's 48 never start), each checked by its checksum, none by size
+    alone."""
     name, put = bucket
     data = seed(put, 40)
     assert choose("auto", KiB) == ("loop", 0) and choose("auto", LOOP_MAX + 1)[0] == "lean"
@@ -46,7 +48,7 @@ def test_auto_fetches_small_objects_on_one_thread_and_installs_the_exact_bytes(b
                   on_event=on_event)
     assert report.failures == [] and report.engines == {"loop": Tally(40, sum(map(len, data.values())))}
     assert files_under(tmp_path / "d") == data
-    assert seen == {"s3pull-loop"}
+    assert seen == LOOP_THREADS
     assert "size-only" not in report.verified and sum(report.verified.values()) == 40
 
 
@@ -103,6 +105,6 @@ def test_an_endpoint_that_never_answers_ends_the_run_within_its_budget(tmp_path)
     finally:
         silent.close()
     assert str(info.value) == f"{silent.url}: timed out (no answer in 0.3 s)"
-    assert waiting == {"s3pull-loop"}         # the GETs that timed out were the loop's
+    assert waiting == LOOP_THREADS            # the GETs that timed out were the loop's
     assert time.monotonic() - t0 < 10
     assert len(silent.accepted) >= 2          # several connections at once, not one after another

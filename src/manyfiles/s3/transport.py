@@ -144,7 +144,7 @@ def _close_pipe(*ends: int) -> None:
 _TRANSPORTS: weakref.WeakSet = weakref.WeakSet()    # every Transport of the process, for a fork
 
 
-def _body_start(status: int, headers: Headers, rest: bytes, begin: BodyStart,
+def body_start(status: int, headers: Headers, rest: bytes, begin: BodyStart,
                 on_bytes: Callable[[int], None] | None) -> tuple[int, Any, int]:
     """After a GET's headers (both shells): its length (an answer without Content-Length is refused,
     retryable), the writer ``begin`` returns, and how many bytes of the body came with the headers
@@ -221,7 +221,7 @@ class Transport:
         try:
             steps = http1.exchange(self.route, "GET", path, extra, query, None, ok)
             status, headers, rest = self._drive(steps)
-            length, writer, n = _body_start(status, headers, rest, begin, on_bytes)
+            length, writer, n = body_start(status, headers, rest, begin, on_bytes)
             if n < length:
                 sock, flags = self._local.sock, self._local.flags
                 buf = self._buffer()
@@ -597,7 +597,7 @@ class AsyncConnection:
         try:
             status, headers, rest = await self._drive(http1.exchange(self.route, "GET", path, extra, query,
                                                                      None, ok))
-            length, writer, n = _body_start(status, headers, rest, begin, on_bytes)
+            length, writer, n = body_start(status, headers, rest, begin, on_bytes)
             reader = self.reader
             while n < length:
                 chunk = await asyncio.wait_for(reader.read(min(CHUNK, length - n)), self.timeout)
@@ -702,4 +702,5 @@ class AsyncConnection:
         return http1.request_error(exc, self.ep.name, self.timeout, answered)
 
 
-__all__ = ["CHUNK", "Answer", "AsyncConnection", "BodyStart", "BodyWriteError", "Response", "Transport"]
+__all__ = ["CHUNK", "Answer", "AsyncConnection", "BodyStart", "BodyWriteError", "Response", "Transport",
+           "body_start"]
