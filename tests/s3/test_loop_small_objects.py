@@ -17,7 +17,7 @@ from manyfiles.s3.report import Tally
 from manyfiles.s3.routing import LOOP_MAX, choose
 
 KiB = 1024
-LOOP_THREADS = {"s3pull-loop", "s3pull-loop-install"}     # the loop, and the installs it verified
+LOOP_THREADS = {"s3pull-loop"}
 
 
 def engine_threads() -> set[str]:
@@ -31,9 +31,8 @@ def seed(put, n: int, size: int = KiB) -> dict[str, bytes]:
 
 
 def test_auto_fetches_small_objects_on_one_thread_and_installs_the_exact_bytes(bucket, proxy, tmp_path):
-    """Every 1 KiB object goes to the loop, whose thread (and its installer's) are the only engine
-    threads of the run (the lean pool's 48 never start), each checked by its checksum, none by size
-    alone."""
+    """Every 1 KiB object goes to the loop, whose one thread is the only engine thread of the run (the
+    lean pool's 48 never start), each checked by its checksum, none by size alone."""
     name, put = bucket
     data = seed(put, 40)
     assert choose("auto", KiB) == ("loop", 0) and choose("auto", LOOP_MAX + 1)[0] == "lean"

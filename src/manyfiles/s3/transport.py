@@ -62,7 +62,7 @@ class BodyWriteError(Exception):
 BodyStart = Callable[[int, Headers, int], Any]
 
 
-def _host(name: str) -> bytes | str:
+def lookup_name(name: str) -> bytes | str:
     """A host name for getaddrinfo: an ASCII one as bytes (a str goes through the idna codec, whose
     import, stringprep included, is ~3 ms of start-up)."""
     return name.encode() if name.isascii() else name
@@ -411,7 +411,7 @@ class Transport:
             ssl_ctx = self.route.ssl_ctx if ep.scheme == "https" else None
             host, port = ep.proxy or (ep.connect_host, ep.port)
             try:
-                sock = socket.create_connection((_host(host), port), timeout=self.connect_timeout)
+                sock = socket.create_connection((lookup_name(host), port), timeout=self.connect_timeout)
             except OSError as exc:
                 err = http1.connect_error(exc, ep.name, self.connect_timeout)
                 raise err from cause_of(err, exc)
@@ -703,4 +703,4 @@ class AsyncConnection:
 
 
 __all__ = ["CHUNK", "Answer", "AsyncConnection", "BodyStart", "BodyWriteError", "Response", "Transport",
-           "body_start"]
+           "body_start", "lookup_name"]

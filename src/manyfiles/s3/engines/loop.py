@@ -24,7 +24,6 @@ import contextlib
 import errno
 import heapq
 import os
-import queue
 import select
 import socket
 import threading
@@ -39,18 +38,13 @@ from manyfiles.s3.engines.events import Batch, JobDone, JobFailed, Retried
 from manyfiles.s3.retry import classify
 from manyfiles.s3.store import store_for
 from manyfiles.s3.transfer import Download, needs_layout
-from manyfiles.s3.transport import BodyWriteError, body_start
+from manyfiles.s3.transport import BodyWriteError, body_start, lookup_name
 
 RECV = 1 << 16
 _IN, _OUT = select.EPOLLIN, select.EPOLLOUT
 
 # the phases of a connection
 _IDLE, _CONNECTING, _SENDING, _HEAD, _BODY, _ERROR_BODY = range(6)
-
-
-def _ascii(host: str) -> bytes | str:
-    """An ASCII host name as bytes: a str would go through the idna codec (~3 ms to import)."""
-    return host.encode() if host.isascii() else host
 
 
 class _Closed(TransferError):
@@ -117,60 +111,6 @@ class _Outbox:
             self.held = []
 
 
-class _Installer:
-    """Installs what the loop verified, on a thread of its own: a file's creation can cost more than
-    its GET (ext4 without a journal scans past every inode deleted in the last minutes), and on this
-    thread it overlaps the loop's network work instead of holding it up.  Objects come a turn of the
-    loop at a time (:meth:`hand`), their outcomes go to the consumer a batch at a time."""
-
-    def __init__(self, engine: LoopEngine) -> None:
-        self.engine = engine
-        self.out = _Outbox(engine.ctx.run)
-        self.q: queue.SimpleQueue = queue.SimpleQueue()
-        self.handed = 0             # (written by the loop's thread only)
-        self.installed = 0          # (written by this thread only)
-        self.thread = threading.Thread(target=self._run, name="s3pull-loop-install", daemon=True)
-        self.thread.start()
-
-    @property
-    def pending(self) -> int:
-        return self.handed - self.installed
-
-    def hand(self, verified: list) -> None:
-        self.handed += len(verified)
-        self.q.put(verified)
-
-    def stop(self) -> None:
-        self.q.put(None)
-        self.thread.join()
-
-    def _run(self) -> None:
-        out, q, engine = self.out, self.q, self.engine
-        name = engine.name
-        while True:
-            batches = [q.get()]
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    batches.append(q.get_nowait())
-            for batch in batches:
-                if batch is None:
-                    out.send()
-                    return
-                for job, target, fetched in batch:
-                    try:
-                        if out.cancel.is_set():
-                            target.abort()
-                            cancelled(out, job)
-                        else:
-                            finish(out, job, target, name, fetched, None)
-                    except BaseException as exc:       # a bug: the job fails, none is lost
-                        out.failed(job, Failed(f"internal error: {type(exc).__name__}: {exc}", "internal"))
-                    self.installed += 1
-            out.send()
-            if engine._throttled:
-                engine._poke()
-
-
 class LoopEngine(Engine):
     """Whole-object GETs on one thread and ``connections`` sockets (see the module docstring)."""
 
@@ -192,16 +132,12 @@ class LoopEngine(Engine):
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._ep = select.epoll()
         self._ep.register(self._wake, _IN)
-        self._install_max = 4 * self.connections     # verified objects held in memory at most
         self._conns = [_Conn() for _ in range(self.connections)]
         self._free = list(self._conns)          # connections without a job (open or not)
         self._by_fd: dict[int, _Conn] = {}
         self._timers: list = []                 # (when, seq, _Get): a retry's backoff
         self._seq = 0
         self._busy = 0                          # jobs on a connection or waiting for their retry
-        self._verified: list = []               # (job, target, fetched) of this turn, to install
-        self._throttled = False                 # installs lag: no new GET until they catch up
-        self._installer = _Installer(self)
         self._thread = threading.Thread(target=self._run, name="s3pull-loop", daemon=True)
         self._thread.start()
 
@@ -246,9 +182,6 @@ class LoopEngine(Engine):
             self._abandon(self._broken)
         finally:
             self.ctx.send()
-            if self._verified:
-                self._installer.hand(self._verified)
-            self._installer.stop()
             for conn in self._conns:
                 self._drop(conn)
             self._ep.close()
@@ -257,7 +190,6 @@ class LoopEngine(Engine):
     def _loop(self) -> None:
         ctx, incoming, free, by_fd, poll, wake = (self.ctx, self._incoming, self._free, self._by_fd,
                                                   self._ep.poll, self._wake)
-        installer = self._installer
         scan = min(0.25, self.timeout / 4, self.connect_timeout / 4)
         next_scan = time.monotonic() + scan
         while True:
@@ -268,8 +200,7 @@ class LoopEngine(Engine):
             timers = self._timers
             while timers and timers[0][0] <= now and free:
                 self._attempt(heapq.heappop(timers)[2], free.pop())
-            self._throttled = installer.pending >= self._install_max
-            while incoming and free and not self._throttled:
+            while incoming and free:
                 job = incoming.popleft()
                 target = open_target(ctx, job)
                 if target is not None:
@@ -283,9 +214,6 @@ class LoopEngine(Engine):
             if incoming and free:
                 wait = 0
             ctx.send()
-            if self._verified:
-                installer.hand(self._verified)
-                self._verified = []
             self._sleeping = True
             if incoming and free:       # (submitted after the check above)
                 wait = 0
@@ -362,7 +290,7 @@ class LoopEngine(Engine):
 
     def _connect(self, conn: _Conn, ep) -> None:
         if not conn.addrs:
-            conn.addrs = [(ai[0], ai[4]) for ai in socket.getaddrinfo(_ascii(ep.connect_host), ep.port,
+            conn.addrs = [(ai[0], ai[4]) for ai in socket.getaddrinfo(lookup_name(ep.connect_host), ep.port,
                                                                        type=socket.SOCK_STREAM)]
         family, addr = conn.addrs.pop(0)
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -552,7 +480,7 @@ class LoopEngine(Engine):
             return
         self._release(conn)
         self._busy -= 1
-        self._verified.append((get.job, get.target, fetched))
+        finish(self.ctx, get.job, get.target, self.name, fetched, None)
 
     def _failed(self, conn: _Conn, exc: BaseException, answered: bool | None = None) -> None:
         """An attempt failed: its connection is dropped, the job tried again after its backoff, or
@@ -604,10 +532,6 @@ class LoopEngine(Engine):
         for conn in self._conns:
             conn.get = None
         self._timers = []
-        for job, target, _ in self._verified:
-            target.abort()
-            ctx.failed(job, failed) if failed is not None else cancelled(ctx, job)
-        self._verified = []
         for get in gets:
             get.target.abort()
             ctx.failed(get.job, failed) if failed is not None else cancelled(ctx, get.job)
