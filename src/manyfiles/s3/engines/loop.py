@@ -401,7 +401,7 @@ class LoopEngine(Engine):
         get.status = status
         try:
             get.length, get.writer, get.n = body_start(status, headers, rest, get.whole.begin,
-                                                        self.ctx.bytes)
+                                                       self.ctx.bytes)
         except Exception as exc:
             self._failed(conn, exc)
             return
