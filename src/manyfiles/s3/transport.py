@@ -145,7 +145,7 @@ _TRANSPORTS: weakref.WeakSet = weakref.WeakSet()    # every Transport of the pro
 
 
 def body_start(status: int, headers: Headers, rest: bytes, begin: BodyStart,
-                on_bytes: Callable[[int], None] | None) -> tuple[int, Any, int]:
+               on_bytes: Callable[[int], None] | None) -> tuple[int, Any, int]:
     """After a GET's headers (both shells): its length (an answer without Content-Length is refused,
     retryable), the writer ``begin`` returns, and how many bytes of the body came with the headers
     (written to it)."""
