@@ -112,7 +112,8 @@ class _Outbox:
 
 
 class LoopEngine(Engine):
-    """Whole-object GETs on one thread and ``connections`` sockets (see the module docstring)."""
+    """Whole-object GETs on one thread and up to ``connections`` sockets (see the module docstring);
+    ``elsewhere(job)`` takes the jobs it does not speak (the run's lean pool)."""
 
     name = "loop"
 
