@@ -73,7 +73,8 @@ SHAPES = {
 }
 # how a shape is uploaded: s5cmd, or boto3 as one PutObject / multipart / PutObject with a CRC32C
 UPLOAD = {"1g-md5": "put", "1g-multi": "multipart", "1g-crc32c": "crc32c"}
-ENGINES = ["auto", "lean", "http", "async", "threads", "processes", "ranged", "sync", "obstore", "crt"]
+ENGINES = ["auto", "lean", "loop", "http", "async", "threads", "processes", "ranged", "sync", "obstore",
+           "crt"]
 VARIANTS = {"auto --no-checksum": ["--no-checksum"], "auto --etag-only": ["--etag-only"]}
 PEERS = ("s5cmd", "aws cli", "aioboto3 default", "rclone", "boto3 crt", "obstore")
 IN_FLIGHT = 64     # rclone's --transfers and obstore's GETs in flight: s3pull's default -j

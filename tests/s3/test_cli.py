@@ -23,7 +23,7 @@ def test_pull_summary_and_rerun(run_cli, bucket, cli_env, tmp_path):
     dest = tmp_path / "out"
     r = run_cli("s3pull", f"s3://{name}/k/", str(dest), env=cli_env)
     assert r.returncode == 0, r.stderr
-    assert b"8 downloaded" in r.stderr and b"engines: lean 8" in r.stderr
+    assert b"8 downloaded" in r.stderr and b"engines: loop 8" in r.stderr
     assert b"verified: crc32 8" in r.stderr      # botocore's uploads carry a CRC32
     assert files_under(dest) == {k[2:]: v for k, v in data.items()}
     r = run_cli("s3pull", f"s3://{name}/k/", str(dest), env=cli_env)
@@ -48,7 +48,7 @@ def test_json_events_and_failures_exit_1(run_cli, bucket, cli_env, tmp_path):
     assert kinds[-1] == "summary" and "done" in kinds and "failed" in kinds
     summary = events[-1]
     assert summary["done"] == 1 and summary["failed"] == 1
-    assert summary["engines"] == {"lean": {"objects": 1, "bytes": 4}}
+    assert summary["engines"] == {"loop": {"objects": 1, "bytes": 4}}
     failed = next(e for e in events if e["event"] == "failed")
     assert failed["key"] == "j/../../etc/passwd" and "unsafe key" in failed["reason"]
     assert (dest / STATE_DIR / "failures.tsv").read_text().startswith("j/../../etc/passwd\t")
@@ -63,7 +63,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(run_cli, bucket, cli_env, tm
     r = run_cli("s3pull", f"s3://{name}/d/", str(dest), "--dry-run", env=cli_env)
     assert r.returncode == 0, r.stderr
     lines = sorted(r.stdout.decode().splitlines())
-    assert lines == ["lean\t10\td/small.txt", f"lean\t{2 << 20}\td/mid.bin"]
+    assert lines == [f"lean\t{2 << 20}\td/mid.bin", "loop\t10\td/small.txt"]
     assert b"would fetch" in r.stderr
     assert not dest.exists()
 

@@ -35,7 +35,7 @@ def via_proxy(proxy) -> ClientSettings:
     return ClientSettings(endpoint_url=proxy.url, region="us-east-1")
 
 
-@pytest.mark.parametrize("strategy", ["async", "http", "lean", "threads"])
+@pytest.mark.parametrize("strategy", ["async", "http", "lean", "loop", "threads"])
 @pytest.mark.parametrize("fault", ["503", "reset", "truncate", "corrupt"])
 def test_transient_faults_are_retried_to_correct_bytes(fault, strategy, bucket, proxy, via_proxy, tmp_path):
     name, put = bucket

@@ -6,7 +6,7 @@ import pytest
 
 from manyfiles.errors import UsageError
 from manyfiles.s3.keys import UnsafeKey, local_relpath, make_filter, parse_url
-from manyfiles.s3.routing import PART_SIZE, budget, choose, part_size_for
+from manyfiles.s3.routing import LOOP_MAX, PART_SIZE, budget, choose, part_size_for
 
 
 @pytest.mark.parametrize("key", [
@@ -60,7 +60,9 @@ def test_filter_include_exclude():
 
 
 def test_auto_routes_by_size():
-    assert choose("auto", 1024)[0] == "lean"
+    assert choose("auto", 1024)[0] == "loop"
+    assert choose("auto", LOOP_MAX)[0] == "loop"
+    assert choose("auto", LOOP_MAX + 1)[0] == "lean"
     assert choose("auto", None)[0] == "lean"
     assert choose("auto", 4 << 20)[0] == "lean"
     engine, part = choose("auto", 1 << 30)

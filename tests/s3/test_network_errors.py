@@ -24,7 +24,7 @@ from manyfiles.s3.retry import NetworkError, classify, network_error
 
 CLASS_NAME = re.compile(r"\b[A-Z][a-z]+(?:[A-Z][a-z]+)*(?:Error|Exception)\b|gaierror|timeout\(")
 QUICK = RetryPolicy(base=0.01, cap=0.2, stall_timeout=1.0)      # first contact: 0.5 s
-STRATEGIES = ["lean", "http", "threads", "async"]
+STRATEGIES = ["lean", "loop", "http", "threads", "async"]
 
 
 @pytest.fixture(autouse=True)
@@ -143,7 +143,7 @@ def seed(store: Bucket, n: int = 30) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize(("strategy", "kind"), [("lean", "refuse"), ("http", "hang"), ("threads", "refuse"),
-                                                ("async", "hang")])
+                                                ("async", "hang"), ("loop", "hang")])
 def test_an_outage_shorter_than_the_stall_timeout_is_ridden_out(store, strategy, kind, tmp_path):
     """Two tries per object would not last the outage: the time budget of errors that heard nothing
     from the endpoint, not the count, is what rides it out."""
@@ -161,7 +161,7 @@ def test_an_outage_shorter_than_the_stall_timeout_is_ridden_out(store, strategy,
         assert reason.startswith(f"{store.endpoint}: ") and not CLASS_NAME.search(reason), reason
 
 
-@pytest.mark.parametrize(("strategy", "kind"), [("lean", "hang"), ("http", "refuse")])
+@pytest.mark.parametrize(("strategy", "kind"), [("lean", "hang"), ("http", "refuse"), ("loop", "hang")])
 def test_a_stall_past_the_stall_timeout_ends_the_run_naming_the_endpoint_and_a_rerun_completes(
         store, strategy, kind, tmp_path):
     objs = seed(store)

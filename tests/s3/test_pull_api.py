@@ -42,7 +42,7 @@ def test_report_is_a_shared_report_with_coded_failures(bucket, settings, s3plain
     assert text.startswith("1 downloaded") and "3 failed" in text and "verified: crc32 1" in text
     assert "r/denied.bin: AccessDenied" in text
     record = json.loads(json.dumps(report.to_dict()))
-    assert record["engines"] == {"lean": {"objects": 1, "bytes": 3000}} and record["failed"] == 3
+    assert record["engines"] == {"loop": {"objects": 1, "bytes": 3000}} and record["failed"] == 3
     assert {f["code"] for f in record["failures"]} == set(codes.values())
     with pytest.raises(PartialFailure) as info:
         report.raise_for_failures()
@@ -111,9 +111,9 @@ def test_dry_run_is_a_plan_that_executes_exactly_its_objects(bucket, settings, t
     p = plan(f"s3://{name}/d/", str(dest), settings=settings, **cfg())
     assert isinstance(p, PullPlan) and not dest.exists()
     assert {j.key: (j.engine, j.rel) for j in p.objects} == {
-        "d/a.bin": ("lean", "a.bin"), "d/b.bin": ("lean", "b.bin"), "d/c.bin": ("ranged", "c.bin")}
+        "d/a.bin": ("loop", "a.bin"), "d/b.bin": ("loop", "b.bin"), "d/c.bin": ("ranged", "c.bin")}
     assert [f.code for f in p.failures] == ["unsafe-key"]
-    assert p.to_dict()["objects"][0]["engine"] in ("lean", "ranged")
+    assert p.to_dict()["objects"][0]["engine"] in ("loop", "ranged")
     put("d/b.bin", blob(2001, "b changed"))           # changed since the plan: pinned to the old ETag
     put("d/new.bin", b"listed after the plan")       # not in the plan: not fetched
     with pytest.raises(UsageError):

@@ -66,7 +66,7 @@ def test_json_lines_dry_run_and_verify(run_cli, bucket, cli_env, tmp_path) -> No
     put("v/x.bin", blob(5000, "x"))
     dest = tmp_path / "o"
     r = run_cli("s3pull", f"s3://{name}/v/", str(dest), "-n", env=cli_env)
-    assert r.returncode == 0 and r.stdout == b"lean\t5000\tv/x.bin\n"
+    assert r.returncode == 0 and r.stdout == b"loop\t5000\tv/x.bin\n"
     assert not dest.exists()            # -n: nothing created, not even DEST
     r = run_cli("s3pull", f"s3://{name}/v/", str(dest), "-n", "--json", env=cli_env)
     assert r.returncode == 0 and not dest.exists()

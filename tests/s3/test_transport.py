@@ -18,7 +18,8 @@ from manyfiles.s3 import ClientSettings, pull
 from manyfiles.s3.routing import STRATEGIES
 
 MiB = 1 << 20
-LEAN_CLOCK = ("auto", "lean", "ranged", "http", "processes")   # hand-signed: can take the server's clock
+# hand-signed: can take the server's clock
+LEAN_CLOCK = ("auto", "lean", "loop", "ranged", "http", "processes")
 
 
 def cfg(**kw):

@@ -143,6 +143,24 @@ async def aretrying(fn: Callable[[], Awaitable[T]], policy: RetryPolicy, *,
                 _give_up(err, exc)
 
 
+class Tries:
+    """One call's tries under ``policy``, for a caller that waits between them itself (an event loop's
+    timer, not a sleep): :meth:`failed` makes :func:`retrying`'s decision after a failed try."""
+
+    __slots__ = ("_tries", "classify", "on_retry", "policy", "reset")
+
+    def __init__(self, policy: RetryPolicy, *, classify: Callable[[Exception], Exception],
+                 on_retry: Callable[[Exception], None] | None = None,
+                 reset: Callable[[], None] | None = None) -> None:
+        self.policy, self.classify, self.on_retry, self.reset = policy, classify, on_retry, reset
+        self._tries = _Tries()
+
+    def failed(self, exc: Exception) -> float:
+        """After a failed try: raise the error to give up with, or tell ``on_retry``, run ``reset`` and
+        return the seconds to wait before the next try."""
+        return _next_attempt(exc, self._tries, self.policy, self.classify, self.on_retry, self.reset)[1]
+
+
 def _next_attempt(exc: Exception, tries: _Tries, policy: RetryPolicy,
                   classify: Callable[[Exception], Exception],
                   on_retry: Callable[[Exception], None] | None,
@@ -179,4 +197,4 @@ def _give_up(err: Exception, exc: Exception) -> None:
     raise err from exc
 
 
-__all__ = ["CONNECT_TIMEOUT", "READ_TIMEOUT", "RetryPolicy", "Retryable", "aretrying", "retrying"]
+__all__ = ["CONNECT_TIMEOUT", "READ_TIMEOUT", "RetryPolicy", "Retryable", "Tries", "aretrying", "retrying"]

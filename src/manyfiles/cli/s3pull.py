@@ -85,8 +85,10 @@ class _PullOrVerify(click.Command):
 @version_option("s3pull")
 @click.argument("source")
 @click.argument("dest", type=Directory())
-@click.option("--strategy", type=click.Choice([*STRATEGIES, *CANDIDATES]),
-              default="auto", show_default=True, help="Engine; auto routes each object by its listed size.")
+@click.option("--strategy", type=click.Choice([*STRATEGIES, *CANDIDATES]), metavar="ENGINE",
+              default="auto", show_default=True,
+              help=f"Engine ({', '.join([*STRATEGIES, *CANDIDATES])}); auto routes each object by its listed "
+                   "size.")
 @jobs_option("Connections in flight, shared by all engines.", default=64, old=("--concurrency",))
 @click.option("--processes", type=click.IntRange(0, 256), default=0,
               help="Worker processes for --strategy processes (default: CPU count).")

@@ -13,6 +13,7 @@ from manyfiles._core.progress import LOG_INTERVAL, Progress, StallWatch
 from manyfiles.errors import Stalled
 from manyfiles.s3.engines.base import Ctx, Done, Failed
 from manyfiles.s3.engines.events import (
+    Batch,
     BytesIn,
     Delivered,
     End,
@@ -83,11 +84,18 @@ class Consumer:
         get, watch = self.ctx.events.get, self.watch
         monotonic = time.monotonic
         next_check = monotonic() + CHECK
+        batch: list = []        # what is left of a Batch, last event first
         while True:
-            try:
-                ev = get(timeout=CHECK)
-            except queue.Empty:
-                ev = None
+            if batch:
+                ev = batch.pop()
+            else:
+                try:
+                    ev = get(timeout=CHECK)
+                except queue.Empty:
+                    ev = None
+                if type(ev) is Batch:
+                    batch = list(reversed(ev.events))
+                    ev = batch.pop()
             now = monotonic()
             if now >= next_check:
                 next_check = now + CHECK

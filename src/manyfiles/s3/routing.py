@@ -3,7 +3,10 @@
 The auto rule uses only the size the listing already gave (no HEAD per object).
 It comes from ``benchmarks/s3pull.py`` (see docs/s3pull.md, "How auto decides"):
 
-* objects below ``RANGED_MIN`` go whole to the ``lean`` pool: threads on raw
+* objects up to ``LOOP_MAX`` go to the ``loop`` engine: one thread driving many
+  non-blocking connections, the same hand-signed GETs without a GIL hand-over
+  per object (it sends TLS, proxied and multipart-ETag objects on to ``lean``);
+* larger objects below ``RANGED_MIN`` go whole to the ``lean`` pool: threads on raw
   sockets with hand-signed GETs.  Small objects cost client CPU per request,
   and a lean request costs a fraction of botocore's (~1 ms) or aiobotocore's;
   in the benchmark the lean thread pool also beat the asyncio ``http`` engine
@@ -16,9 +19,10 @@ It comes from ``benchmarks/s3pull.py`` (see docs/s3pull.md, "How auto decides"):
   own buffers (3.5x its CPU: 8 ms vs 28 ms per 50 MiB), and a whole GET needs no
   HEAD; concurrent objects keep the connections busy anyway.
 
-The two pools share one budget of ``concurrency`` connections: the ranged pool
+The pools share one budget of ``concurrency`` connections: the ranged pool
 gets ``big_pool(concurrency)`` of them, the lean pool the rest, so a few large
-objects can never take every connection from the small ones (nor the reverse).
+objects can never take every connection from the small ones (nor the reverse);
+the loop has the lean pool's share too.
 """
 
 from __future__ import annotations
@@ -27,12 +31,13 @@ import os
 from dataclasses import dataclass
 
 MiB = 1 << 20
+LOOP_MAX = 64 << 10        # auto's objects for the loop engine: those a SmallTarget holds (sink.SMALL_MAX)
 RANGED_MIN = 64 * MiB
 PART_SIZE = 8 * MiB        # the smallest part auto chooses (and the size of a forced one's parts)
 AUTO_PART_MAX = 128 * MiB
 MAX_PARTS = 10_000
 
-STRATEGIES = ("auto", "sync", "async", "http", "lean", "threads", "processes", "ranged")
+STRATEGIES = ("auto", "sync", "async", "http", "loop", "lean", "threads", "processes", "ranged")
 # Engines on other libraries, measured against ours (issue 18), forced only by name; not held to every
 # rule of the engines above (engines/candidates.py says which they cannot keep), not used by auto.
 CANDIDATES = ("obstore", "crt")
@@ -87,7 +92,7 @@ def budget(strategy: str, concurrency: int, processes: int = 0) -> Budget:
         return Budget(1, 1, 1)
     if strategy in ("threads", "ranged", "lean"):
         return Budget(concurrency, concurrency, 0)
-    if strategy in ("async", "http", "obstore", "crt"):
+    if strategy in ("async", "http", "loop", "obstore", "crt"):
         return Budget(concurrency, 0, concurrency)
     if strategy == "processes":
         procs = processes or 2
@@ -102,6 +107,8 @@ def choose(strategy: str, size: int | None, *, ranged_min: int = RANGED_MIN,
     ``part_size`` None: by object size (:func:`part_size_for`)."""
     smallest = part_size or PART_SIZE
     if strategy == "auto":
+        if size is not None and size <= LOOP_MAX:
+            return "loop", 0
         if size is None or size < max(ranged_min, smallest + 1):
             return "lean", 0
         return "ranged", part_size_for(size, part_size)

@@ -566,6 +566,12 @@ class S3Store:
         _trace("s3.get_range", self.bucket, key, start, n, t0, status)
         return n
 
+    def whole_get(self, key: str, target: Any, *, etag: str | None, size: int | None) -> _WholeGet:
+        """One whole-object GET of ``key`` into ``target`` without its I/O, for an engine that does
+        the I/O itself (the loop engine): ``path`` and ``extra`` headers to send, ``begin`` the body's
+        writer once the answer came, ``finished`` its checks, ``failed`` its trace."""
+        return _WholeGet(self, key, target, etag, size, None)
+
     def connection(self) -> AsyncConnection:
         """A connection of its own for one coroutine (:meth:`afetch_into`); close it when done."""
         return AsyncConnection(self.route, self.settings.read_timeout,

@@ -62,7 +62,7 @@ class BodyWriteError(Exception):
 BodyStart = Callable[[int, Headers, int], Any]
 
 
-def _host(name: str) -> bytes | str:
+def lookup_name(name: str) -> bytes | str:
     """A host name for getaddrinfo: an ASCII one as bytes (a str goes through the idna codec, whose
     import, stringprep included, is ~3 ms of start-up)."""
     return name.encode() if name.isascii() else name
@@ -144,8 +144,8 @@ def _close_pipe(*ends: int) -> None:
 _TRANSPORTS: weakref.WeakSet = weakref.WeakSet()    # every Transport of the process, for a fork
 
 
-def _body_start(status: int, headers: Headers, rest: bytes, begin: BodyStart,
-                on_bytes: Callable[[int], None] | None) -> tuple[int, Any, int]:
+def body_start(status: int, headers: Headers, rest: bytes, begin: BodyStart,
+               on_bytes: Callable[[int], None] | None) -> tuple[int, Any, int]:
     """After a GET's headers (both shells): its length (an answer without Content-Length is refused,
     retryable), the writer ``begin`` returns, and how many bytes of the body came with the headers
     (written to it)."""
@@ -221,7 +221,7 @@ class Transport:
         try:
             steps = http1.exchange(self.route, "GET", path, extra, query, None, ok)
             status, headers, rest = self._drive(steps)
-            length, writer, n = _body_start(status, headers, rest, begin, on_bytes)
+            length, writer, n = body_start(status, headers, rest, begin, on_bytes)
             if n < length:
                 sock, flags = self._local.sock, self._local.flags
                 buf = self._buffer()
@@ -411,7 +411,7 @@ class Transport:
             ssl_ctx = self.route.ssl_ctx if ep.scheme == "https" else None
             host, port = ep.proxy or (ep.connect_host, ep.port)
             try:
-                sock = socket.create_connection((_host(host), port), timeout=self.connect_timeout)
+                sock = socket.create_connection((lookup_name(host), port), timeout=self.connect_timeout)
             except OSError as exc:
                 err = http1.connect_error(exc, ep.name, self.connect_timeout)
                 raise err from cause_of(err, exc)
@@ -615,7 +615,7 @@ class AsyncConnection:
         try:
             status, headers, rest = await self._drive(http1.exchange(self.route, "GET", path, extra, query,
                                                                      None, ok))
-            length, writer, n = _body_start(status, headers, rest, begin, on_bytes)
+            length, writer, n = body_start(status, headers, rest, begin, on_bytes)
             reader = self.reader
             while n < length:
                 chunk = await asyncio.wait_for(reader.read(min(CHUNK, length - n)), self.timeout)
@@ -720,4 +720,5 @@ class AsyncConnection:
         return http1.request_error(exc, self.ep.name, self.timeout, answered)
 
 
-__all__ = ["CHUNK", "Answer", "AsyncConnection", "BodyStart", "BodyWriteError", "Response", "Transport"]
+__all__ = ["CHUNK", "Answer", "AsyncConnection", "BodyStart", "BodyWriteError", "Response", "Transport",
+           "body_start", "lookup_name"]

@@ -49,6 +49,10 @@ class EngineSet:
             from manyfiles.s3.engines.http import HttpEngine
 
             return HttpEngine(ctx, bud.small)
+        if name == "loop":
+            from manyfiles.s3.engines.loop import LoopEngine
+
+            return LoopEngine(ctx, bud.small, lambda job: self.get("lean").submit(job))
         if name == "obstore":      # a candidate (issue 18): not used by auto
             from manyfiles.s3.engines.candidates import ObstoreEngine
 
@@ -66,6 +70,6 @@ class EngineSet:
         if name == "ranged":
             return ThreadsEngine(ctx, bud.big or bud.small, name="ranged", transport="lean")
         if name == "lean":
-            n = bud.small if self.strategy == "auto" else bud.big
+            n = bud.small if self.strategy in ("auto", "loop") else bud.big
             return ThreadsEngine(ctx, n, name="lean", transport="lean")
         return ThreadsEngine(ctx, bud.big or bud.small, name="threads")

@@ -2,8 +2,9 @@
 small class per kind, each a NamedTuple (a tuple: as cheap to make and to send through a process's
 pipe as the untyped ``(kind, job, value)`` it replaces), read by the consumer with ``type(ev) is``.
 
-From the engines: :class:`BytesIn`, :class:`Retried`, :class:`JobDone`, :class:`JobFailed` (and the
-processes engine's :class:`WorkerExit`, between a worker and its parent only).  From the producer:
+From the engines: :class:`BytesIn`, :class:`Retried`, :class:`JobDone`, :class:`JobFailed`, several of
+those at once in a :class:`Batch` (the loop engine's), and the processes engine's :class:`WorkerExit`
+(between a worker and its parent only).  From the producer:
 :class:`Planned`, :class:`Skipped`, :class:`JobFailed` (an unsafe key), :class:`JobDone` (a cache
 hit), :class:`Listed`, :class:`Fatal`, :class:`End`.  From a memory sink: :class:`Delivered`.
 What a job's transfer ended with travels in its event as :class:`Done` or :class:`Failed`.
@@ -65,6 +66,13 @@ class JobDone(NamedTuple):
 class JobFailed(NamedTuple):
     job: Download
     outcome: Failed
+
+
+class Batch(NamedTuple):
+    """Several engine events at once, in order: what one turn of the loop engine's loop ended with,
+    handed to the consumer in one put (one wake-up of its thread instead of one per object)."""
+
+    events: tuple
 
 
 class Planned(NamedTuple):
