@@ -20,10 +20,11 @@ KiB = 1024
 LOOP_THREADS = {"s3pull-loop"}
 
 
-def engine_threads() -> set[str]:
-    """The engines' threads alive now (the planner aside)."""
+def engine_threads(before: set[threading.Thread]) -> set[str]:
+    """The engines' threads alive now that were not alive ``before`` (the planner aside): what this
+    run started, not what an earlier test of the process left running (a dataset's fetcher, say)."""
     return {t.name for t in threading.enumerate()
-            if t.name.startswith("s3pull-") and t.name != "s3pull-planner"}
+            if t not in before and t.name.startswith("s3pull-") and t.name != "s3pull-planner"}
 
 
 def seed(put, n: int, size: int = KiB) -> dict[str, bytes]:
@@ -37,10 +38,11 @@ def test_auto_fetches_small_objects_on_one_thread_and_installs_the_exact_bytes(b
     data = seed(put, 40)
     assert choose("auto", KiB) == ("loop", 0) and choose("auto", LOOP_MAX + 1)[0] == "lean"
     seen: set[str] = set()
+    before = set(threading.enumerate())
 
     def on_event(ev) -> None:
         if ev.kind == "done":
-            seen.update(engine_threads())
+            seen.update(engine_threads(before))
 
     via = ClientSettings(endpoint_url=proxy.url, region="us-east-1")
     report = pull(f"s3://{name}/s/", str(tmp_path / "d"), settings=via, retry=FAST_RETRY, concurrency=8,
@@ -91,10 +93,11 @@ def test_an_endpoint_that_never_answers_ends_the_run_within_its_budget(tmp_path)
     settings = ClientSettings(endpoint_url=silent.url, region="us-east-1", read_timeout=0.3,
                               connect_timeout=0.3)
     waiting: set[str] = set()
+    before = set(threading.enumerate())
 
     def on_event(ev) -> None:
         if ev.kind == "retry":
-            waiting.update(engine_threads())
+            waiting.update(engine_threads(before))
 
     t0 = time.monotonic()
     try:
