@@ -216,3 +216,24 @@ def test_a_flipping_lying_link_never_yields_wrong_bytes_nor_keeps_them(s3, cache
     s3.proxy.random_faults = None
     clean = mf.Dataset(s3.url("train/"), cache=cache, settings=s3.settings)
     assert {s.key: s.data for s in clean} == objs, "wrong bytes kept in the cache"
+
+
+def test_a_dataset_dropped_ends_its_fetchers_threads(s3, cache):
+    """A notebook makes datasets again and again: each one's fetcher (its connections and threads)
+    ends when the dataset is collected, not with the process."""
+    import gc
+    import threading
+    import time
+
+    objs = _seed(s3, n=6)
+    before = set(threading.enumerate())
+    ds = mf.Dataset(s3.url("train/"), cache=cache, settings=s3.settings)
+    assert [s.data for s in ds] == [objs[k] for k in ds.keys]           # cold: fetched
+    started = [t for t in threading.enumerate() if t not in before and t.name.startswith("s3pull-")]
+    assert started, "the dataset fetched without a fetcher's threads?"
+    del ds
+    gc.collect()
+    deadline = time.monotonic() + 30          # for them all: they end at once, or never
+    for t in started:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert [t.name for t in started if t.is_alive()] == []

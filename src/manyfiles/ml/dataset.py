@@ -28,6 +28,7 @@ import os
 import random
 import sys
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
@@ -211,6 +212,9 @@ class _Base:
         f = self._fetcher
         if f is None or f.pid != os.getpid():
             f = self._fetcher = ObjectFetcher(listing.bucket, listing.settings, FETCH_WORKERS)
+            # its threads end with the dataset (they hold no reference to it): a notebook that makes
+            # datasets again and again would otherwise keep every one's connections and threads
+            weakref.finalize(self, f.close)
         return f
 
     def _fetchable(self, item: Item) -> bool:
