@@ -51,9 +51,13 @@ def corpus(s3admin, s3plain):
     return name, data
 
 
+# auto's small objects are the loop engine's: its rows are auto's (a forced loop would repeat them)
+MATRIX_STRATEGIES = [s for s in STRATEGIES if s != "loop"]
+
+
 @pytest.mark.parametrize("p", [0.2, 0.4, 1.0])
 @pytest.mark.parametrize("fault", MATRIX_FAULTS)
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", MATRIX_STRATEGIES)
 def test_fault_matrix_never_installs_wrong_bytes(strategy, fault, p, corpus, proxy, tmp_path):
     name, data = corpus
     proxy.decoy_path = f"/{name}/c/small-1.bin"

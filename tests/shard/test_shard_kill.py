@@ -22,7 +22,7 @@ from shardkit import assert_flat_clean, assert_sharded_clean, make_dataset, snap
 
 import faults
 
-N = 20_000
+N = 10_000
 JOURNAL = b".manyfiles-shard.journal"
 
 # (apply kill point, revert kill point); None = kill at a random time from outside
@@ -30,8 +30,8 @@ CASES = [
     ("journal:1", "journal:1"),      # torn header: nothing had started yet
     ("journal:3", "journal:40"),     # apply: torn "aside" record; revert: torn progress record
     ("journal:60", "move:1"),        # apply: torn progress record half-way; revert: first rename
-    ("aside:2", "move:9000"),        # apply: while setting bucket-named files aside; revert: mid-way
-    ("move:12000", "prune:3000"),    # mid-migration / while pruning emptied buckets
+    ("aside:2", "move:4500"),        # apply: while setting bucket-named files aside; revert: mid-way
+    ("move:6000", "prune:3000"),     # mid-migration / while pruning emptied buckets
     ("mkdir:700", "place:2"),        # right after creating a bucket / placing set-aside files back
     ("descriptor:1", "descriptor:1"),  # right after creating / removing the layout descriptor
     ("place:3", "finish:1"),         # placing set-aside files / all durable, journal not yet removed
@@ -42,7 +42,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory):
-    # tmpfs when there is one: same kill -9 semantics, and it keeps 100+ runs of 20k files quick
+    # tmpfs when there is one: same kill -9 semantics, and it keeps 100+ runs of 10k files quick
     base = Path(tempfile.mkdtemp(prefix="mf-shard-kill-", dir="/dev/shm")) if os.access("/dev/shm", os.W_OK) \
         else tmp_path_factory.mktemp("kill")
     root = make_dataset(base / "data", N)
@@ -57,7 +57,7 @@ def _run(shard_bin: str, *args: str, kill_at: str | None = None) -> subprocess.C
 
 def _kill_randomly(shard_bin: str, *args: str, rng: random.Random) -> int:
     proc = subprocess.Popen([shard_bin, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(rng.uniform(0.3, 1.2))  # interpreter start-up is ~0.3 s; the work takes about a second
+    time.sleep(rng.uniform(0.3, 0.8))  # interpreter start-up is ~0.3 s; the work takes about half a second
     proc.send_signal(signal.SIGKILL)
     return proc.wait()
 
@@ -89,7 +89,7 @@ def test_kill9_apply_then_revert(dataset, shard_bin, apply_at, revert_at) -> Non
 def test_kill9_reshard(dataset, shard_bin) -> None:
     root, expected = dataset
     assert _run(shard_bin, "apply", str(root), "-q").returncode == 0
-    for point in ("move:15000", "move:30000"):  # in the revert phase, in the apply phase
+    for point in ("move:7500", "move:15000"):  # in the revert phase, in the apply phase
         crashed = _run(shard_bin, "reshard", str(root), "--levels", "1", "-q", kill_at=point)
         assert crashed.returncode == -signal.SIGKILL
         resumed = _run(shard_bin, "reshard", str(root), "-q")  # no options: the journal knows the target
