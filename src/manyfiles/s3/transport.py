@@ -79,11 +79,23 @@ class _Closed(TransferError):
     """The server closed the connection before answering (an idle keep-alive, usually)."""
 
 
-def _written(writer: Any, data: Any) -> None:
+def written(writer: Any, data: Any) -> None:
+    """``writer.write(data)``; a failure to write is a :class:`BodyWriteError` (the file's error, not
+    the network's)."""
     try:
         writer.write(data)
     except OSError as exc:
         raise BodyWriteError() from exc
+
+
+def request_failure(exc: BaseException, endpoint: str, timeout: float,
+                    answered: bool = False) -> TransferError:
+    """The TransferError of a request that failed with ``exc`` (every shell's): a body that could not
+    be written is its file's error (ENOSPC...), anything else the request's (``answered``: its
+    response had begun)."""
+    if isinstance(exc, BodyWriteError) and exc.__cause__ is not None:
+        return classify(exc.__cause__)
+    return http1.request_error(exc, endpoint, timeout, answered)
 
 
 def pwrite_all(fd: int, data: Any, offset: int) -> None:
@@ -156,7 +168,7 @@ def body_start(status: int, headers: Headers, rest: bytes, begin: BodyStart,
     n = 0
     if rest:
         rest = rest[:length]
-        _written(writer, rest)
+        written(writer, rest)
         n = len(rest)
         if on_bytes is not None:
             on_bytes(n)
@@ -231,7 +243,7 @@ class Transport:
                     if not got:
                         raise TransferError(f"truncated body: got {n} of {length} bytes", retryable=True,
                                             status=status)
-                    _written(writer, view[:got])
+                    written(writer, view[:got])
                     n += got
                     if on_bytes is not None:
                         on_bytes(got)
@@ -456,9 +468,7 @@ class Transport:
 
     def _error(self, exc: BaseException, answered: bool = False) -> TransferError:
         """The TransferError of a request that failed (``answered``: its response had begun)."""
-        if isinstance(exc, BodyWriteError):
-            return classify(exc.__cause__)
-        return http1.request_error(exc, self.route.ep.name, self.timeout, answered)
+        return request_failure(exc, self.route.ep.name, self.timeout, answered)
 
 
 class Response:
@@ -622,7 +632,7 @@ class AsyncConnection:
                 if not chunk:
                     raise TransferError(f"truncated body: got {n} of {length} bytes", retryable=True,
                                         status=status)
-                _written(writer, chunk)
+                written(writer, chunk)
                 n += len(chunk)
                 if on_bytes is not None:
                     on_bytes(len(chunk))
@@ -715,10 +725,8 @@ class AsyncConnection:
             limit=1 << 20)
 
     def _error(self, exc: BaseException, answered: bool = False) -> TransferError:
-        if isinstance(exc, BodyWriteError):
-            return classify(exc.__cause__)
-        return http1.request_error(exc, self.ep.name, self.timeout, answered)
+        return request_failure(exc, self.ep.name, self.timeout, answered)
 
 
 __all__ = ["CHUNK", "Answer", "AsyncConnection", "BodyStart", "BodyWriteError", "Response", "Transport",
-           "body_start", "lookup_name"]
+           "body_start", "lookup_name", "request_failure", "written"]

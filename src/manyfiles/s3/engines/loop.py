@@ -38,7 +38,7 @@ from manyfiles.s3.engines.events import Batch, JobDone, JobFailed, Retried
 from manyfiles.s3.retry import classify
 from manyfiles.s3.store import store_for
 from manyfiles.s3.transfer import Download, needs_layout
-from manyfiles.s3.transport import BodyWriteError, body_start, lookup_name
+from manyfiles.s3.transport import BodyWriteError, body_start, lookup_name, request_failure, written
 
 RECV = 1 << 16
 _IN, _OUT = select.EPOLLIN, select.EPOLLOUT
@@ -428,11 +428,9 @@ class LoopEngine(Engine):
                                              retryable=True, status=get.status))
             return
         try:
-            get.writer.write(chunk)
-        except OSError as exc:
-            err = BodyWriteError()
-            err.__cause__ = exc
-            self._failed(conn, err)
+            written(get.writer, chunk)
+        except BodyWriteError as exc:
+            self._failed(conn, exc)
             return
         get.n += len(chunk)
         self.ctx.bytes(len(chunk))
@@ -491,10 +489,7 @@ class LoopEngine(Engine):
             answered = get.status != 0
         self._drop(conn)
         self._release(conn)
-        if isinstance(exc, BodyWriteError) and exc.__cause__ is not None:
-            err = classify(exc.__cause__)
-        else:
-            err = http1.request_error(exc, (conn.ep or self.route.ep).name, self.timeout, answered)
+        err = request_failure(exc, (conn.ep or self.route.ep).name, self.timeout, answered)
         err.received = get.n          # type: ignore[attr-defined]  (for the trace)
         get.whole.failed(err)
         ctx, job = self.ctx, get.job
