@@ -6,11 +6,10 @@ The table (tests/globcases.py) is judged by Python's fnmatch.fnmatchcase on os.f
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
+from forkcli import run_many
 from globcases import NAMES, PATTERNS, expected
 from manyfiles import listing
 from manyfiles._core import glob as _glob
@@ -77,22 +76,16 @@ def test_listing_and_walk_select_like_the_table(table_tree: bytes, backend: str)
         assert tally.entries == 2 * len(NAMES) + 1 - len(want) - len(deep) - sub_hit, (pattern, "exclude")
 
 
-def _fastls(*args: str | bytes) -> list[bytes]:
-    import subprocess
-
-    fastls = Path(sys.executable).parent / "fastls"
-    proc = subprocess.run([fastls, "-0", *args], capture_output=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.split(b"\0")[:-1]
-
-
 def test_fastls_flat_and_recursive_select_like_the_table(table_tree: bytes) -> None:
     root = table_tree
     sub = os.path.join(root, b"sub") + b"/"
+    runs = iter(run_many("fastls", [[*recursive, "-0", "--include", os.fsdecode(pattern), root]
+                                    for pattern in PATTERNS for recursive in ([], ["-r"])],
+                         preload=["manyfiles.cli.ls"]))  # --include: the click command
     for pattern in PATTERNS:
-        want = expected(pattern)
-        glob = os.fsdecode(pattern)
-        flat = [n for n in _fastls("--include", glob, root) if n != b"sub"]
-        assert sorted(flat) == want, (pattern, "fastls")
-        deep = [p[len(sub):] for p in _fastls("-r", "--include", glob, root) if p.startswith(sub)]
-        assert sorted(deep) == expected(pattern, under=b"sub"), (pattern, "fastls -r")
+        flat, deep = next(runs), next(runs)
+        assert (flat.returncode, deep.returncode) == (0, 0), (pattern, flat.stderr, deep.stderr)
+        assert sorted(n for n in flat.stdout.split(b"\0")[:-1] if n != b"sub") == expected(pattern), (
+            pattern, "fastls")
+        deep_names = [p[len(sub):] for p in deep.stdout.split(b"\0")[:-1] if p.startswith(sub)]
+        assert sorted(deep_names) == expected(pattern, under=b"sub"), (pattern, "fastls -r")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from test_remove import all_paths, make_tree, table_selection  # its sibling (tests/remove/ is on sys.path)
 
+from forkcli import run_many
 from globcases import PATTERNS, make_files
 from privileges import not_root_cmd
 from terminal import stderr_on_a_terminal
@@ -205,7 +206,7 @@ def test_dt_unknown_recursion_is_driven_by_eisdir(run_cli, tmp_path: Path) -> No
     assert not any(op["op"] == "stat" for op in summary["ops"])
 
 
-def test_glob_table_through_the_command_line(run_cli, tmp_path: Path) -> None:
+def test_glob_table_through_the_command_line(tmp_path: Path) -> None:
     """The parity table once more, as a user types it: `fastrm -n -0 -o - --include P DIR` prints
     exactly what fnmatch.fnmatchcase selects (patterns with non-UTF-8 bytes arrive through argv)."""
     root = os.fsencode(tmp_path / "t")
@@ -213,8 +214,9 @@ def test_glob_table_through_the_command_line(run_cli, tmp_path: Path) -> None:
     make_files(root)
     os.mkdir(os.path.join(root, b"sub"))
     make_files(os.path.join(root, b"sub"))
-    for pattern in PATTERNS:
-        r = run_cli("fastrm", "-n", "-0", "-o", "-", "--include", os.fsencode(pattern), root)
+    runs = run_many("fastrm", [["-n", "-0", "-o", "-", "--include", os.fsencode(pattern), root]
+                               for pattern in PATTERNS])
+    for pattern, r in zip(PATTERNS, runs, strict=True):
         assert r.returncode == 0, (pattern, r.stderr)
         assert sorted(r.stdout.split(b"\0")[:-1]) == sorted(table_selection(root, pattern, False)), pattern
 
