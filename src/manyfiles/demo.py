@@ -18,6 +18,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from manyfiles.s3.localserver import LocalS3
 
 BIN = Path(sys.executable).parent
 
@@ -30,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = Path(args.dir).resolve()
     steps: list[Callable[[Path, int], None]] = [
-        step_generate, step_fastls, step_shard, step_fastrm, step_s3pull, step_ml, step_trace,
+        step_generate, step_fastls, step_shard, step_fastrm, step_s3, step_trace,
     ]
     for step in steps:
         step(root, args.files)
@@ -138,23 +142,29 @@ def step_fastrm(root: Path, files: int) -> None:
     print("exists afterwards:", trash.exists())
 
 
-def step_s3pull(root: Path, files: int) -> None:
+def step_s3(root: Path, files: int) -> None:
+    """One in-process S3 server (moto) for the two S3 steps: s3pull, then training reads."""
     from manyfiles.s3.localserver import local_s3
 
-    dest = root / "s3"
-    banner("s3pull: an in-process S3 server (moto), seeded, then pulled")
     with local_s3() as srv:
         os.environ.update(srv.env)
-        url = f"s3://{srv.bucket}/"
-        print(f"(server {srv.endpoint_url}: {srv.objects} objects, {srv.bytes / 1e6:.1f} MB)")
-        run("s3pull", url, str(dest), "--dry-run", quiet=True)
-        run("s3pull", url, str(dest))
-        print("a second run skips what is already there:")
-        run("s3pull", url, str(dest))
+        s3pull_from(srv, root)
+        ml_from(srv, root)
+
+
+def s3pull_from(srv: LocalS3, root: Path) -> None:
+    dest = root / "s3"
+    banner("s3pull: an in-process S3 server (moto), seeded, then pulled")
+    url = f"s3://{srv.bucket}/"
+    print(f"(server {srv.endpoint_url}: {srv.objects} objects, {srv.bytes / 1e6:.1f} MB)")
+    run("s3pull", url, str(dest), "--dry-run", quiet=True)
+    run("s3pull", url, str(dest))
+    print("a second run skips what is already there:")
+    run("s3pull", url, str(dest))
     run("fastls", "-r", "--count", str(dest))
 
 
-def step_ml(root: Path, files: int) -> None:
+def ml_from(srv: LocalS3, root: Path) -> None:
     """Training reads through the cache: a Dataset for two epochs, then pandas through fsspec."""
     import importlib.util
 
@@ -165,39 +175,40 @@ def step_ml(root: Path, files: int) -> None:
         return
     cache = root / "ml-cache"
     shutil.rmtree(cache, ignore_errors=True)
-    # in a process of its own: its caches are closed (their files final) when it ends
-    code = f"from manyfiles.demo import ml_reads; ml_reads({str(cache)!r})"
+    # in a process of its own (its caches are closed, their files final, when it ends), reading from
+    # this process's server: the server's threads and the reader do not share one GIL
+    code = (f"from manyfiles.demo import ml_reads; "
+            f"ml_reads({str(cache)!r}, {srv.endpoint_url!r}, {srv.bucket!r})")
     proc = subprocess.run([sys.executable, "-c", code], check=False)
     if proc.returncode != 0:
         raise SystemExit(f"demo: the ML step failed with exit {proc.returncode}")
 
 
-def ml_reads(cache: str) -> None:
-    """The ML step's reads (a process of its own, see :func:`step_ml`)."""
+def ml_reads(cache: str, endpoint_url: str, bucket: str) -> None:
+    """The ML step's reads (a process of its own, see :func:`ml_from`)."""
     import manyfiles as mf
-    from manyfiles.s3.localserver import local_s3
+    from manyfiles.s3.client import ClientSettings
 
-    with local_s3(small=1000, medium=0, large=0) as srv:
-        os.environ.update(srv.env)
-        ds = mf.Dataset(f"s3://{srv.bucket}/small/", cache=cache, settings=srv.settings)
-        print(f">>> ds = mf.Dataset('s3://{srv.bucket}/small/', cache='{cache}')   # {len(ds):,} objects")
-        seconds = []
-        for epoch in (1, 2):
-            t0 = time.perf_counter()
-            total = sum(len(sample.data) for sample in ds)
-            seconds.append(time.perf_counter() - t0)
-            print(f"epoch {epoch}: {len(ds):,} objects, {total / 1e6:.1f} MB in {seconds[-1]:.2f} s"
-                  + (" (from S3, kept in the cache)" if epoch == 1 else " (from the cache: no request)"))
-        print(f"epoch 2 is {seconds[0] / seconds[1]:.1f}x faster than epoch 1")
-        import boto3
-        import pandas as pd
+    settings = ClientSettings(endpoint_url=endpoint_url, region="us-east-1")
+    ds = mf.Dataset(f"s3://{bucket}/small/", cache=cache, settings=settings)
+    print(f">>> ds = mf.Dataset('s3://{bucket}/small/', cache='{cache}')   # {len(ds):,} objects")
+    seconds = []
+    for epoch in (1, 2):
+        t0 = time.perf_counter()
+        total = sum(len(sample.data) for sample in ds)
+        seconds.append(time.perf_counter() - t0)
+        print(f"epoch {epoch}: {len(ds):,} objects, {total / 1e6:.1f} MB in {seconds[-1]:.2f} s"
+              + (" (from S3, kept in the cache)" if epoch == 1 else " (from the cache: no request)"))
+    print(f"epoch 2 is {seconds[0] / seconds[1]:.1f}x faster than epoch 1")
+    import boto3
+    import pandas as pd
 
-        boto3.client("s3", endpoint_url=srv.endpoint_url, region_name="us-east-1").put_object(
-            Bucket=srv.bucket, Key="tables/labels.csv", Body=b"name,label\ncat.jpg,0\ndog.jpg,1\n")
-        url = f"manyfiles://s3://{srv.bucket}/tables/labels.csv"
-        opts = {"cache": cache, "endpoint_url": srv.endpoint_url}
-        print(f">>> pd.read_csv('{url}', storage_options={{'cache': '{cache}', ...}})")
-        print(pd.read_csv(url, storage_options=opts).to_string(index=False), flush=True)
+    boto3.client("s3", endpoint_url=endpoint_url, region_name="us-east-1").put_object(
+        Bucket=bucket, Key="tables/labels.csv", Body=b"name,label\ncat.jpg,0\ndog.jpg,1\n")
+    url = f"manyfiles://s3://{bucket}/tables/labels.csv"
+    opts = {"cache": cache, "endpoint_url": endpoint_url}
+    print(f">>> pd.read_csv('{url}', storage_options={{'cache': '{cache}', ...}})")
+    print(pd.read_csv(url, storage_options=opts).to_string(index=False), flush=True)
 
 
 def step_trace(root: Path, files: int) -> None:
