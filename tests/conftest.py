@@ -66,6 +66,60 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return GroupScheduling(config, log)
 
 
+# -- the tests' temporary folders on a tmpfs of the run's own (as root, where mount works)
+#
+# The suite writes journals, caches and trees with fsync and creates and deletes ~10^6 files; on
+# this project's machines the root filesystem is ext4, where each fsync waits for the disk and each
+# creation after many deletions scans the recently freed inodes.  Neither is what a test checks (a
+# kill -9 leaves the page cache as it is, on any filesystem), and they made the kill -9 cases of
+# shard ~2.4x slower.  Tests that need a filesystem of their own (full, read-only, out of inodes)
+# still mount one (small_tmpfs, roomy_dir).  MANYFILES_TESTS_ON_DISK=1, or --basetemp, keeps the disk.
+TMPFS_PREFIX = "manyfiles-tests-"
+
+
+@pytest.hookimpl(tryfirst=True)      # before pytest's own tmp_path factory reads --basetemp
+def pytest_configure(config: pytest.Config) -> None:
+    import subprocess
+    import tempfile
+
+    if (hasattr(config, "workerinput") or config.option.basetemp or os.geteuid() != 0
+            or os.environ.get("MANYFILES_TESTS_ON_DISK") == "1"):
+        return                           # an xdist worker takes its folder under the controller's
+    _unmount_left_behind(Path(tempfile.gettempdir()))
+    where = Path(tempfile.mkdtemp(prefix=f"{TMPFS_PREFIX}{os.getpid()}-"))
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12g,mode=0700", "tmpfs", str(where)],
+                      capture_output=True).returncode == 0:
+        config.option.basetemp = str(where / "run")
+        config.stash[_TMPFS] = where
+    else:
+        where.rmdir()
+
+
+_TMPFS = pytest.StashKey[Path]()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    where = config.stash.get(_TMPFS, None)
+    if where is not None:
+        _unmount(where)
+
+
+def _unmount(where: Path) -> None:
+    import subprocess
+
+    # lazily: a test's own mounts below it go with it, and a process still in it does not stop us
+    if subprocess.run(["umount", "-l", str(where)], capture_output=True).returncode == 0:
+        where.rmdir()
+
+
+def _unmount_left_behind(tmp: Path) -> None:
+    """The tmpfs of a run that was killed (its pid gone) still holds its memory: release it."""
+    for path in tmp.glob(f"{TMPFS_PREFIX}*"):
+        pid = path.name[len(TMPFS_PREFIX):].split("-")[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}") and os.path.ismount(path):
+            _unmount(path)
+
+
 @pytest.fixture
 def run_cli(tmp_path: Path):
     """Run a console script of ours as a real subprocess; returns CompletedProcess (bytes).
