@@ -303,3 +303,22 @@ def test_an_answer_that_keeps_lying_is_met_like_a_failing_request(tmp_path, dest
     assert report.ok, report.failures
     assert not dest.proxy.request_faults and report.retried == 4
     assert bucket_contents(dest) == {"p/a.bin": b"a" * 100, "p/b.bin": b"b" * 100}
+
+
+def test_a_create_answered_by_a_closed_connection_leaves_no_upload_open(tmp_path, dest, state):
+    """The server made the upload, then the kept-alive connection closed before a byte of its
+    answer: the create is tried again as a failed request (not resent unseen, as for an idle
+    connection the server closed), so the upload the first one made is aborted, not left open."""
+    big = blob(6 * MiB, "g")
+    make_tree(tmp_path / "src", {"a.bin": b"a" * 100, "big.bin": big})
+
+    def create(m, path, headers):
+        return m == "POST" and path.endswith("?uploads=")
+
+    dest.proxy.faults.append((create, "drop-after"))
+    # one thread, a.bin first: the create goes on the connection a.bin's PUT kept alive
+    report = run(dest, state, [f"{tmp_path / 'src'}/"], jobs=1, files_from=["a.bin", "big.bin"])
+    assert report.ok and dest.proxy.applied == ["drop-after"]
+    assert [r[0] for r in dest.proxy.requests if "uploads=" in r[1]] == ["POST", "POST", "GET"]
+    assert report.aborted == 1 and uploads_in_progress(dest) == []
+    assert bucket_contents(dest) == {"p/a.bin": b"a" * 100, "p/big.bin": big}

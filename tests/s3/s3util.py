@@ -278,6 +278,8 @@ class FaultProxy:
     "stall" holds the answer back until the proxy closes (a request that never ends; the server never
     gets it); "stall-after" sends the request on, then holds the server's answer the same way (a
     request the server did, whose answer never comes).  ``stalled`` is set when either begins.
+    "drop-after" sends the request on, then closes the connection without a byte of the answer (the
+    server did it; a client that takes the close for an idle keep-alive sends it again unaware).
 
     Outages (the network between the client and the store): :meth:`outage` ("refuse": nothing
     listens, so connections are refused, and every request on an established connection is
@@ -395,6 +397,9 @@ class FaultProxy:
                     proxy.closing.wait()
                     self.close_connection = True
                     return
+                if fault == "drop-after":
+                    self.close_connection = True      # the server did it; not a byte of its answer comes
+                    return
                 if fault == "other-body" and proxy.decoy_path and status in (200, 206):
                     dh = {k: v for k, v in headers.items() if k.lower() not in ("range", "if-match")}
                     _, _, data = self._upstream("GET", proxy.decoy_path, None, dh)
@@ -426,7 +431,8 @@ class FaultProxy:
                         v = proxy._as_s3(v, resp_headers)
                     if lk == "etag" and fault == "head-etag" and self.command == "HEAD":
                         v = '"' + hashlib.md5(b"lie:" + v.encode()).hexdigest() + '"'
-                    a_checksum = lk.startswith("x-amz-checksum-") and lk != "x-amz-checksum-type"
+                    a_checksum = lk.startswith("x-amz-checksum-") and lk not in ("x-amz-checksum-type",
+                                                                                "x-amz-checksum-algorithm")
                     if (lk == "etag" and lie == "lie-etag") or (a_checksum and lie == "lie-checksum"):
                         v = _lie(v)
                     self.send_header(k, v)
