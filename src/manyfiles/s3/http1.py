@@ -7,8 +7,9 @@ endpoint; the response head (repeated headers kept); S3's error documents turned
 error table is :func:`manyfiles.s3.retry.s3_error`); a region redirect followed once (the route
 moves, the request is signed again); a keep-alive connection the server closed while idle sent
 again once on a new one (not a POST: it is not idempotent, and the server may have done it before
-it closed; that is a retryable error, for the caller's retry to see); the server's clock taken after a RequestTimeTooSkewed; the endpoint
-recorded as having answered; and what a failed request's exception means (:func:`request_error`).
+it closed; that is a retryable error, for the caller's retry to see); the server's clock taken
+after a RequestTimeTooSkewed; the endpoint recorded as having answered; and what a failed request's
+exception means (:func:`request_error`).
 
 :func:`exchange` is that logic as a generator: it yields what the shell must do (:class:`Send`:
 send these bytes on a connection to this endpoint and return the response head;
