@@ -291,19 +291,48 @@ def test_a_sync_walks_the_folder_once(tmp_path, dest, state, monkeypatch):
 
 
 def test_an_answer_that_keeps_lying_is_met_like_a_failing_request(tmp_path, dest, state):
-    """Four lying answers in a row for one PUT: more than the re-reads of a changing file (3), within
-    the retry policy's tries; the file is sent again each time and ends right."""
+    """A PUT's answer that names other bytes: a HEAD asks what was stored.  Where the HEAD says our
+    bytes, the file is done (no resend); where it too names others (four times in a row: more than
+    the re-reads of a changing file, 3), the object is removed and the file sent again, within the
+    retry policy's tries; it ends right."""
     make_tree(tmp_path / "src", {"a.bin": b"a" * 100, "b.bin": b"b" * 100})
 
-    def put_a(m, path, headers):
-        return m == "PUT" and path.partition("?")[0].endswith("/p/a.bin")
+    def put(name):
+        return lambda m, path, headers: m == "PUT" and path.partition("?")[0].endswith(f"/p/{name}")
 
-    dest.proxy.request_faults += [(put_a, "lie-etag")] * 4
+    def head_a(m, path, headers):
+        return m == "HEAD" and path.partition("?")[0].endswith("/p/a.bin")
+
+    dest.proxy.request_faults += [(put("a.bin"), "lie-etag")] * 4 + [(put("b.bin"), "lie-etag")]
+    dest.proxy.faults += [(head_a, "head-etag")] * 4
     report = run(dest, state, [f"{tmp_path / 'src'}/"], checksum="md5")
     assert report.ok, report.failures
-    assert not dest.proxy.request_faults and report.retried == 4
+    assert not dest.proxy.request_faults and not dest.proxy.faults and report.retried == 4
+    assert [r[0] for r in dest.proxy.requests if r[1].endswith("/p/b.bin")] == ["PUT", "HEAD"]
     assert bucket_contents(dest) == {"p/a.bin": b"a" * 100, "p/b.bin": b"b" * 100}
 
+
+def test_lying_answers_to_every_part_and_put_end_right_in_one_run(tmp_path, dest, state):
+    """Every UploadPart's answer names another ETag (the server stored our bytes: it checked them
+    against our checksum), and a PUT's answer another checksum: the refused Complete is sent again
+    with the ETags ListParts gives the parts it lists with our checksums; the PUT's object is
+    confirmed by a HEAD.  One run, nothing sent twice, no upload left open."""
+    big, small = blob(11 * MiB, "v"), b"s" * 100
+    make_tree(tmp_path / "src", {"big.bin": big, "s.bin": small})
+
+    def part(m, path, headers):
+        return m == "PUT" and "partNumber=" in path
+
+    def single(m, path, headers):
+        return m == "PUT" and "partNumber=" not in path
+
+    dest.proxy.list_part_checksums = True       # as S3 lists them (moto does not)
+    dest.proxy.request_faults += [(part, "lie-etag")] * 3 + [(single, "lie-checksum")]
+    report = run(dest, state, [f"{tmp_path / 'src'}/"])
+    assert report.ok, report.failures
+    assert not dest.proxy.request_faults and report.retried == 0
+    assert sum(1 for r in dest.proxy.requests if r[0] == "PUT") == 4        # 3 parts, 1 PUT: none again
+    assert bucket_contents(dest) == {"p/big.bin": big, "p/s.bin": small} and uploads_in_progress(dest) == []
 
 def test_a_create_answered_by_a_closed_connection_leaves_no_upload_open(tmp_path, dest, state):
     """The server made the upload, then the kept-alive connection closed before a byte of its
