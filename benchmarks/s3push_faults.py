@@ -109,6 +109,7 @@ def main() -> int:
     ap.add_argument("--p", default="0.2,0.4")
     ap.add_argument("--retries", type=int, default=5, help="s3push's --retries (its default: 5)")
     ap.add_argument("--reruns", type=int, default=1, help="reruns allowed (the target: 1)")
+    ap.add_argument("--seed", default="", help="another draw of the faults (the default: the recorded one)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="s3push-faults-"))
     files = {f"d{i % 9}/s{i:05d}.bin": blob(1024 + (i * 37) % 3072, f"s{i}") for i in range(args.small)}
@@ -128,8 +129,8 @@ def main() -> int:
         for kind in args.kinds.split(","):
             for p in (float(x) for x in args.p.split(",")):
                 dest = Bucket(moto, "faults")
-                rng = random.Random(f"{kind}{p}")
-                dest.proxy.rng = random.Random(f"proxy{kind}{p}")
+                rng = random.Random(f"{kind}{p}{args.seed}")
+                dest.proxy.rng = random.Random(f"proxy{kind}{p}{args.seed}")
                 dest.proxy.list_part_checksums = True      # ListParts as S3 answers it
                 plant(dest.proxy, kind, p, rng)
                 state = tmp / f"state-{kind}-{p}"
