@@ -351,3 +351,18 @@ def test_a_create_answered_by_a_closed_connection_leaves_no_upload_open(tmp_path
     assert [r[0] for r in dest.proxy.requests if "uploads=" in r[1]] == ["POST", "POST", "GET"]
     assert report.aborted == 1 and uploads_in_progress(dest) == []
     assert bucket_contents(dest) == {"p/a.bin": b"a" * 100, "p/big.bin": big}
+
+
+
+def test_a_create_that_fails_at_last_leaves_no_upload_open(tmp_path, dest, state):
+    """Every try of a CreateMultipartUpload made an upload whose answer never came: the file fails,
+    and the end of the run aborts the uploads those tries made."""
+    make_tree(tmp_path / "src", {"big.bin": blob(6 * MiB, "g")})
+
+    def create(m, path, headers):
+        return m == "POST" and path.endswith("?uploads=")
+
+    dest.proxy.faults += [(create, "drop-after")] * 2
+    report = run(dest, state, [f"{tmp_path / 'src'}/"], retry=RetryPolicy(attempts=2, base=0.001, cap=0.005))
+    assert not report.ok and dest.proxy.applied == ["drop-after"] * 2
+    assert report.aborted == 2 and uploads_in_progress(dest) == [] and bucket_contents(dest) == {}

@@ -399,11 +399,17 @@ class _Upload:
             retried: list[TransferError] = []
             if self.p.journal is not None:
                 self.p.journal.append(t="intent", key=self.file.key)
-            self.uid = store.with_options(on_retry=retried.append).create_multipart(
-                self.file.key, checksum_algorithm=alg, full_object=True)
+            created = False
+            try:
+                self.uid = store.with_options(on_retry=retried.append).create_multipart(
+                    self.file.key, checksum_algorithm=alg, full_object=True)
+                created = True
+            finally:
+                # an upload whose answer was lost may exist (a create tried again, or one that failed
+                # at last): the end of the run aborts the key's uploads the journal does not know
+                if (retried or not created) and self.p.journal is not None:
+                    self.p.journal.append(t="intent", key=self.file.key)
             reached("push-created", (self.file.path,))     # (the upload exists; the journal does not know it)
-            if retried and self.p.journal is not None:     # an upload whose answer was lost may exist
-                self.p.journal.append(t="intent", key=self.file.key)
             if self.p.journal is not None:
                 self.p.journal.start(self.file.key, self.uid, self.file.path, self.st.st_size,
                                      self.st.st_mtime_ns, self.st.st_ino, self.how.part_size, self.alg)
