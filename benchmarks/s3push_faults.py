@@ -2,15 +2,17 @@
 
 Each cell pushes the same tree (small files and multipart uploads) to a fresh bucket of moto's
 S3 server behind the tests' fault proxy (tests/s3/s3util.py: it checks every signature and every
-body against its Content-MD5 / x-amz-checksum-*, as S3 does), with one fault kind applied to each
+body against its Content-MD5 / x-amz-checksum-*, and lists each part's checksum in ListParts,
+as S3 does), with one fault kind applied to each
 write request with probability P:
 
 * ``reset`` (RST after half the answer), ``503`` (SlowDown), ``truncate`` (the answer cut);
+* ``drop`` (the server did the request, then the connection closed without a byte of its answer);
 * ``flip`` (one byte of the request body flipped on its way: the server must refuse it);
 * ``lie`` (the answer's ETag or checksum replaced: the client must not believe it);
 * ``complete`` (CompleteMultipartUpload reset or answered 503).
 
-After the first run, and again after a rerun when the first was not exact (the same command, the
+After the first run, and again after each rerun while it is not exact (the same command, the
 same faults), every object is read back from moto directly: ``wrong`` counts objects whose bytes
 are not their file's, ``partial`` objects shorter than their file, ``open`` multipart uploads left.
 The script exits 1 if any cell ends with a wrong or partial object, or is not exact after one rerun
@@ -41,7 +43,7 @@ from manyfiles.push import push  # noqa: E402
 from manyfiles.s3 import RetryPolicy  # noqa: E402
 
 MiB = 1 << 20
-KINDS = ("reset", "503", "truncate", "flip", "lie", "complete")
+KINDS = ("reset", "503", "truncate", "drop", "flip", "lie", "complete")
 
 
 def writes(m, path, headers) -> bool:
@@ -72,6 +74,8 @@ class Chance:
 def plant(proxy, kind: str, p: float, rng: random.Random) -> None:
     if kind in ("reset", "503", "truncate"):
         proxy.random_faults = (p, kind, writes)
+    elif kind == "drop":
+        proxy.random_faults = (p, "drop-after", writes)
     elif kind == "complete":
         proxy.random_faults = (p, ("reset", "503"), complete)
     else:       # request faults are consumed: enough entries for every write, each decided by chance
@@ -105,6 +109,7 @@ def main() -> int:
     ap.add_argument("--p", default="0.2,0.4")
     ap.add_argument("--retries", type=int, default=5, help="s3push's --retries (its default: 5)")
     ap.add_argument("--reruns", type=int, default=1, help="reruns allowed (the target: 1)")
+    ap.add_argument("--seed", default="", help="another draw of the faults (the default: the recorded one)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="s3push-faults-"))
     files = {f"d{i % 9}/s{i:05d}.bin": blob(1024 + (i * 37) % 3072, f"s{i}") for i in range(args.small)}
@@ -124,8 +129,9 @@ def main() -> int:
         for kind in args.kinds.split(","):
             for p in (float(x) for x in args.p.split(",")):
                 dest = Bucket(moto, "faults")
-                rng = random.Random(f"{kind}{p}")
-                dest.proxy.rng = random.Random(f"proxy{kind}{p}")
+                rng = random.Random(f"{kind}{p}{args.seed}")
+                dest.proxy.rng = random.Random(f"proxy{kind}{p}{args.seed}")
+                dest.proxy.list_part_checksums = True      # ListParts as S3 answers it
                 plant(dest.proxy, kind, p, rng)
                 state = tmp / f"state-{kind}-{p}"
                 cells = []

@@ -291,15 +291,78 @@ def test_a_sync_walks_the_folder_once(tmp_path, dest, state, monkeypatch):
 
 
 def test_an_answer_that_keeps_lying_is_met_like_a_failing_request(tmp_path, dest, state):
-    """Four lying answers in a row for one PUT: more than the re-reads of a changing file (3), within
-    the retry policy's tries; the file is sent again each time and ends right."""
+    """A PUT's answer that names other bytes: a HEAD asks what was stored.  Where the HEAD says our
+    bytes, the file is done (no resend); where it too names others (four times in a row: more than
+    the re-reads of a changing file, 3), the object is removed and the file sent again, within the
+    retry policy's tries; it ends right."""
     make_tree(tmp_path / "src", {"a.bin": b"a" * 100, "b.bin": b"b" * 100})
 
-    def put_a(m, path, headers):
-        return m == "PUT" and path.partition("?")[0].endswith("/p/a.bin")
+    def put(name):
+        return lambda m, path, headers: m == "PUT" and path.partition("?")[0].endswith(f"/p/{name}")
 
-    dest.proxy.request_faults += [(put_a, "lie-etag")] * 4
+    def head_a(m, path, headers):
+        return m == "HEAD" and path.partition("?")[0].endswith("/p/a.bin")
+
+    dest.proxy.request_faults += [(put("a.bin"), "lie-etag")] * 4 + [(put("b.bin"), "lie-etag")]
+    dest.proxy.faults += [(head_a, "head-etag")] * 4
     report = run(dest, state, [f"{tmp_path / 'src'}/"], checksum="md5")
     assert report.ok, report.failures
-    assert not dest.proxy.request_faults and report.retried == 4
+    assert not dest.proxy.request_faults and not dest.proxy.faults and report.retried == 4
+    assert [r[0] for r in dest.proxy.requests if r[1].endswith("/p/b.bin")] == ["PUT", "HEAD"]
     assert bucket_contents(dest) == {"p/a.bin": b"a" * 100, "p/b.bin": b"b" * 100}
+
+
+def test_lying_answers_to_every_part_and_put_end_right_in_one_run(tmp_path, dest, state):
+    """Every UploadPart's answer names another ETag (the server stored our bytes: it checked them
+    against our checksum), and a PUT's answer another checksum: the refused Complete is sent again
+    with the ETags ListParts gives the parts it lists with our checksums; the PUT's object is
+    confirmed by a HEAD.  One run, nothing sent twice, no upload left open."""
+    big, small = blob(11 * MiB, "v"), b"s" * 100
+    make_tree(tmp_path / "src", {"big.bin": big, "s.bin": small})
+
+    def part(m, path, headers):
+        return m == "PUT" and "partNumber=" in path
+
+    def single(m, path, headers):
+        return m == "PUT" and "partNumber=" not in path
+
+    dest.proxy.list_part_checksums = True       # as S3 lists them (moto does not)
+    dest.proxy.request_faults += [(part, "lie-etag")] * 3 + [(single, "lie-checksum")]
+    report = run(dest, state, [f"{tmp_path / 'src'}/"])
+    assert report.ok, report.failures
+    assert not dest.proxy.request_faults and report.retried == 0
+    assert sum(1 for r in dest.proxy.requests if r[0] == "PUT") == 4        # 3 parts, 1 PUT: none again
+    assert bucket_contents(dest) == {"p/big.bin": big, "p/s.bin": small} and uploads_in_progress(dest) == []
+
+def test_a_create_answered_by_a_closed_connection_leaves_no_upload_open(tmp_path, dest, state):
+    """The server made the upload, then the kept-alive connection closed before a byte of its
+    answer: the create is tried again as a failed request (not resent unseen, as for an idle
+    connection the server closed), so the upload the first one made is aborted, not left open."""
+    big = blob(6 * MiB, "g")
+    make_tree(tmp_path / "src", {"a.bin": b"a" * 100, "big.bin": big})
+
+    def create(m, path, headers):
+        return m == "POST" and path.endswith("?uploads=")
+
+    dest.proxy.faults.append((create, "drop-after"))
+    # one thread, a.bin first: the create goes on the connection a.bin's PUT kept alive
+    report = run(dest, state, [f"{tmp_path / 'src'}/"], jobs=1, files_from=["a.bin", "big.bin"])
+    assert report.ok and dest.proxy.applied == ["drop-after"]
+    assert [r[0] for r in dest.proxy.requests if "uploads=" in r[1]] == ["POST", "POST", "GET"]
+    assert report.aborted == 1 and uploads_in_progress(dest) == []
+    assert bucket_contents(dest) == {"p/a.bin": b"a" * 100, "p/big.bin": big}
+
+
+
+def test_a_create_that_fails_at_last_leaves_no_upload_open(tmp_path, dest, state):
+    """Every try of a CreateMultipartUpload made an upload whose answer never came: the file fails,
+    and the end of the run aborts the uploads those tries made."""
+    make_tree(tmp_path / "src", {"big.bin": blob(6 * MiB, "g")})
+
+    def create(m, path, headers):
+        return m == "POST" and path.endswith("?uploads=")
+
+    dest.proxy.faults += [(create, "drop-after")] * 2
+    report = run(dest, state, [f"{tmp_path / 'src'}/"], retry=RetryPolicy(attempts=2, base=0.001, cap=0.005))
+    assert not report.ok and dest.proxy.applied == ["drop-after"] * 2
+    assert report.aborted == 2 and uploads_in_progress(dest) == [] and bucket_contents(dest) == {}

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from manyfiles.s3 import RetryPolicy
 from manyfiles.s3.keys import STATE_DIR
@@ -278,6 +278,8 @@ class FaultProxy:
     "stall" holds the answer back until the proxy closes (a request that never ends; the server never
     gets it); "stall-after" sends the request on, then holds the server's answer the same way (a
     request the server did, whose answer never comes).  ``stalled`` is set when either begins.
+    "drop-after" sends the request on, then closes the connection without a byte of the answer (the
+    server did it; a client that takes the close for an idle keep-alive sends it again unaware).
 
     Outages (the network between the client and the store): :meth:`outage` ("refuse": nothing
     listens, so connections are refused, and every request on an established connection is
@@ -288,7 +290,9 @@ class FaultProxy:
     ``parts_as_s3 = True`` answers ``GET ?partNumber=N`` as S3 does (moto answers it with the
     whole object): 206 with that part's bytes, its Content-Range, ``x-amz-mp-parts-count`` and,
     for an object uploaded with checksums, the part's own checksum (computed here from moto's
-    bytes, before any fault touches them).
+    bytes, before any fault touches them).  ``list_part_checksums = True`` lists each part in a
+    ListParts answer with the checksum it was uploaded with, as S3 does (moto lists none): the
+    checksum header of the UploadPart that made the part's ETag (the proxy checked its body).
     """
 
     def __init__(self, upstream: str, seed: int = 1234, tls=None,
@@ -304,6 +308,8 @@ class FaultProxy:
         self.sse_kms = False
         self.head_as_s3 = False   # HEAD names a composite checksum with the "-N" S3 gives it
         self.parts_as_s3 = False  # GET ?partNumber=N answered with that part (see above)
+        self.list_part_checksums = False    # ListParts names each part's checksum (see above)
+        self.part_checksums: dict[tuple[str, str], tuple[str, str, str]] = {}    # (uid, n) -> etag, alg, sum
         self.closing = threading.Event()
         self.stalled = threading.Event()      # a "stall" / "stall-after" began
         self.delay = 0.0          # seconds added to every object GET
@@ -395,6 +401,11 @@ class FaultProxy:
                     proxy.closing.wait()
                     self.close_connection = True
                     return
+                if proxy.list_part_checksums and status == 200:
+                    data = proxy._part_checksums(self.command, self.path, self.headers, resp_headers, data)
+                if fault == "drop-after":
+                    self.close_connection = True      # the server did it; not a byte of its answer comes
+                    return
                 if fault == "other-body" and proxy.decoy_path and status in (200, 206):
                     dh = {k: v for k, v in headers.items() if k.lower() not in ("range", "if-match")}
                     _, _, data = self._upstream("GET", proxy.decoy_path, None, dh)
@@ -426,7 +437,8 @@ class FaultProxy:
                         v = proxy._as_s3(v, resp_headers)
                     if lk == "etag" and fault == "head-etag" and self.command == "HEAD":
                         v = '"' + hashlib.md5(b"lie:" + v.encode()).hexdigest() + '"'
-                    a_checksum = lk.startswith("x-amz-checksum-") and lk != "x-amz-checksum-type"
+                    a_checksum = lk.startswith("x-amz-checksum-") and lk not in ("x-amz-checksum-type",
+                                                                                "x-amz-checksum-algorithm")
                     if (lk == "etag" and lie == "lie-etag") or (a_checksum and lie == "lie-checksum"):
                         v = _lie(v)
                     self.send_header(k, v)
@@ -623,11 +635,36 @@ class FaultProxy:
         want = signer.signature(signer.string_to_sign(req, signer.canonical_request(req)), req)
         return None if hmac.compare_digest(want, signature) else "SignatureDoesNotMatch"
 
+    def _part_checksums(self, method: str, path: str, headers, resp_headers, data: bytes) -> bytes:
+        """Remember an UploadPart's checksum under its ETag; name it in ListParts (as S3 does)."""
+        query = parse_qs(urlsplit(path).query, keep_blank_values=True)
+        uid = (query.get("uploadId") or [""])[0]
+        if not uid:
+            return data
+        if method == "PUT" and "partNumber" in query:
+            etag = next((v for k, v in resp_headers if k.lower() == "etag"), "").strip('"')
+            for k, v in headers.items():
+                alg = k.lower()[len("x-amz-checksum-"):]
+                if k.lower().startswith("x-amz-checksum-") and alg not in ("type", "algorithm"):
+                    with self.lock:
+                        self.part_checksums[uid, query["partNumber"][0]] = (etag, alg.upper(), v)
+        elif method == "GET" and "partNumber" not in query:
+            def named(m: re.Match) -> bytes:
+                part = m.group(0)
+                n = re.search(rb"<PartNumber>(\d+)</PartNumber>", part)
+                tag = re.search(rb"<ETag>(?:&quot;|&#34;|\")?([0-9a-f]+)", part)
+                known = self.part_checksums.get((uid, n.group(1).decode())) if n else None
+                if known is None or tag is None or tag.group(1).decode() != known[0]:
+                    return part
+                return part.replace(b"</Part>", f"<Checksum{known[1]}>{known[2]}</Checksum{known[1]}></Part>"
+                                    .encode())
+            data = re.sub(rb"<Part>.*?</Part>", named, data, flags=re.S)
+        return data
+
     def _s3_part(self, upstream, path: str, headers: dict):
         """``GET ?partNumber=N`` as S3 answers it: (status, headers, body) of that part."""
         import base64
         import zlib
-        from urllib.parse import parse_qs
 
         base, _, query = path.partition("?")
         n = int(parse_qs(query)["partNumber"][0])

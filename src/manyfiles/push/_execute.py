@@ -23,7 +23,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from manyfiles._core.checkpoints import reached
@@ -288,13 +288,30 @@ class Pusher:
             wrong = "the server's ETag is not the MD5 of the bytes sent"
         elif checksum is not None and result.checksums.get(checksum[0], checksum[1]) != checksum[1]:
             wrong = f"the server's {checksum[0]} is not the one sent"
-        if wrong is not None:
+        if wrong is not None and not self._stored_is(file.key, md5, checksum):
             # the object holds other bytes than ours: it must not stay (0 wrong bytes in the bucket)
             with contextlib.suppress(TransferError):
                 self.store.delete(file.key)
             raise Wrong(f"{wrong}; the object was removed")
         reached("push-put", (file.path,))
         self._done(file, st, "put", 1)
+
+    def _stored_is(self, key: str, md5: bytes, checksum: tuple[str, str] | None) -> bool:
+        """Whether the object under ``key`` is the body sent, as a HEAD says (its checksum, asked
+        for, is ours; its ETag, where an MD5, ours; at least one of them said).  Asked when a PUT's
+        answer named other bytes: the server checked the body against our checksum before it
+        stored it, so a wrong answer is most likely the answer's fault, not the object's."""
+        try:
+            head = self.store.head_headers(key)
+        except TransferError:
+            return False
+        etag = (head.get("etag") or "").strip('"').lower()
+        said = head.get(f"x-amz-checksum-{checksum[0]}") if checksum is not None else None
+        if _MD5_ETAG.match(etag) and etag != md5.hex():
+            return False
+        if checksum is not None and said is not None:
+            return said == checksum[1]
+        return _MD5_ETAG.match(etag) is not None
 
     def _done(self, file: LocalFile, st: os.stat_result, how: str, parts: int, resumed: int = 0) -> None:
         if self.journal is not None:
@@ -382,11 +399,17 @@ class _Upload:
             retried: list[TransferError] = []
             if self.p.journal is not None:
                 self.p.journal.append(t="intent", key=self.file.key)
-            self.uid = store.with_options(on_retry=retried.append).create_multipart(
-                self.file.key, checksum_algorithm=alg, full_object=True)
+            created = False
+            try:
+                self.uid = store.with_options(on_retry=retried.append).create_multipart(
+                    self.file.key, checksum_algorithm=alg, full_object=True)
+                created = True
+            finally:
+                # an upload whose answer was lost may exist (a create tried again, or one that failed
+                # at last): the end of the run aborts the key's uploads the journal does not know
+                if (retried or not created) and self.p.journal is not None:
+                    self.p.journal.append(t="intent", key=self.file.key)
             reached("push-created", (self.file.path,))     # (the upload exists; the journal does not know it)
-            if retried and self.p.journal is not None:     # an upload whose answer was lost may exist
-                self.p.journal.append(t="intent", key=self.file.key)
             if self.p.journal is not None:
                 self.p.journal.start(self.file.key, self.uid, self.file.path, self.st.st_size,
                                      self.st.st_mtime_ns, self.st.st_ino, self.how.part_size, self.alg)
@@ -435,7 +458,7 @@ class _Upload:
             self._complete()
 
     def _complete(self) -> None:
-        p, store, key = self.p, self.p.store, self.file.key
+        p = self.p
         try:
             if self.error is not None:
                 raise self.error
@@ -446,12 +469,7 @@ class _Upload:
                 raise Changed("size or mtime changed while it was read")
             parts = [self.parts[n] for n in sorted(self.parts)]
             whole = self._whole(parts)
-            try:
-                result = store.complete_multipart(key, self.uid, parts, checksum=whole)
-            except TransferError as exc:
-                if failure_code(exc) != "NoSuchUpload":
-                    raise
-                result = None       # an earlier attempt may have completed it: the HEAD below says
+            result, parts = self._send_complete(parts, whole)
             if p.journal is not None:
                 p.journal.append(t="end", uid=self.uid)
             self._check(result, whole, parts)
@@ -469,6 +487,45 @@ class _Upload:
             p.record("failed", self.file, reason=exc.strerror or str(exc), code=_errno(exc))
         finally:
             os.close(self.fd)
+
+    def _send_complete(self, parts: list[Part], whole: tuple[str, str] | None) -> tuple[Any, list[Part]]:
+        """CompleteMultipartUpload: (its answer, or None when the upload is gone, which an earlier
+        attempt may have completed: the check after says; the parts it was sent with).  Refused
+        with InvalidPart (an ETag we hold is not the part's: an UploadPart's answer lied about it),
+        it is sent once more with the ETags ListParts gives, if every part is listed with our size
+        and the checksum of our bytes."""
+        store, key = self.p.store, self.file.key
+        for again in (False, True):
+            try:
+                return store.complete_multipart(key, self.uid, parts, checksum=whole), parts
+            except TransferError as exc:
+                code = failure_code(exc)
+                if code == "NoSuchUpload":
+                    return None, parts
+                if code != "InvalidPart" or again:
+                    raise
+                listed = self._listed_as_sent(parts)
+                if listed is None:
+                    raise
+                parts = listed
+        raise AssertionError("unreachable")
+
+    def _listed_as_sent(self, parts: list[Part]) -> list[Part] | None:
+        """``parts`` with the ETags ListParts gives them (journaled), or None if any part is not
+        listed with our size and our checksum (the server's own, of the bytes it stored)."""
+        listed = {q.number: q for q in self.p.store.list_parts(self.file.key, self.uid)}
+        out = []
+        for sent in parts:
+            got = listed.get(sent.number)
+            if got is None or got.size != sent.size or got.checksum is None or sent.checksum is None \
+                    or got.checksum[1] != sent.checksum[1]:
+                return None
+            out.append(replace(sent, etag=got.etag))
+        if self.p.journal is not None:
+            for q in out:
+                self.p.journal.append(t="part", uid=self.uid, n=q.number, etag=q.etag, size=q.size,
+                                      sum=q.checksum[1])
+        return out
 
     def _whole(self, parts: list[Part]) -> tuple[str, str] | None:
         """The full-object checksum from the parts' (CRCs combine), or None (MD5 uploads)."""

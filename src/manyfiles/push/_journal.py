@@ -13,7 +13,8 @@ absent after kill -9; a torn last line is ignored):
 ``{"t": "done", "key", "path", "size", "mtime", "ino"}``
     the file is in the bucket, checked
 ``{"t": "intent", "key"}``
-    a CreateMultipartUpload is about to be sent (again after a retry: its first answer may be lost);
+    a CreateMultipartUpload is about to be sent (again after it was retried or failed: an answer
+    may be lost);
     an intent with no ``start`` after it makes the next run abort the key's uploads it does not know
 ``{"t": "cleared", "key"}``
     those were aborted
@@ -109,7 +110,7 @@ class Journal:
 
     def _second_intent(self, key: str) -> bool:
         """This run's first intent of a key only marks the create; a second one (the create was
-        retried) is what needs the cleanup."""
+        retried, or failed) is what needs the cleanup."""
         seen = self._intended
         if key in seen:
             return True
