@@ -15,6 +15,9 @@ while an answer is awaited; every failure is retried under the run's
 backoff on a timer, never a sleep).  What the loop does not speak is sent to the ``lean`` thread pool
 (:class:`~manyfiles.s3.engines.threads.ThreadsEngine`): TLS and proxies (every job then), and
 objects whose multipart ETag needs its part sizes learnt first.
+
+The connections are :class:`Connections`, shared with :class:`PutLoop`: s3push's small PUTs (a
+body sent with its head) on the same one thread, their outcomes handled there.
 """
 
 from __future__ import annotations
@@ -175,6 +178,8 @@ class Connections:
 
     def _poke(self) -> None:
         self._sleeping = False
+        if self._ended:         # (its eventfd is closed, its number maybe another file's now)
+            return
         with contextlib.suppress(OSError):     # (closed: the loop ended)
             os.eventfd_write(self._wake, 1)
 
