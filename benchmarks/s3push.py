@@ -48,7 +48,7 @@ BUCKET = "push-bench"
 # created right after thousands were deleted scan the recently freed inodes (find_inode_bit ->
 # recently_deleted), a cost of the benchmark's loop paid by every tool alike, not of the tools
 # (docs/benchmarks.md, issue 26 and pushsmall33).  --keep-bytes 0: each run's prefix deleted right
-# after the run (how runs before 2026-11-28 14:30 measured).
+# after the run (how runs before 2026-11-28 14:05 measured).
 KEEP_BYTES = 4 << 30
 
 

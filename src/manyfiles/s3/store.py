@@ -999,7 +999,7 @@ class _WholeGet:
 
 class _WholePut:
     """One PUT without its I/O (:meth:`S3Store.whole_put`, for the loop): the path and headers sent (the
-    body's checksum or Content-MD5), the answer's few bytes collected, its :class:`PutResult`, the trace."""
+    body's checksum or Content-MD5), the answer's body (if any) dropped, its :class:`PutResult`, the trace."""
 
     __slots__ = ("body", "extra", "headers", "key", "path", "store", "t0")
     method = "PUT"
