@@ -64,6 +64,38 @@ def test_a_tree_lands_under_the_prefix_byte_for_byte(tmp_path, dest, state):
     assert uploads_in_progress(dest) == [] and not os.listdir(state)     # a complete run leaves no journal
 
 
+def test_small_files_go_from_one_thread_and_larger_ones_from_the_pool(tmp_path, dest, state):
+    """Files up to 64 KiB (one send with the request's head) are PUT by one thread over keep-alive
+    connections, not by the pool's threads (tens of GIL hand-offs per small PUT there); a file of
+    100 KiB still goes from the pool.  Every byte lands."""
+    files = {f"s{i:02d}.bin": blob(1000 + 50 * i, f"s{i}") for i in range(40)}
+    make_tree(tmp_path / "src", files)
+    assert started_threads(lambda: run(dest, state, [f"{tmp_path / 'src'}/"])) == ["s3push-loop"]
+    files["mid.bin"] = blob(100 << 10, "mid")
+    make_tree(tmp_path / "src", files)
+    assert "s3push_0" in started_threads(lambda: run(dest, state, [f"{tmp_path / 'src'}/"], prefix="q/"))
+    assert bucket_contents(dest, "q/") == {f"q/{k}": v for k, v in files.items()}
+
+
+def started_threads(fn) -> list[str]:
+    """The names of the s3push threads started while ``fn()`` ran (which must succeed)."""
+    import sys
+    import threading
+
+    names: list[str] = []
+
+    def first_call(frame, event, arg):      # (a new thread's profile hook: its name, once)
+        names.append(threading.current_thread().name)
+        sys.setprofile(None)
+
+    threading.setprofile(first_call)
+    try:
+        assert fn().ok
+    finally:
+        threading.setprofile(None)
+    return sorted(n for n in names if n.startswith("s3push"))
+
+
 def test_filters_and_the_dry_run_send_nothing_extra(tmp_path, dest, state):
     make_tree(tmp_path / "src", {"x.json": b"{}", "y.tmp": b"t", "d/z.json": b"[]", "big.bin": blob(6 * MiB)})
     plan = run(dest, state, [f"{tmp_path / 'src'}/"], dry_run=True, exclude=["*.tmp"])

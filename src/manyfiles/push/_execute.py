@@ -24,15 +24,17 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from manyfiles._core.checkpoints import reached
 from manyfiles.errors import IntegrityError, ManyfilesError, TransferError
 from manyfiles.push._journal import Journal
 from manyfiles.push._list import LocalFile
+from manyfiles.s3.engines.loop import PutLoop
+from manyfiles.s3.http1 import INLINE_BODY
 from manyfiles.s3.integrity import combiner, new_hash
 from manyfiles.s3.retry import failure_code, stopping_error
-from manyfiles.s3.store import Part, S3Store
+from manyfiles.s3.store import Part, PutResult, S3Store
 
 _MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
 _OPEN = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -109,6 +111,36 @@ def _read(fd: int, offset: int, n: int) -> bytes:
     return data
 
 
+class _Body(NamedTuple):
+    """A small file's body as read: its checksum header (or Content-MD5), its MD5, its fstat."""
+
+    data: bytes
+    checksum: tuple[str, str] | None
+    content_md5: bytes | None
+    md5: bytes
+    st: os.stat_result
+
+
+class _Small:
+    """A small file on the loop, and its body once read."""
+
+    __slots__ = ("body", "file")
+
+    def __init__(self, file: LocalFile) -> None:
+        self.file, self.body = file, None
+
+
+def _wrong(result: PutResult, body: _Body) -> str | None:
+    """Why a PUT's answer is not for the bytes sent, or None."""
+    etag = (result.etag or "").lower()
+    if _MD5_ETAG.match(etag) and etag != body.md5.hex():
+        return "the server's ETag is not the MD5 of the bytes sent"
+    checksum = body.checksum
+    if checksum is not None and result.checksums.get(checksum[0], checksum[1]) != checksum[1]:
+        return f"the server's {checksum[0]} is not the one sent"
+    return None
+
+
 class Pusher:
     """Runs the uploads of one push on ``jobs`` threads (see the module docstring).  ``record(kind,
     file, **info)`` is called (any thread) for every outcome: ``done``, ``failed``, ``retry``."""
@@ -135,6 +167,12 @@ class Pusher:
         self._inflight = threading.BoundedSemaphore(4 * jobs)
         self._idle = threading.Condition()
         self._pending = 0
+        # files of at most INLINE_BODY bytes (one send with the request's head) go through one
+        # thread and ``jobs`` keep-alive connections (PutLoop), where the endpoint is plain HTTP:
+        # on the pool, every small PUT cost tens of GIL hand-offs between its threads
+        self._jobs = jobs
+        self._loop: PutLoop | None = None
+        self._looping = PutLoop.speaks(store.route)
 
     # -- the pool -------------------------------------------------------------------------------
     def _submit(self, fn: Callable[..., Any], *args: Any, bounded: bool = False) -> None:
@@ -164,6 +202,15 @@ class Pusher:
     def push(self, file: LocalFile) -> None:
         """Queue one file (blocks while 4 x jobs files, or jobs / 4 multipart uploads, are in
         flight: the listing keeps the uploads' pace)."""
+        if self._looping and file.size <= min(INLINE_BODY, self.threshold):
+            if not self._acquire(self._inflight):
+                return
+            with self._idle:
+                self._pending += 1
+            if self._loop is None:
+                self._loop = PutLoop(self.store, self._jobs, self.cancel, self._loop_read, self._loop_settled)
+            self._loop.submit(_Small(file))
+            return
         if route(file.size, self.threshold, self.part_size).how == "multipart":
             if not self._acquire(self._uploads):
                 return
@@ -198,6 +245,8 @@ class Pusher:
                     break
                 self._idle.wait(0.2)
             tick()          # (outside the lock: the workers finishing need it)
+        if self._loop is not None:
+            self._loop.close()
         self.pool.shutdown(wait=True)
 
     # -- one file ---------------------------------------------------------------------------------
@@ -208,14 +257,21 @@ class Pusher:
                 self._put(file)
             else:
                 self._multipart(file, how, attempt)
-        except Changed as exc:
+        except BaseException as exc:
+            self._settle(file, attempt, exc)
+
+    def _settle(self, file: LocalFile, attempt: int, exc: BaseException) -> None:
+        """A file's attempt ended with ``exc``: again, or reported (any other error stops the run: raised)."""
+        if isinstance(exc, Changed):
             self._changed(file, attempt, str(exc))
-        except Wrong as exc:
+        elif isinstance(exc, Wrong):
             self._changed(file, attempt, str(exc), "wrong")
-        except TransferError as exc:
+        elif isinstance(exc, TransferError):
             self._failed(file, exc)
-        except OSError as exc:
+        elif isinstance(exc, OSError):
             self.record("failed", file, reason=exc.strerror or str(exc), code=_errno(exc))
+        else:
+            raise exc
 
     def _changed(self, file: LocalFile, attempt: int, why: str, code: str = "changed") -> None:
         """The file changed while read (or the server kept other bytes: ``wrong``): again, or report."""
@@ -271,36 +327,27 @@ class Pusher:
             return
         try:
             with self.budget.hold(st.st_size):
-                data = _read(fd, 0, st.st_size)
-                reached("push-read", (file.path,))
-                if os.pread(fd, 1, st.st_size):
-                    raise Changed("the file grew while it was read")
-                if not _same(st, os.fstat(fd)):
-                    raise Changed("size or mtime changed while it was read")
-                checksum, content_md5 = self._checksum(data)
-                md5 = content_md5 or hashlib.md5(data, usedforsecurity=False).digest()
-                result = self.store.put(file.key, data, checksum=checksum, content_md5=content_md5)
+                body = self._body(file, fd, st)
+                result = self.store.put(file.key, body.data, checksum=body.checksum,
+                                        content_md5=body.content_md5)
         finally:
             os.close(fd)
-        etag = (result.etag or "").lower()
-        wrong = None
-        if _MD5_ETAG.match(etag) and etag != md5.hex():
-            wrong = "the server's ETag is not the MD5 of the bytes sent"
-        elif checksum is not None and result.checksums.get(checksum[0], checksum[1]) != checksum[1]:
-            wrong = f"the server's {checksum[0]} is not the one sent"
-        if wrong is not None and not self._stored_is(file.key, md5, checksum):
-            # the object holds other bytes than ours: it must not stay (0 wrong bytes in the bucket)
-            with contextlib.suppress(TransferError):
-                self.store.delete(file.key)
+        wrong = _wrong(result, body)
+        if wrong is not None and not self._stored_is(file.key, body):
+            self._remove(file)
             raise Wrong(f"{wrong}; the object was removed")
+        self._put_done(file, st)
+
+    def _put_done(self, file: LocalFile, st: os.stat_result) -> None:
         reached("push-put", (file.path,))
         self._done(file, st, "put", 1)
 
-    def _stored_is(self, key: str, md5: bytes, checksum: tuple[str, str] | None) -> bool:
+    def _stored_is(self, key: str, body: _Body) -> bool:
         """Whether the object under ``key`` is the body sent, as a HEAD says (its checksum, asked
         for, is ours; its ETag, where an MD5, ours; at least one of them said).  Asked when a PUT's
         answer named other bytes: the server checked the body against our checksum before it
         stored it, so a wrong answer is most likely the answer's fault, not the object's."""
+        md5, checksum = body.md5, body.checksum
         try:
             head = self.store.head_headers(key)
         except TransferError:
@@ -312,6 +359,77 @@ class Pusher:
         if checksum is not None and said is not None:
             return said == checksum[1]
         return _MD5_ETAG.match(etag) is not None
+
+    def _body(self, file: LocalFile, fd: int, st: os.stat_result) -> _Body:
+        """The whole file as read from ``fd`` (``st``: its fstat when opened), checked unchanged."""
+        data = _read(fd, 0, st.st_size)
+        reached("push-read", (file.path,))
+        if os.pread(fd, 1, st.st_size):
+            raise Changed("the file grew while it was read")
+        if not _same(st, os.fstat(fd)):
+            raise Changed("size or mtime changed while it was read")
+        checksum, content_md5 = self._checksum(data)
+        md5 = content_md5 or hashlib.md5(data, usedforsecurity=False).digest()
+        return _Body(data, checksum, content_md5, md5, st)
+
+    def _remove(self, file: LocalFile) -> None:
+        """The object holds other bytes than ours: it must not stay (0 wrong bytes in the bucket)."""
+        with contextlib.suppress(TransferError):
+            self.store.delete(file.key)
+
+    # -- small PUTs on the loop (on its thread) ----------------------------------------------------
+    def _loop_read(self, small: _Small) -> tuple | None:
+        """The PUT of a small file (:class:`PutLoop`'s ``prepare``), or None: it went to the pool,
+        or its outcome is known."""
+        file = small.file
+        try:
+            if self.cancel.is_set():
+                self._loop_left()
+                return None
+            fd, st = self._open(file)
+            try:
+                if st.st_size > min(INLINE_BODY, self.threshold):   # grew since it was listed: the pool's
+                    self._submit(self._file, file, 0)
+                    self._loop_left()
+                    return None
+                small.body = body = self._body(file, fd, st)
+            finally:
+                os.close(fd)
+        except BaseException as exc:
+            self._loop_settled(small, None, exc)
+            return None
+        return file.key, body.data, body.checksum, body.content_md5
+
+    def _loop_settled(self, small: _Small, result: PutResult | None, error: BaseException | None) -> None:
+        """A small file's outcome (:class:`PutLoop`'s ``settle``): as the pool's ``_file`` ends."""
+        file = small.file
+        try:
+            if error is not None:
+                self._settle(file, 0, error)
+            elif result is not None:
+                wrong = _wrong(result, small.body)
+                if wrong is not None:       # (the DELETE and the file's next try: on the pool)
+                    self._submit(self._wrong_put, file, wrong, small.body)
+                else:
+                    self._put_done(file, small.body.st)
+        except BaseException as exc:
+            self._stop(exc)
+        finally:
+            self._loop_left()
+
+    def _wrong_put(self, file: LocalFile, wrong: str, body: _Body) -> None:
+        """A small file's PUT answered for other bytes (on the pool): what was stored decides."""
+        if self._stored_is(file.key, body):
+            self._put_done(file, body.st)
+            return
+        self._remove(file)
+        self._changed(file, 0, f"{wrong}; the object was removed", "wrong")
+
+    def _loop_left(self) -> None:
+        self._inflight.release()
+        with self._idle:
+            self._pending -= 1
+            self._idle.notify_all()
 
     def _done(self, file: LocalFile, st: os.stat_result, how: str, parts: int, resumed: int = 0) -> None:
         if self.journal is not None:

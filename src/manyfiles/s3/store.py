@@ -572,6 +572,13 @@ class S3Store:
         writer once the answer came, ``finished`` its checks, ``failed`` its trace."""
         return _WholeGet(self, key, target, etag, size, None)
 
+    def whole_put(self, key: str, body: bytes, *, checksum: tuple[str, str] | None = None,
+                  content_md5: bytes | None = None) -> _WholePut:
+        """One PUT of ``body`` (see :meth:`put`) without its I/O, for an engine that does the I/O itself
+        (the loop): ``method``, ``path``, ``extra`` and ``body`` to send, ``begin`` the answer's
+        writer, ``finished`` its :class:`PutResult`, ``failed`` the error to retry or report."""
+        return _WholePut(self, key, body, _checked(checksum, content_md5))
+
     def connection(self) -> AsyncConnection:
         """A connection of its own for one coroutine (:meth:`afetch_into`); close it when done."""
         return AsyncConnection(self.route, self.settings.read_timeout,
@@ -965,6 +972,7 @@ class _WholeGet:
     checksums asked for), the body's writer made when the answer begins, and the trace of its end."""
 
     __slots__ = ("etag", "extra", "key", "layout", "path", "size", "store", "t0", "target")
+    method, body = "GET", None
 
     def __init__(self, store: S3Store, key: str, target: Any, etag: str | None, size: int | None,
                  layout: tuple[int, ...] | None) -> None:
@@ -987,6 +995,35 @@ class _WholeGet:
     def failed(self, err: TransferError) -> None:
         _trace("s3.get", self.store.bucket, self.key, 0, getattr(err, "received", 0), self.t0,
                err.status or -1)
+
+
+class _WholePut:
+    """One PUT without its I/O (:meth:`S3Store.whole_put`, for the loop): the path and headers sent (the
+    body's checksum or Content-MD5), the answer's body (if any) dropped, its :class:`PutResult`, the trace."""
+
+    __slots__ = ("body", "extra", "headers", "key", "path", "store", "t0")
+    method = "PUT"
+
+    def __init__(self, store: S3Store, key: str, body: bytes, extra: list[tuple[str, str]]) -> None:
+        self.store, self.key, self.body, self.extra = store, key, body, extra
+        self.path = store._path(key)
+        self.headers: Headers | None = None
+        self.t0 = time.monotonic_ns()
+
+    def begin(self, status: int, headers: Headers, length: int) -> _WholePut:
+        self.headers = headers
+        return self             # (the answer's body, if any: nothing in it is needed)
+
+    def write(self, data) -> None:
+        pass
+
+    def finished(self, status: int, n: int, body: Any) -> PutResult:
+        _trace("s3.put", self.store.bucket, self.key, 0, len(self.body), self.t0, status)
+        return _put_result(self.headers)
+
+    def failed(self, err: TransferError) -> TransferError:
+        _trace("s3.put", self.store.bucket, self.key, 0, len(self.body), self.t0, err.status or -1)
+        return _bad_digest(err)
 
 
 class _Buffer:

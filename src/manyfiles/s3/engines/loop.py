@@ -15,6 +15,9 @@ while an answer is awaited; every failure is retried under the run's
 backoff on a timer, never a sleep).  What the loop does not speak is sent to the ``lean`` thread pool
 (:class:`~manyfiles.s3.engines.threads.ThreadsEngine`): TLS and proxies (every job then), and
 objects whose multipart ETag needs its part sizes learnt first.
+
+The connections are :class:`Connections`, shared with :class:`PutLoop`: s3push's small PUTs (a
+body sent with its head) on the same one thread, their outcomes handled there.
 """
 
 from __future__ import annotations
@@ -53,8 +56,8 @@ class _Closed(TransferError):
 
 
 class _Get:
-    """One job on its way: its target, its tries (the retry policy's book-keeping) and, while an
-    attempt is on a connection, the exchange's steps and the body's writer."""
+    """One job on its way: its target (a GET's file; a PUT's body), its tries (the retry policy's
+    book-keeping) and, while an attempt is on a connection, the exchange's steps and the body's writer."""
 
     __slots__ = ("job", "keep", "length", "n", "status", "steps", "target", "tries", "whole", "writer")
 
@@ -111,23 +114,22 @@ class _Outbox:
             self.held = []
 
 
-class LoopEngine(Engine):
-    """Whole-object GETs on one thread and up to ``connections`` sockets (see the module docstring);
-    ``elsewhere(job)`` takes the jobs it does not speak (the run's lean pool)."""
+class Connections:
+    """One thread multiplexing up to ``connections`` keep-alive sockets to ``store``'s endpoint, each
+    job's requests driven through :func:`manyfiles.s3.http1.exchange` and retried under the store's
+    policy (see the module docstring).  A subclass says what a job's request is (:meth:`_take`,
+    :meth:`_request`) and what its outcome does (:meth:`_outcome`, :meth:`_gone`); ``ctx`` is its
+    outbox (``cancel``, ``send()``, ``bytes(n)``)."""
 
     name = "loop"
 
-    def __init__(self, ctx: Ctx, connections: int, elsewhere: Callable[[Download], None]) -> None:
-        self.ctx, self.connections = _Outbox(ctx), max(1, connections)
-        opts = ctx.options
-        self.store = store_for(opts.settings, opts.bucket, retry=opts.retry, verify=opts.verify,
-                               checksum_mode=opts.checksum_mode, cancel=ctx.cancel)
-        self.route = self.store.route
-        self.timeout = opts.settings.read_timeout
-        self.connect_timeout = opts.settings.connect_timeout
-        self._elsewhere = elsewhere
+    def _open_loop(self, ctx, store, connections: int, thread_name: str) -> None:
+        self.ctx, self.store, self.connections = ctx, store, max(1, connections)
+        self.route = store.route
+        self.timeout = store.settings.read_timeout
+        self.connect_timeout = store.settings.connect_timeout
         self._incoming: collections.deque = collections.deque()
-        self._closing = self._killed = False
+        self._closing = self._killed = self._ended = False
         self._broken: Failed | None = None
         self._sleeping = False
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -139,19 +141,35 @@ class LoopEngine(Engine):
         self._timers: list = []                 # (when, seq, _Get): a retry's backoff
         self._seq = 0
         self._busy = 0                          # jobs on a connection or waiting for their retry
-        self._thread = threading.Thread(target=self._run, name="s3pull-loop", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
         self._thread.start()
 
+    # -- what a subclass says -------------------------------------------------------------------------
+    def _take(self, job) -> _Get | None:
+        """The job on its way (on the loop thread, when a connection is free), or None: settled already."""
+        raise NotImplementedError
+
+    def _request(self, get: _Get):
+        """One attempt's request: its ``method``, ``path``, ``extra``, ``body``, ``begin``, ``finished``,
+        ``failed`` (:meth:`~manyfiles.s3.store.S3Store.whole_get`'s, :meth:`~...whole_put`'s)."""
+        raise NotImplementedError
+
+    def _outcome(self, get: _Get, fetched, error: BaseException | None) -> None:
+        """The job's end: ``fetched`` (what ``finished`` returned) or its final ``error``."""
+        raise NotImplementedError
+
+    def _gone(self, job, target, failed: Failed | None) -> None:
+        """The run stopped (``failed``: the loop broke) before ``job`` ended."""
+        raise NotImplementedError
+
     # -- the producer's side ------------------------------------------------------------------------
-    def _speaks(self, job) -> bool:
-        ep = self.route.ep
-        return ep.scheme == "http" and not ep.proxy and not needs_layout(job.size, job.etag,
-                                                                         self.ctx.options.verify)
+    @staticmethod
+    def speaks(route) -> bool:
+        """Whether the loop speaks to ``route``'s endpoint (plain HTTP, no proxy)."""
+        ep = route.ep
+        return ep.scheme == "http" and not ep.proxy
 
     def submit(self, job) -> None:
-        if not self._speaks(job):
-            self._elsewhere(job)
-            return
         self._incoming.append(job)
         if self._sleeping:
             self._poke()
@@ -160,6 +178,8 @@ class LoopEngine(Engine):
 
     def _poke(self) -> None:
         self._sleeping = False
+        if self._ended:         # (its eventfd is closed, its number maybe another file's now)
+            return
         with contextlib.suppress(OSError):     # (closed: the loop ended)
             os.eventfd_write(self._wake, 1)
 
@@ -182,7 +202,8 @@ class LoopEngine(Engine):
             self._broken = Failed(f"internal error: {type(exc).__name__}: {exc}", "internal")
             self._abandon(self._broken)
         finally:
-            self.ctx.send()
+            self._ended = True
+            self._abandon(self._broken)     # (what came after the loop's last turn)
             for conn in self._conns:
                 self._drop(conn)
             self._ep.close()
@@ -202,11 +223,10 @@ class LoopEngine(Engine):
             while timers and timers[0][0] <= now and free:
                 self._attempt(heapq.heappop(timers)[2], free.pop())
             while incoming and free:
-                job = incoming.popleft()
-                target = open_target(ctx, job)
-                if target is not None:
+                get = self._take(incoming.popleft())
+                if get is not None:
                     self._busy += 1
-                    self._attempt(self._get(job, target), free.pop())
+                    self._attempt(get, free.pop())
             if self._closing and not incoming and not self._busy:
                 return
             wait = next_scan - now
@@ -236,21 +256,14 @@ class LoopEngine(Engine):
                         self._timed_out(conn)
 
     # -- one attempt ----------------------------------------------------------------------------------
-    def _get(self, job, target) -> _Get:
-        ctx = self.ctx
-        return _Get(job, target, Tries(ctx.options.retry, classify=classify, reset=target.reset,
-                                       on_retry=lambda err: ctx.retried(job, str(err))))
-
     def _attempt(self, get: _Get, conn: _Conn) -> None:
-        ctx, job = self.ctx, get.job
-        if ctx.cancel.is_set():
+        if self.ctx.cancel.is_set():
             self._busy -= 1
-            get.target.abort()
-            cancelled(ctx, job)
+            self._gone(get.job, get.target, None)
             self._free.append(conn)
             return
-        get.whole = whole = self.store.whole_get(job.key, get.target, etag=job.etag, size=job.size)
-        get.steps = http1.exchange(self.route, "GET", whole.path, whole.extra, "", None, (200,))
+        get.whole = whole = self._request(get)
+        get.steps = http1.exchange(self.route, whole.method, whole.path, whole.extra, "", whole.body, (200,))
         get.writer = None
         get.status = get.n = 0
         conn.get = get
@@ -279,7 +292,7 @@ class LoopEngine(Engine):
     def _send(self, conn: _Conn, op: http1.Send) -> None:
         if conn.sock is not None and (op.fresh or conn.ep is not op.ep):
             self._drop(conn)
-        conn.out, conn.buf = op.data, b""
+        conn.out, conn.buf = op.data if op.body is None else op.data + bytes(op.body), b""
         if conn.sock is None:
             conn.addrs = []         # (the endpoint's addresses, looked up again: it may have moved)
             try:
@@ -479,7 +492,7 @@ class LoopEngine(Engine):
             return
         self._release(conn)
         self._busy -= 1
-        finish(self.ctx, get.job, get.target, self.name, fetched, None)
+        self._outcome(get, fetched, None)
 
     def _failed(self, conn: _Conn, exc: BaseException, answered: bool | None = None) -> None:
         """An attempt failed: its connection is dropped, the job tried again after its backoff, or
@@ -491,15 +504,14 @@ class LoopEngine(Engine):
         self._release(conn)
         err = request_failure(exc, (conn.ep or self.route.ep).name, self.timeout, answered)
         err.received = get.n          # type: ignore[attr-defined]  (for the trace)
-        get.whole.failed(err)
-        ctx, job = self.ctx, get.job
+        err = get.whole.failed(err) or err
         try:
-            if ctx.cancel.is_set():
+            if self.ctx.cancel.is_set():
                 raise err
             delay = get.tries.failed(err)
         except Exception as final:
             self._busy -= 1
-            finish(ctx, job, get.target, self.name, None, final if isinstance(final, TransferError) else err)
+            self._outcome(get, None, final if isinstance(final, TransferError) else err)
             return
         self._seq += 1
         heapq.heappush(self._timers, (time.monotonic() + delay, self._seq, get))
@@ -522,20 +534,107 @@ class LoopEngine(Engine):
         conn.sock, conn.fd, conn.mask, conn.reused = None, -1, 0, False
 
     def _abandon(self, failed: Failed | None) -> None:
-        """The run stopped (or the loop broke): every job here is cancelled, its temp file removed."""
-        ctx = self.ctx
+        """The run stopped (or the loop broke): every job here is gone (a GET's temp file removed)."""
         gets = [c.get for c in self._conns if c.get is not None] + [t[2] for t in self._timers]
         for conn in self._conns:
             conn.get = None
         self._timers = []
         for get in gets:
-            get.target.abort()
-            ctx.failed(get.job, failed) if failed is not None else cancelled(ctx, get.job)
+            self._gone(get.job, get.target, failed)
         while True:
             try:
                 job = self._incoming.popleft()
             except IndexError:
                 break
-            ctx.failed(job, failed) if failed is not None else cancelled(ctx, job)
+            self._gone(job, None, failed)
         self._busy = 0
-        ctx.send()
+        self.ctx.send()
+
+
+class LoopEngine(Connections, Engine):
+    """Whole-object GETs on one thread and up to ``connections`` sockets (see the module docstring);
+    ``elsewhere(job)`` takes the jobs it does not speak (the run's lean pool)."""
+
+    def __init__(self, ctx: Ctx, connections: int, elsewhere: Callable[[Download], None]) -> None:
+        opts = ctx.options
+        store = store_for(opts.settings, opts.bucket, retry=opts.retry, verify=opts.verify,
+                          checksum_mode=opts.checksum_mode, cancel=ctx.cancel)
+        self._elsewhere = elsewhere
+        self._open_loop(_Outbox(ctx), store, connections, "s3pull-loop")
+
+    def submit(self, job) -> None:
+        if not self.speaks(self.route) or needs_layout(job.size, job.etag, self.ctx.options.verify):
+            self._elsewhere(job)
+            return
+        super().submit(job)
+
+    def _take(self, job) -> _Get | None:
+        target = open_target(self.ctx, job)
+        if target is None:
+            return None
+        ctx = self.ctx
+        return _Get(job, target, Tries(ctx.options.retry, classify=classify, reset=target.reset,
+                                       on_retry=lambda err: ctx.retried(job, str(err))))
+
+    def _request(self, get: _Get):
+        job = get.job
+        return self.store.whole_get(job.key, get.target, etag=job.etag, size=job.size)
+
+    def _outcome(self, get: _Get, fetched, error: BaseException | None) -> None:
+        finish(self.ctx, get.job, get.target, self.name, fetched, error)
+
+    def _gone(self, job, target, failed: Failed | None) -> None:
+        if target is not None:
+            target.abort()
+        self.ctx.failed(job, failed) if failed is not None else cancelled(self.ctx, job)
+
+
+class _Quiet:
+    """The outbox of a loop whose outcomes are handled on its own thread: only the cancel flag."""
+
+    def __init__(self, cancel: threading.Event) -> None:
+        self.cancel = cancel
+
+    def send(self) -> None:
+        pass
+
+    def bytes(self, n: int) -> None:
+        pass
+
+
+class PutLoop(Connections):
+    """Small PUTs on one thread over up to ``connections`` keep-alive sockets (see the module
+    docstring): one send and one receive per object, retried under ``store``'s policy.
+
+    ``prepare(item)`` (on the loop thread, when a connection is free) returns the PUT of ``item``,
+    ``(key, body, checksum, content_md5)`` as :meth:`~manyfiles.s3.store.S3Store.put` takes them,
+    or None when it settled ``item`` itself; ``settle(item, result, error)`` is told the outcome of
+    every item submitted, on the loop thread: the :class:`~manyfiles.s3.store.PutResult`, or the
+    final error, or neither (the run stopped first: ``cancel``)."""
+
+    def __init__(self, store, connections: int, cancel: threading.Event,
+                 prepare: Callable[[object], tuple | None],
+                 settle: Callable[[object, object, BaseException | None], None]) -> None:
+        self._prepare, self._settle = prepare, settle
+        self._open_loop(_Quiet(cancel), store, connections, "s3push-loop")
+
+    def submit(self, job) -> None:
+        super().submit(job)
+        if self._ended:         # (the loop stopped: nothing would take it)
+            self._abandon(self._broken)
+
+    def _take(self, job) -> _Get | None:
+        put = self._prepare(job)
+        if put is None:
+            return None
+        return _Get(job, put, Tries(self.store.retry, classify=classify, on_retry=self.store.on_retry))
+
+    def _request(self, get: _Get):
+        key, body, checksum, content_md5 = get.target
+        return self.store.whole_put(key, body, checksum=checksum, content_md5=content_md5)
+
+    def _outcome(self, get: _Get, fetched, error: BaseException | None) -> None:
+        self._settle(get.job, fetched, error)
+
+    def _gone(self, job, target, failed: Failed | None) -> None:
+        self._settle(job, None, None if failed is None else TransferError(failed.reason, retryable=False))
