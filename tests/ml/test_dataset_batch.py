@@ -268,3 +268,24 @@ def test_a_batch_of_misses_resolves_its_settings_once_and_a_new_call_sees_the_en
     gets = len(s3.gets())
     assert _data(ds.__getitems__(list(range(40)))) == list(objs.values()), "the dataset's fills are hits"
     assert len(s3.gets()) == gets
+
+
+def test_a_refresh_after_the_environment_changed_fetches_from_the_endpoint_it_names_now(s3, cache, monkeypatch):
+    """The fetcher was made with the settings of the first listing: a refresh that resolves to another
+    endpoint (a notebook that changed AWS_ENDPOINT_URL) must not fetch its misses from the old one."""
+    from s3util import SECRETS, FaultProxy
+
+    objs = _seed(s3, 4)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    ds = mf.Dataset(s3.url("train/"), cache=cache)
+    assert _data(ds.__getitems__([0, 1])) == [objs[k] for k in ds.keys[:2]]
+    other = FaultProxy(s3.proxy.upstream.geturl(), secrets=SECRETS)     # the same server, another endpoint
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", other.url)
+        ds.refresh()
+        gets = len(s3.gets())
+        assert _data(ds.__getitems__([2, 3])) == [objs[k] for k in ds.keys[2:]]
+        assert len(s3.gets()) == gets, "fetched from the endpoint of the first listing"
+        assert len([r for r in other.requests if r[0] == "GET" and "list-type" not in r[1]]) == 2
+    finally:
+        other.close()

@@ -139,6 +139,7 @@ class Fetcher:
         self._ctx = Ctx(Options(bucket, settings, retry, verify=verify), _Sink(self._deliver))
         self._engine: Any = None        # the loop engine, made on the first submit (see the module docs)
         self._lean: Any = None          # the thread pool, for what the loop does not speak
+        self._closed = False
         self._ranges: ThreadPoolExecutor | None = None
         self._where = endpoint_name(settings.endpoint_url) or f"s3://{bucket}"   # what a stall names
         self._watch = StallWatch.for_policy(retry, answered=has_answered(self._where))
@@ -280,8 +281,9 @@ class Fetcher:
 
     def close(self) -> None:
         """Stop: requests in flight are cut off, the connections closed."""
-        if os.getpid() != self.pid:
+        if os.getpid() != self.pid or self._closed:
             return
+        self._closed = True
         for engine in {id(e): e for e in (self._engine, self._lean) if e is not None}.values():
             engine.kill()
         if self._ranges is not None:
