@@ -270,7 +270,8 @@ def test_a_batch_of_misses_resolves_its_settings_once_and_a_new_call_sees_the_en
     assert len(s3.gets()) == gets
 
 
-def test_a_refresh_after_the_environment_changed_fetches_from_the_endpoint_it_names_now(s3, cache, monkeypatch):
+def test_a_refresh_after_the_environment_changed_fetches_from_the_endpoint_it_names_now(
+        s3, cache, monkeypatch):
     """The fetcher was made with the settings of the first listing: a refresh that resolves to another
     endpoint (a notebook that changed AWS_ENDPOINT_URL) must not fetch its misses from the old one."""
     from s3util import SECRETS, FaultProxy
