@@ -6,10 +6,11 @@ ETag or S3 checksum; ``verify=False``: size only), and with ranged GETs (``range
 inclusive) on a pool of its own.  Whole objects go through s3pull's small-object engine: one thread
 multiplexing the ``workers`` connections with epoll (:mod:`manyfiles.s3.engines.loop`), started on
 the first submit; what it does not speak (TLS, a proxy, a multipart ETag whose part sizes must be
-learnt first) goes to the lean thread pool (raw sockets, signed by hand), started when first needed.  Every
-request is under the :class:`~manyfiles.s3.RetryPolicy` given; while the caller waits for a result
-the run's stall watch (issue 24) looks on: nothing moving for the policy's ``stall_timeout`` (an
-endpoint never heard from: its first-contact time) raises :class:`~manyfiles.errors.Stalled`.
+learnt first) goes to the lean thread pool (raw sockets, signed by hand), started when first
+needed.  Every request is under the :class:`~manyfiles.s3.RetryPolicy` given; while the caller
+waits for a result the run's stall watch (issue 24) looks on: nothing moving for the policy's
+``stall_timeout`` (an endpoint never heard from: its first-contact time) raises
+:class:`~manyfiles.errors.Stalled`.
 
 ``submit`` then ``result`` (in any order): the Dataset's prefetch.  :func:`fetch_objects` is the
 one-call form for a list.
