@@ -23,7 +23,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ml
-import s3pull
 
 
 def main() -> None:
@@ -36,24 +35,9 @@ def main() -> None:
     from manyfiles._core.units import parse_size
 
     size = parse_size(args.size)
-    ml.env()
-    s3pull.DATA = ml.DATA
-    ml.DATA.mkdir(parents=True, exist_ok=True)
-    gw, port = s3pull.start_versitygw()
-    tox = None
-    try:
-        seeding = endpoint = f"http://127.0.0.1:{port}"
-        if args.latency:
-            tox = s3pull.Toxiproxy(port)
-            tox.set_latency(args.latency)
-            endpoint = f"http://127.0.0.1:{tox.port}"
+    with ml.serving(args.latency) as (seeding, endpoint):
         ml.seed(seeding, args.objects, size)
         run(args.objects, size, endpoint, args.repeat)
-    finally:
-        if tox is not None:
-            tox.stop()
-        gw.terminate()
-        gw.wait()
 
 
 def run(n: int, size: int, endpoint: str, repeat: int) -> None:
