@@ -267,6 +267,14 @@ def main() -> None:
     from manyfiles._core.units import parse_size
 
     size = parse_size(args.size)
+    with serving(args.latency) as (seeding, endpoint):
+        run(args, size, seeding, endpoint)
+
+
+@contextlib.contextmanager
+def serving(latency: int):
+    """The S3 server (versitygw), with toxiproxy in front adding ``latency`` ms when asked: yields
+    (the endpoint seeding writes to, the endpoint the readers read from); stopped on the way out."""
     env()
     s3pull.DATA = DATA
     DATA.mkdir(parents=True, exist_ok=True)
@@ -274,11 +282,11 @@ def main() -> None:
     tox = None
     try:
         seeding = endpoint = f"http://127.0.0.1:{port}"
-        if args.latency:
+        if latency:
             tox = s3pull.Toxiproxy(port)
-            tox.set_latency(args.latency)
+            tox.set_latency(latency)
             endpoint = f"http://127.0.0.1:{tox.port}"
-        run(args, size, seeding, endpoint)
+        yield seeding, endpoint
     finally:
         if tox is not None:
             tox.stop()

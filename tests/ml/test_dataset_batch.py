@@ -242,3 +242,51 @@ def test_a_batch_of_local_files_reads_them_from_packs_and_sees_a_change(local_fi
     got = ds.__getitems__(batch)
     assert [s.data for s in got] == [new if ds.keys[i] == changed else files[ds.keys[i]] for i in batch]
     assert got == [ds[i] for i in batch]
+
+
+def test_a_batch_of_misses_resolves_its_settings_once_and_a_new_call_sees_the_environment_change(
+        s3, cache, monkeypatch):
+    """Each fill of a batch's misses resolved the dataset's settings again: the whole environment
+    scanned and the two AWS files stat'ed per object.  The dataset's settings were resolved when it
+    listed and its fetcher uses them: its fills are kept under them, resolved once.  A change of the
+    environment is still seen by every new call of the public API that resolves settings."""
+    from manyfiles.s3 import config
+    from manyfiles.s3.store import store_for
+
+    objs = _seed(s3, 40)
+    scans = []
+    real = config.environment_key
+    monkeypatch.setattr(config, "environment_key", lambda: scans.append(1) or real())
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    ds = mf.Dataset(s3.url("train/"), cache=cache)             # the endpoint from the environment
+    scans.clear()
+    assert _data(ds.__getitems__(list(range(40)))) == list(objs.values())
+    assert len(scans) <= 10, f"{len(scans)} environment scans for a batch of 40 misses"
+    cache.flush()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")   # nothing listens there
+    assert store_for(None, s3.bucket).route.ep.port == 1, "a new store: the environment as it is now"
+    gets = len(s3.gets())
+    assert _data(ds.__getitems__(list(range(40)))) == list(objs.values()), "the dataset's fills are hits"
+    assert len(s3.gets()) == gets
+
+
+def test_a_refresh_after_the_environment_changed_fetches_from_the_endpoint_it_names_now(
+        s3, cache, monkeypatch):
+    """The fetcher was made with the settings of the first listing: a refresh that resolves to another
+    endpoint (a notebook that changed AWS_ENDPOINT_URL) must not fetch its misses from the old one."""
+    from s3util import SECRETS, FaultProxy
+
+    objs = _seed(s3, 4)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    ds = mf.Dataset(s3.url("train/"), cache=cache)
+    assert _data(ds.__getitems__([0, 1])) == [objs[k] for k in ds.keys[:2]]
+    other = FaultProxy(s3.proxy.upstream.geturl(), secrets=SECRETS)     # the same server, another endpoint
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", other.url)
+        ds.refresh()
+        gets = len(s3.gets())
+        assert _data(ds.__getitems__([2, 3])) == [objs[k] for k in ds.keys[2:]]
+        assert len(s3.gets()) == gets, "fetched from the endpoint of the first listing"
+        assert len([r for r in other.requests if r[0] == "GET" and "list-type" not in r[1]]) == 2
+    finally:
+        other.close()

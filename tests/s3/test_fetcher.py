@@ -5,6 +5,7 @@ proxy in front of moto (which checks every signature)."""
 from __future__ import annotations
 
 import hashlib
+import threading
 
 import pytest
 from s3util import blob, nth_get
@@ -40,6 +41,28 @@ def test_fetch_objects_gives_every_object_and_range_checked_in_the_order_asked(b
     assert bytes(got[20].data) == big[1000:2000] and got[20].checked is None    # a range: not checked whole
     assert bytes(got[21].data) == big and bytes(got[22].data) == big[:1]
     assert len(object_gets(proxy)) == 24              # 23 asked, the flipped one twice
+
+
+def test_whole_objects_go_through_one_loop_thread_started_on_the_first_submit(bucket, settings):
+    """A batch of small misses is s3pull's small-object shape: one thread multiplexing the
+    connections (the loop engine), not a pool of threads handing the GIL to each other."""
+    name, put = bucket
+    data = {f"s/{i}": put(f"s/{i}", blob(500 + i, str(i))) for i in range(30)}
+    before = set(threading.enumerate())
+
+    def new() -> list[threading.Thread]:    # (the S3 test server's threads run in this process too)
+        return [t for t in threading.enumerate() if t not in before and t.name.startswith("s3pull-")]
+
+    with Fetcher(name, settings=settings, workers=8, retry=FAST) as f:
+        assert new() == [], "a thread before any submit"
+        for key in data:
+            f.submit(key, etag=hashlib.md5(data[key]).hexdigest())
+        got = [f.result(key) for key in data]
+        started = new()
+    assert [bytes(r.data) for r in got] == list(data.values())
+    assert all(r.checked not in (None, "size-only") for r in got)
+    assert [t.name for t in started] == ["s3pull-loop"]
+    assert not any(t.is_alive() for t in started), "closed: the loop thread ended"
 
 
 def test_a_fetcher_writes_into_the_buffers_given(bucket, settings):

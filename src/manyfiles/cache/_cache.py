@@ -407,10 +407,12 @@ class Cache:
         engines report it): it is then kept as its whole file (a CRC-32 computed here protects it
         at rest).  Unchecked, it is kept as unverified blocks and checked whole in the background,
         like any range no check covered.  Written in the background, like any fill (dropped, and
-        counted, when the fill queue is full)."""
+        counted, when the fill queue is full).  ``settings``: those the caller fetched with (a
+        dataset's, resolved when it listed); resolved once per cache and settings, not per fill:
+        the bytes are kept under the endpoint they came from (docs/ml.md)."""
         from manyfiles.cache._handover import fill
 
-        origin = self.origin(src, settings)
+        origin = self._versions.origin(src, settings, fetched=True)
         v = self._versions.resolve(origin, listed=listed(etag, len(data), listed_at))[0]
         fill(self._store, self._opener.completions, origin, v, data, checked)
 

@@ -74,13 +74,26 @@ class Versions:
         self._memo: dict[bytes, Version] = {}
         self._clients: dict[Any, Any] = {}
         self._probes: dict[Any, Any] = {}
+        self._fetched_with: dict[Any, Any] = {}     # settings given to fill() -> their resolution
 
-    def origin(self, src: Source | FileOrigin | S3Origin, settings: Any = None) -> FileOrigin | S3Origin:
-        """The origin of ``src`` (an S3 URL's with ``settings``, default the cache's)."""
+    def origin(self, src: Source | FileOrigin | S3Origin, settings: Any = None, *,
+               fetched: bool = False) -> FileOrigin | S3Origin:
+        """The origin of ``src`` (an S3 URL's with ``settings``, default the cache's), its settings
+        resolved as the environment is now.  ``fetched``: the caller fetched ``src`` itself with
+        ``settings`` (:meth:`Cache.fill`): they are resolved the first time only, and the bytes are
+        kept under the endpoint they came from, not under one the environment names later."""
         if isinstance(src, str) and src.startswith("s3://"):
             from manyfiles.s3.objects import ObjectClient, resolve
 
-            resolved = resolve(settings or self.settings)
+            # A fill is per object (a dataset's every miss): resolving there scanned the environment
+            # and stat'ed the AWS files per object, for settings the caller resolved when it listed.
+            resolved = self._fetched_with.get(settings) if fetched and settings is not None else None
+            if resolved is None:
+                resolved = resolve(settings or self.settings)
+                if fetched and settings is not None:
+                    if len(self._fetched_with) >= 64:
+                        self._fetched_with.clear()
+                    self._fetched_with[settings] = resolved
             client = self._clients.get(resolved)
             if client is None:
                 client = self._clients[resolved] = ObjectClient(resolved, retry=self.retry)

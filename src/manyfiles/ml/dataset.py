@@ -121,8 +121,13 @@ class _Base:
         return self._cache_ref.get()
 
     def refresh(self) -> None:
-        """List the source again: new and removed objects, and changed ETags (fetched again)."""
-        self._listing = self._list()
+        """List the source again: new and removed objects, and changed ETags (fetched again), with
+        the settings resolved as the environment is now (misses then fetched with them)."""
+        old, self._listing = self._listing, self._list()
+        if self._fetcher is not None and (old.bucket, old.settings) != (self._listing.bucket,
+                                                                       self._listing.settings):
+            self._fetcher.close()
+            self._fetcher = None
         self._hits = self._hit_path()
 
     def __repr__(self) -> str:

@@ -1,12 +1,16 @@
 """Many objects of one bucket, fetched concurrently into memory: the public many-objects fetch.
 
-:class:`Fetcher` keeps ``workers`` connections of the bucket's store (s3pull's lean engine: raw
-sockets, signed by hand) busy with whole-object GETs, each pinned to the ETag given and checked
-whole before its bytes are handed out (MD5 ETag, multipart ETag or S3 checksum; ``verify=False``:
-size only), and with ranged GETs (``range=(start, end)``, inclusive) on a pool of its own.  Every
-request is under the :class:`~manyfiles.s3.RetryPolicy` given; while the caller waits for a result
-the run's stall watch (issue 24) looks on: nothing moving for the policy's ``stall_timeout`` (an
-endpoint never heard from: its first-contact time) raises :class:`~manyfiles.errors.Stalled`.
+:class:`Fetcher` keeps ``workers`` connections of the bucket's store busy with whole-object GETs,
+each pinned to the ETag given and checked whole before its bytes are handed out (MD5 ETag, multipart
+ETag or S3 checksum; ``verify=False``: size only), and with ranged GETs (``range=(start, end)``,
+inclusive) on a pool of its own.  Whole objects go through s3pull's small-object engine: one thread
+multiplexing the ``workers`` connections with epoll (:mod:`manyfiles.s3.engines.loop`), started on
+the first submit; what it does not speak (TLS, a proxy, a multipart ETag whose part sizes must be
+learnt first) goes to the lean thread pool (raw sockets, signed by hand), started when first
+needed.  Every request is under the :class:`~manyfiles.s3.RetryPolicy` given; while the caller
+waits for a result the run's stall watch (issue 24) looks on: nothing moving for the policy's
+``stall_timeout`` (an endpoint never heard from: its first-contact time) raises
+:class:`~manyfiles.errors.Stalled`.
 
 ``submit`` then ``result`` (in any order): the Dataset's prefetch.  :func:`fetch_objects` is the
 one-call form for a list.
@@ -36,7 +40,7 @@ from manyfiles.errors import (
     UsageError,
 )
 from manyfiles.s3.client import ClientSettings
-from manyfiles.s3.engines.events import BytesIn, JobDone, JobFailed, Retried
+from manyfiles.s3.engines.events import Batch, BytesIn, JobDone, JobFailed, Retried
 from manyfiles.s3.retry import (
     NETWORK_CODES,
     RetryPolicy,
@@ -122,7 +126,6 @@ class Fetcher:
                  retry: RetryPolicy | None = None, verify: bool = True) -> None:
         from manyfiles._core.progress import StallWatch
         from manyfiles.s3.engines.base import Ctx, Options
-        from manyfiles.s3.engines.threads import ThreadsEngine
 
         if workers < 1:
             raise UsageError(f"workers must be at least 1, not {workers}")
@@ -135,7 +138,9 @@ class Fetcher:
         self._done: dict[tuple[str, Range | None], FetchResult] = {}
         self._abandoned: set[tuple[str, Range | None]] = set()
         self._ctx = Ctx(Options(bucket, settings, retry, verify=verify), _Sink(self._deliver))
-        self._engine = ThreadsEngine(self._ctx, workers, name="lean", transport="lean")
+        self._engine: Any = None        # the loop engine, made on the first submit (see the module docs)
+        self._lean: Any = None          # the thread pool, for what the loop does not speak
+        self._closed = False
         self._ranges: ThreadPoolExecutor | None = None
         self._where = endpoint_name(settings.endpoint_url) or f"s3://{bucket}"   # what a stall names
         self._watch = StallWatch.for_policy(retry, answered=has_answered(self._where))
@@ -167,7 +172,30 @@ class Fetcher:
         if view is not None:
             self._ctx.sink.into[key] = view
             size = len(view)
-        self._engine.submit(Download(key, key, size, etag, "lean", 0))
+        self._whole_engine().submit(Download(key, key, size, etag, "loop", 0))
+
+    def _whole_engine(self) -> Any:
+        # made on first use, in the process that uses it: a fetcher made before a fork is never used
+        # in the child (see close()), so no child inherits a loop it believes is running
+        if self._engine is None:
+            from manyfiles.s3.engines.loop import LoopEngine
+
+            try:
+                self._engine = LoopEngine(self._ctx, self.workers, self._elsewhere)
+            except Exception:       # no store (no credentials...): each job fails with the reason
+                self._engine = self._lean_engine()
+        return self._engine
+
+    def _lean_engine(self) -> Any:
+        with self._lock:
+            if self._lean is None:
+                from manyfiles.s3.engines.threads import ThreadsEngine
+
+                self._lean = ThreadsEngine(self._ctx, self.workers, name="lean", transport="lean")
+            return self._lean
+
+    def _elsewhere(self, job: Any) -> None:     # a Download the loop does not speak
+        self._lean_engine().submit(job)
 
     def _fetch_range(self, key: str, range: Range, size: int | None, etag: str | None,
                      into: memoryview | None) -> None:      # a range thread
@@ -207,17 +235,24 @@ class Fetcher:
             except queue.Empty:
                 watch.tick(None, self._where)
                 continue
-            kind = type(ev)
-            if kind is BytesIn:
-                watch.moving = True
-            elif kind is Retried:
-                watch.failed(ev.reason)
-            elif kind is JobDone or kind is JobFailed:
-                self._outcome(ev)
-            elif kind is RangeDone:
-                watch.moving = True
-                self._keep(ev.request, ev.result)
+            if type(ev) is Batch:       # one turn of the loop engine's outcomes
+                for one in ev.events:
+                    self._event(one)
+            else:
+                self._event(ev)
         return self._done.pop(want)
+
+    def _event(self, ev: Any) -> None:
+        kind = type(ev)
+        if kind is JobDone or kind is JobFailed:
+            self._outcome(ev)
+        elif kind is BytesIn:
+            self._watch.moving = True
+        elif kind is Retried:
+            self._watch.failed(ev.reason)
+        elif kind is RangeDone:
+            self._watch.moving = True
+            self._keep(ev.request, ev.result)
 
     def _outcome(self, ev: JobDone | JobFailed) -> None:
         key, outcome = ev.job.key, ev.outcome
@@ -247,9 +282,11 @@ class Fetcher:
 
     def close(self) -> None:
         """Stop: requests in flight are cut off, the connections closed."""
-        if os.getpid() != self.pid:
+        if os.getpid() != self.pid or self._closed:
             return
-        self._engine.kill()
+        self._closed = True
+        for engine in {id(e): e for e in (self._engine, self._lean) if e is not None}.values():
+            engine.kill()
         if self._ranges is not None:
             self._ranges.shutdown(wait=True, cancel_futures=True)
 
