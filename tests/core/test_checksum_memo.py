@@ -174,7 +174,7 @@ def test_a_save_killed_half_way_leaves_the_old_memo_and_its_temporary_file_goes_
                        timeout=60)
     assert r.returncode == -signal.SIGKILL, r.stderr
     [tmp] = [p for p in where.iterdir() if p.name.endswith(".tmp")]
-    assert 0 < tmp.stat().st_size
+    assert tmp.stat().st_size > 0
     after = ChecksumMemo.open(root, where)
     assert after.get("f0.bin", ident, "md5") == "aa"
     assert after.get("new1", Identity(1, 1, 4, 1, 1), "md5") is None
