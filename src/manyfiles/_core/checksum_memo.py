@@ -90,8 +90,7 @@ class ChecksumMemo:
         self._loaded = loaded               # rel -> the rest of its record, parsed when asked
         self._fresh: dict[str, tuple[Identity, int, dict[str, str]]] = {}
         self._lock = threading.Lock()
-        self.hits = 0
-        self.puts = 0
+        self.puts = 0               # values memoized by this run (0: the memo file stays as it is)
 
     @classmethod
     def open(cls, root: str | os.PathLike, memo_dir: str | os.PathLike | None = None, *,
@@ -123,8 +122,7 @@ class ChecksumMemo:
         value = sums.get(method)
         if value is not None:
             with self._lock:
-                self.hits += 1
-                self._fresh.setdefault(rel, fresh)
+                self._fresh.setdefault(rel, fresh)      # (kept by the next save)
         return value
 
     def put(self, rel: str, before: Identity, after: Identity, taken_ns: int, method: str,

@@ -186,7 +186,7 @@ def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude
                   progress=show_progress, on_event=None if cluster else on_event, part_size=part_size,
                   multipart_threshold=multipart_threshold, checksum=checksum, follow_symlinks=follow_symlinks,
                   retry=retry, state_dir=state_dir, sync=sync, compare_by=compare_by, delete=delete,
-                  max_delete=max_delete, files_from=files_from, **({} if memo else {"memo": False}))
+                  max_delete=max_delete, files_from=files_from, memo=memo)
     if cluster:         # (the workers sent no events: the failures come with the report)
         for f in report.failures:
             on_event({"event": "failed", "path": f.path, "reason": f.reason, "code": f.code})

@@ -143,7 +143,7 @@ def _compare(root: str, store: Any, prefix: str, by: str, include: Iterable[str]
             return bool(state.done) and state.is_done(e.key, e.remote_size, e.etag, path, verify=rehash)
 
         return compare(root, store, prefix, by=by, source="remote", include=include, exclude=exclude,
-                       workers=workers, known=known, progress=progress, memo=memo and not rehash)
+                       workers=workers, known=known, progress=progress, memo=False if rehash else memo)
     finally:
         state.release()
 
