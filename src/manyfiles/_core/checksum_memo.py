@@ -107,12 +107,11 @@ class ChecksumMemo:
         """The ``method`` checksum of the file ``rel`` (relative to the root) whose lstat is ``now``,
         when the memo holds it for exactly that identity and it was taken safely after the file's
         last change; else None (hash the file)."""
-        with self._lock:
-            fresh = self._fresh.get(rel)
+        fresh = self._fresh.get(rel)
         if fresh is None:
             raw = self._loaded.get(rel)
-            if raw is None:
-                return None
+            if raw is None or not raw.startswith(_identity_text(now)):
+                return None         # (most misses: no parsing)
             fresh = _parse(raw)
             if fresh is None:
                 return None
@@ -182,9 +181,13 @@ class ChecksumMemo:
         _prune(folder, keep=self.path)
 
 
+def _identity_text(ident: Identity) -> str:
+    return f"{ident[0]} {ident[1]} {ident[2]} {ident[3]} {ident[4]} "
+
+
 def _record(rel: str, ident: Identity, taken_ns: int, sums: dict[str, str]) -> str:
     values = " ".join(f"{k}={v}" for k, v in sums.items())
-    return f"{rel}\t{' '.join(map(str, ident))} {taken_ns} {values}\n"
+    return f"{rel}\t{_identity_text(ident)}{taken_ns} {values}\n"
 
 
 def _parse(raw: str) -> tuple[Identity, int, dict[str, str]] | None:
