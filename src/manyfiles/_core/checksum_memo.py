@@ -89,6 +89,7 @@ class ChecksumMemo:
         self.root, self.path, self.margin_ns = root, path, margin_ns
         self._loaded = loaded               # rel -> the rest of its record, parsed when asked
         self._fresh: dict[str, tuple[Identity, int, dict[str, str]]] = {}
+        self._used: set[str] = set()      # loaded entries this run found true: written back as read
         self._lock = threading.Lock()
         self.puts = 0               # values memoized by this run (0: the memo file stays as it is)
 
@@ -108,20 +109,24 @@ class ChecksumMemo:
         when the memo holds it for exactly that identity and it was taken safely after the file's
         last change; else None (hash the file)."""
         fresh = self._fresh.get(rel)
-        if fresh is None:
-            raw = self._loaded.get(rel)
-            if raw is None or not raw.startswith(_identity_text(now)):
-                return None         # (most misses: no parsing)
-            fresh = _parse(raw)
-            if fresh is None:
+        if fresh is not None:
+            ident, taken_ns, sums = fresh
+            if ident != now:
                 return None
-        ident, taken_ns, sums = fresh
-        if ident != now or max(ident.mtime_ns, ident.ctime_ns) + self.margin_ns >= taken_ns:
+            value = sums.get(method)
+        else:
+            raw = self._loaded.get(rel)
+            head = _identity_text(now)
+            if raw is None or not raw.startswith(head):
+                return None
+            taken, _, values = raw[len(head):].partition(" ")
+            taken_ns = int(taken) if taken.isdigit() else 0
+            value = _parse_values(values).get(method)
+        if max(now.mtime_ns, now.ctime_ns) + self.margin_ns >= taken_ns:
             return None
-        value = sums.get(method)
-        if value is not None:
+        if value is not None and fresh is None:
             with self._lock:
-                self._fresh.setdefault(rel, fresh)      # (kept by the next save)
+                self._used.add(rel)     # (written back by the next save)
         return value
 
     def put(self, rel: str, before: Identity, after: Identity, taken_ns: int, method: str,
@@ -137,6 +142,9 @@ class ChecksumMemo:
         with self._lock:
             old = self._fresh.get(rel)
             sums = dict(old[2]) if old is not None and old[0] == before else {}
+            raw = self._loaded.get(rel) if old is None else None
+            if raw is not None and raw.startswith(_identity_text(before)):   # (its other methods kept)
+                sums = _parse_values(raw[len(_identity_text(before)):].partition(" ")[2])
             sums[method] = value
             self._fresh[rel] = (before, taken_ns, sums)
             self.puts += 1
@@ -148,16 +156,15 @@ class ChecksumMemo:
         if self.path is None:
             return
         with self._lock:
-            fresh = dict(self._fresh)
-        if not self.puts and all(rel in fresh or (carry is not None and carry(rel)) for rel in self._loaded):
+            fresh, used = dict(self._fresh), set(self._used)
+        if not self.puts and all(rel in used or (carry is not None and carry(rel)) for rel in self._loaded):
             return                  # (every entry would be written as it was read)
         lines = [_record(rel, *entry) for rel, entry in fresh.items()][:MAX_ENTRIES]
-        if carry is not None:
-            for rel, raw in self._loaded.items():
-                if len(lines) >= MAX_ENTRIES:
-                    break
-                if rel not in fresh and carry(rel):
-                    lines.append(f"{rel}\t{raw}\n")
+        for rel, raw in self._loaded.items():
+            if len(lines) >= MAX_ENTRIES:
+                break
+            if rel not in fresh and (rel in used or (carry is not None and carry(rel))):
+                lines.append(f"{rel}\t{raw}\n")
         body = (f"{MAGIC}\t{self.root}\n" + "".join(lines)).encode("utf-8", "surrogateescape")
         data = body + f"end {len(lines)} {zlib.crc32(body)}\n".encode()
         folder = os.path.dirname(self.path)
@@ -190,23 +197,15 @@ def _record(rel: str, ident: Identity, taken_ns: int, sums: dict[str, str]) -> s
     return f"{rel}\t{_identity_text(ident)}{taken_ns} {values}\n"
 
 
-def _parse(raw: str) -> tuple[Identity, int, dict[str, str]] | None:
-    """A record's fields (after its path), None when it does not parse (never trusted)."""
-    fields = raw.split(" ")
-    if len(fields) < 7:
-        return None
-    try:
-        ident = Identity(*(int(x) for x in fields[:5]))
-        taken_ns = int(fields[5])
-    except ValueError:
-        return None
+def _parse_values(values: str) -> dict[str, str]:
+    """A record's ``method=value`` pairs; {} when any does not parse (nothing of it trusted)."""
     sums = {}
-    for pair in fields[6:]:
+    for pair in values.split(" "):
         method, eq, value = pair.partition("=")
-        if not eq or not value:
-            return None
+        if not eq or not value or not method:
+            return {}
         sums[method] = value
-    return ident, taken_ns, sums
+    return sums
 
 
 def _load(path: str, root: str) -> dict[str, str]:
