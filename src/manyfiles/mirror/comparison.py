@@ -346,11 +346,11 @@ def _by_mtime(entry: Entry, source: str, report: Comparison) -> None:
 
 def _memo_says_same(memo: ChecksumMemo, entry: Entry, identity: Identity | None) -> bool:
     """Whether the memo holds the file's MD5 and it is the listed ETag (the fast path: no thread,
-    no HEAD; anything else goes to :func:`_by_checksum`)."""
-    if identity is None:
+    no HEAD; anything else goes to :func:`_by_checksum`).  A memoized MD5 is the value of an MD5
+    claim the file passed, so an ETag equal to it is that claim's again (no need to make it)."""
+    if identity is None or not entry.etag or len(entry.etag) != 32:
         return False
-    claim = _listed_claim(entry)
-    return claim is not None and memo.get(entry.path, identity, claim.method) == claim.value
+    return memo.get(entry.path, identity, "md5") == entry.etag
 
 
 def _by_checksum(pending: list[tuple[Entry, LocalFile]], root: str, store: Any, report: Comparison,
