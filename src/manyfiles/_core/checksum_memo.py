@@ -116,8 +116,10 @@ class ChecksumMemo:
             value = sums.get(method)
         else:
             raw = self._loaded.get(rel)
+            if raw is None:
+                return None
             head = _identity_text(now)
-            if raw is None or not raw.startswith(head):
+            if not raw.startswith(head):
                 return None
             taken, _, values = raw[len(head):].partition(" ")
             taken_ns = int(taken) if taken.isdigit() else 0
@@ -143,8 +145,9 @@ class ChecksumMemo:
             old = self._fresh.get(rel)
             sums = dict(old[2]) if old is not None and old[0] == before else {}
             raw = self._loaded.get(rel) if old is None else None
-            if raw is not None and raw.startswith(_identity_text(before)):   # (its other methods kept)
-                sums = _parse_values(raw[len(_identity_text(before)):].partition(" ")[2])
+            head = _identity_text(before) if raw is not None else ""
+            if raw is not None and raw.startswith(head):       # (its other methods kept)
+                sums = _parse_values(raw[len(head):].partition(" ")[2])
             sums[method] = value
             self._fresh[rel] = (before, taken_ns, sums)
             self.puts += 1
