@@ -8,7 +8,10 @@ same data, interleaved round by round, median of ``--repeat``:
   (the same comparison with nothing to upload): ``manyfiles check`` (checksum: an MD5 per file
   against the listing's ETag), ``manyfiles check --compare size-mtime`` (s5cmd's and aws's rule),
   ``s5cmd sync``, ``aws s3 sync``,
-  ``rclone sync --fast-list --checksum``, ``rclone check``;
+  ``rclone sync --fast-list --checksum``, ``rclone check``.  By checksum, twice: ``(memo empty)``
+  with a new ``XDG_STATE_HOME`` each run (the first sync of a tree: every file read and hashed, the
+  checksum memo written), ``(memo warm)`` with the benchmark's own state folder, filled by the
+  untimed run (a file unchanged since it was hashed is not read);
 * **down**: ``s3pull --sync`` (into a folder s3pull filled: its state keeps every file, nothing
   hashed), ``s3pull`` (a plain re-run), ``s5cmd sync``, ``aws s3 sync`` (each into its own copy of
   the folder, synced once before timing so that its own rule finds nothing to do).
@@ -85,16 +88,22 @@ def seed(n: int, endpoint: str) -> tuple[str, Path]:
     return bucket, src
 
 
+STATE = DATA / "state"            # XDG_STATE_HOME of every run but the "(memo empty)" ones
+EMPTY = "(memo empty)"
+
+
 def commands(bucket: str, src: Path, down: dict[str, Path], endpoint: str) -> dict[str, list[str]]:
     url = f"s3://{bucket}/p/"
     s5 = [str(pullbench.BENCH_VENV / "s5cmd"), "--endpoint-url", endpoint]
     aws = [str(pullbench.BENCH_VENV / "aws"), "s3", "sync", "--only-show-errors", "--endpoint-url", endpoint]
     rclone = str(pullbench.go_tool("rclone"))
     return {
-        "up: manyfiles check": [str(BIN / "manyfiles"), "check", str(src), url, "-q"],
+        f"up: manyfiles check {EMPTY}": [str(BIN / "manyfiles"), "check", str(src), url, "-q"],
+        "up: manyfiles check (memo warm)": [str(BIN / "manyfiles"), "check", str(src), url, "-q"],
         "up: manyfiles check --compare size-mtime": [str(BIN / "manyfiles"), "check", str(src), url, "-q",
                                                      "--compare", "size-mtime"],
-        "up: s3push --sync": [str(BIN / "s3push"), f"{src}/", url, "--sync", "-q"],
+        f"up: s3push --sync {EMPTY}": [str(BIN / "s3push"), f"{src}/", url, "--sync", "-q"],
+        "up: s3push --sync (memo warm)": [str(BIN / "s3push"), f"{src}/", url, "--sync", "-q"],
         "up: s3push --sync --compare size-mtime": [str(BIN / "s3push"), f"{src}/", url, "--sync", "-q",
                                                    "--compare", "size-mtime"],
         "up: s5cmd sync": [*s5, "sync", f"{src}/", url],
@@ -129,16 +138,20 @@ def requests_since(log: Path, offset: int) -> tuple[dict[str, int], int]:
 
 def run(n: int, repeat: int, endpoint: str, log: Path, only: set[str] | None) -> None:
     bucket, src = seed(n, endpoint)
-    env = pullbench.env_for(endpoint)
+    env = {**pullbench.env_for(endpoint), "XDG_STATE_HOME": str(STATE)}
     down = {tool: DATA / f"down-{n}-{tool}" for tool in ("s3pull", "s5cmd", "aws")}
-    for path in down.values():
-        shutil.rmtree(path, ignore_errors=True)
-    subprocess.run([str(BIN / "s3pull"), f"s3://{bucket}/p/", str(down["s3pull"]), "-q"], env=env, check=True)
-    for tool in ("s5cmd", "aws"):           # a copy of the files (mtimes kept), without s3pull's state
-        shutil.copytree(down["s3pull"], down[tool], ignore=shutil.ignore_patterns(".s3pull"))
     cmds = commands(bucket, src, down, endpoint)
     if only:
         cmds = {k: v for k, v in cmds.items() if any(o in k for o in only)}
+    if any(k.startswith("down:") for k in cmds):
+        # (only then: 300,000 files deleted and made again slow every later file creation on this
+        # machine's ext4, see docs/benchmarks.md "the benchmark's own file deletions")
+        for path in down.values():
+            shutil.rmtree(path, ignore_errors=True)
+        subprocess.run([str(BIN / "s3pull"), f"s3://{bucket}/p/", str(down["s3pull"]), "-q"], env=env,
+                       check=True)
+        for tool in ("s5cmd", "aws"):           # a copy of the files (mtimes kept), without s3pull's state
+            shutil.copytree(down["s3pull"], down[tool], ignore=shutil.ignore_patterns(".s3pull"))
     offset = log.stat().st_size
     for cmd in cmds.values():               # once untimed: each tool's own rule settles its folder
         subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -152,9 +165,12 @@ def run(n: int, repeat: int, endpoint: str, log: Path, only: set[str] | None) ->
         for name, cmd in cmds.items():
             time.sleep(0.5)                 # the access log of the previous run flushed
             _, offset = requests_since(log, offset)
+            empty = DATA / "state-empty"        # one memo file: nothing like many deletions
+            shutil.rmtree(empty, ignore_errors=True)
+            run_env = {**env, "XDG_STATE_HOME": str(empty)} if EMPTY in name else env
             ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
-            r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            r = subprocess.run(cmd, env=run_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             dt = time.perf_counter() - t0
             ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             time.sleep(0.5)
@@ -173,8 +189,8 @@ def run(n: int, repeat: int, endpoint: str, log: Path, only: set[str] | None) ->
     print(f"\n### No-op sync / check of {n:,} unchanged 1 KiB objects\n")
     print(f"Load average {os.getloadavg()[0]:.1f} at the end; median of {repeat}; requests of the last "
           "run.\n")
-    print("| command | median s | client CPU s | vs s5cmd sync (same direction) | LIST | HEAD | GET | PUT "
-          "| exit |")
+    print("| command | median s | client CPU s | vs s5cmd sync / aws s3 sync (same direction) | LIST | HEAD "
+          "| GET | PUT | exit |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in cmds:
         if not times[name]:
@@ -183,6 +199,8 @@ def run(n: int, repeat: int, endpoint: str, log: Path, only: set[str] | None) ->
         med = statistics.median(times[name])
         base = times.get(f"{name.split(':')[0]}: s5cmd sync")
         ratio = f"{statistics.median(base) / med:.2f}x" if base else "-"
+        aws = times.get(f"{name.split(':')[0]}: aws s3 sync")
+        ratio += f" / {statistics.median(aws) / med:.2f}x" if aws else ""
         c = reqs[name]
         side, _, what = name.partition(": ")
         print(f"| `{what}` ({side}) | {med:.2f} | {statistics.median(cpus[name]):.2f} "

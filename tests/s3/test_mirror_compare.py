@@ -193,3 +193,55 @@ def test_check_prints_each_difference_and_exits_1_then_0_once_equal(world) -> No
              for a in ("--exclude", x)]
     r = _check_cli(url, str(root), "-q", *agree, env=b.env)        # either order
     assert (r.returncode, r.stdout, r.stderr) == (0, b"", b""), r.stderr
+
+
+def test_a_check_by_checksum_reads_an_unchanged_file_once_and_still_finds_a_same_size_edit(
+        moto_direct, tmp_path: Path, monkeypatch) -> None:
+    """The checksum memo (``$XDG_STATE_HOME/manyfiles/checksums``): a second check reads no byte of
+    the files unchanged since the first hashed them; a same-size edit with its mtime put back is
+    read again and found; ``memo=False`` and ``--no-memo`` read everything; s3push --sync uses it."""
+    from manyfiles._core.checksum_memo import MARGIN_NS
+    from manyfiles.push import push
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    b = Bucket(moto_direct, prefix="memo")
+    root = tmp_path / "src"
+    root.mkdir()
+    try:
+        data = {f"f{i}.bin": blob(300 + i, str(i)) for i in range(3)}
+        for rel, body in data.items():
+            (root / rel).write_bytes(body)
+            b.put(f"p/{rel}", body)
+        total = sum(map(len, data.values()))
+        # a file is memoized only once its last change is older than the margin (racily clean)
+        newest = max(max(st.st_mtime_ns, st.st_ctime_ns) for st in map(os.lstat, root.iterdir()))
+        while time.time_ns() <= newest + MARGIN_NS:
+            time.sleep(0.05)
+        url = f"s3://{b.bucket}/p/"
+        first = mirror.check(root, url, settings=b.settings)
+        assert first.equal and (first.hashed_bytes, first.memo_hits) == (total, 0)
+        second = mirror.check(root, url, settings=b.settings)
+        assert second.equal and (second.hashed_bytes, second.memo_hits) == (0, 3)
+        assert [e.why for e in second.same] == ["md5"] * 3
+        edited = root / "f1.bin"
+        st = os.lstat(edited)
+        edited.write_bytes(blob(301, "other"))                   # same size, other bytes
+        os.utime(edited, ns=(st.st_atime_ns, st.st_mtime_ns))   # and the old mtime back
+        third = mirror.check(root, url, settings=b.settings)
+        assert _paths(third.differing) == ["f1.bin"] and third.memo_hits == 2
+        assert third.hashed_bytes in (301, 602)      # (and again for moto's CRC after a HEAD)
+        unmemoized = mirror.check(root, url, settings=b.settings, memo=False)
+        assert unmemoized.memo_hits == 0 and unmemoized.hashed_bytes >= total
+        r = _check_cli(str(root), url, "--json", "--no-memo",
+                       env={**b.env, "XDG_STATE_HOME": str(tmp_path / "state")})
+        summary = json.loads(r.stdout.decode().splitlines()[-1])
+        assert (r.returncode, summary["hashed_bytes"], summary["memo_hits"]) == \
+            (1, unmemoized.hashed_bytes, 0), r.stderr
+        # s3push --sync compares through the same memo: a push with an empty one fills it
+        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state2"))
+        report = push(f"{root}/", url, settings=b.settings, sync=True, state_dir=tmp_path / "journal")
+        assert (report.uploaded, report.same) == (1, 2)
+        after = mirror.check(root, url, settings=b.settings)
+        assert after.equal and (after.hashed_bytes, after.memo_hits) == (301, 2)
+    finally:
+        b.close()

@@ -194,6 +194,15 @@ def quiet_option(help: str = "Nothing on stderr but errors (no progress, no summ
     return click.option("-q", "--quiet", "quiet", is_flag=True, help=help)
 
 
+def memo_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--no-memo``, passed as ``memo`` (True unless given): the checksum memo of a comparison by
+    checksum (docs/s3push.md "The checksum memo")."""
+    return click.option("--no-memo", "memo", is_flag=True, flag_value=False, default=True,
+                        help="Read and hash every file compared by checksum: do not trust the checksum "
+                             "memo ($XDG_STATE_HOME/manyfiles/checksums) for files unchanged since they "
+                             "were hashed.")(fn)
+
+
 def progress_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``--progress/--no-progress``, passed as ``progress``: True, False or None (auto: see
     :func:`resolve_progress`)."""

@@ -19,6 +19,7 @@ from manyfiles.cli._common import (
     instrumented,
     jobs_option,
     json_option,
+    memo_option,
     prog_name,
     progress_option,
     quiet_option,
@@ -70,13 +71,15 @@ SRC a file, an unknown --aws-profile).
               help="Retries per request on 5xx, SlowDown and network errors.")
 @json_option("Print one JSON object per difference (and note), then the summary.")
 @quiet_option("No summary, no notes (differences still go to stdout, errors to stderr).")
+@memo_option
 @progress_option
 @aws_options
 @timeout_options
 @instrumented
 def command(source: str, dest: str, by: str, include: tuple[str, ...], exclude: tuple[str, ...], jobs: int,
-            retries: int, as_json: bool, quiet: bool, progress: bool | None, aws_profile: str | None,
-            region: str | None, endpoint_url: str | None, path_style: bool | None, no_sign_request: bool,
+            retries: int, as_json: bool, quiet: bool, memo: bool, progress: bool | None,
+            aws_profile: str | None, region: str | None, endpoint_url: str | None, path_style: bool | None,
+            no_sign_request: bool,
             connect_timeout: float, read_timeout: float, stall_timeout: float) -> int:
     """Compare the folder SRC with s3://bucket/prefix/ (either order), moving nothing.
 
@@ -98,7 +101,8 @@ def command(source: str, dest: str, by: str, include: tuple[str, ...], exclude: 
                                     stall_timeout=stall_timeout, retries=retries)
     shown_progress = resolve_progress(progress, quiet=quiet, as_json=as_json)
     result = check(local, url, by=by, source="remote" if remote_first else "local", include=include,
-                   exclude=exclude, settings=settings, retry=retry, workers=jobs, progress=shown_progress)
+                   exclude=exclude, settings=settings, retry=retry, workers=jobs, progress=shown_progress,
+                   memo=memo)
     _render(prog_name(), result, as_json=as_json, quiet=quiet)
     return 0 if result.equal else EXIT_FAILED
 

@@ -27,6 +27,7 @@ from manyfiles.cli._common import (
     instrumented,
     jobs_option,
     json_option,
+    memo_option,
     prog_name,
     progress_option,
     quiet_option,
@@ -132,6 +133,7 @@ class _PullOrVerify(click.Command):
 @dry_run_option("List and plan only: print each object's engine; nothing is written.")
 @json_option("Print one JSON event a line on stdout, then the summary.")
 @quiet_option("No progress bar, no summary (errors still go to stderr).")
+@memo_option
 @progress_option
 @aws_options
 @timeout_options
@@ -142,8 +144,8 @@ def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
             part_size: int, retries: int, no_checksum: bool, etag_only: bool, verify_existing: bool,
             fsync: bool, cache_dir: str | None, sync: bool, compare_by: str, delete: bool, max_delete: int,
             dry_run: bool,
-            as_json: bool, quiet: bool, progress: bool | None, aws_profile: str | None, region: str | None,
-            endpoint_url: str | None,
+            as_json: bool, quiet: bool, memo: bool, progress: bool | None, aws_profile: str | None,
+            region: str | None, endpoint_url: str | None,
             path_style: bool | None, no_sign_request: bool, connect_timeout: float, read_timeout: float,
             stall_timeout: float, cluster: str | None) -> int:
     """Download every object under SOURCE (s3://bucket/prefix, wildcards allowed) into DEST.
@@ -185,7 +187,7 @@ def command(source: str, dest: str, strategy: str, jobs: int, processes: int,
             from manyfiles.mirror import pull_sync
 
             report = pull_sync(source, dest, compare_by=compare_by, delete=delete,
-                               max_delete=None if max_delete < 0 else max_delete, **options)
+                               max_delete=None if max_delete < 0 else max_delete, memo=memo, **options)
         else:
             report = pull(source, dest, manifest=files_from, **options,
                           **({"cluster": cluster} if cluster else {}))

@@ -25,6 +25,7 @@ from manyfiles.cli._common import (
     instrumented,
     jobs_option,
     json_option,
+    memo_option,
     prog_name,
     progress_option,
     quiet_option,
@@ -104,6 +105,7 @@ def parse_age(text: str) -> float:
 @dry_run_option("List and plan only: print each file's key and how it would go; nothing is sent.")
 @json_option("Print one JSON event a line on stdout, then the summary.")
 @quiet_option()
+@memo_option
 @progress_option
 @cluster_option
 @aws_options
@@ -114,7 +116,7 @@ def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude
             follow_symlinks: bool, retries: int,
             state_dir: str | None, sync: bool, compare_by: str, delete: bool, max_delete: int,
             abort_stale: str | None, older_than: str, dry_run: bool, as_json: bool,
-            quiet: bool, progress: bool | None, aws_profile: str | None, region: str | None,
+            quiet: bool, memo: bool, progress: bool | None, aws_profile: str | None, region: str | None,
             endpoint_url: str | None, path_style: bool | None, no_sign_request: bool, connect_timeout: float,
             read_timeout: float, stall_timeout: float, cluster: str | None) -> int:
     """Upload files and folders (SRC...) to DEST (s3://bucket/prefix/).
@@ -184,7 +186,7 @@ def command(paths: tuple[str, ...], jobs: int, include: tuple[str, ...], exclude
                   progress=show_progress, on_event=None if cluster else on_event, part_size=part_size,
                   multipart_threshold=multipart_threshold, checksum=checksum, follow_symlinks=follow_symlinks,
                   retry=retry, state_dir=state_dir, sync=sync, compare_by=compare_by, delete=delete,
-                  max_delete=max_delete, files_from=files_from)
+                  max_delete=max_delete, files_from=files_from, memo=memo)
     if cluster:         # (the workers sent no events: the failures come with the report)
         for f in report.failures:
             on_event({"event": "failed", "path": f.path, "reason": f.reason, "code": f.code})

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from manyfiles._core.checksum_memo import ChecksumMemo, Identity
 from manyfiles._core.pool import Pool
 from manyfiles._core.progress import ProgressArg, check_progress, progress_for
 from manyfiles._core.report import Report
@@ -112,6 +113,7 @@ class Comparison(Report):
     skipped: list[Entry] = field(default_factory=list)
     local_files: int = 0
     remote_objects: int = 0
+    memo_hits: int = 0          # pairs found the same (or not) by the checksum memo, no byte read
     heads: int = 0              # objects asked with a HEAD (checksum: an ETag that is no MD5, or a
                                 # mismatch to confirm; a multipart ETag's part sizes: one more each)
     hashed_bytes: int = 0       # local bytes read to compare checksums
@@ -140,6 +142,7 @@ class Comparison(Report):
                                "differing": len(self.differing), "missing_remote": len(self.missing_remote),
                                "missing_local": len(self.missing_local), "skipped": len(self.skipped),
                                "heads": self.heads, "hashed_bytes": self.hashed_bytes,
+                               "memo_hits": self.memo_hits,
                                "seconds": round(self.seconds, 3),
                                "failures": [{"path": f.path, "code": f.code, "reason": f.reason}
                                             for f in self.failures]}
@@ -147,10 +150,12 @@ class Comparison(Report):
 
 
 class LocalFile(NamedTuple):
-    """One local file as the walk saw it (lstat): its size and mtime (seconds since the epoch)."""
+    """One local file as the walk saw it (lstat): its size, mtime (seconds since the epoch) and
+    identity (what the checksum memo keys on; None: unknown, the file is always read)."""
 
     size: int
     mtime: float
+    identity: Identity | None = None
 
 
 def _check_args(by: str, source: str, workers: int, progress: object) -> None:
@@ -213,7 +218,7 @@ def local_files(root: str | os.PathLike, *, keep: Callable[[str], bool] | None =
                 kind = "symlink (not followed)" if _stat.S_ISLNK(st.st_mode) else "not a regular file"
                 report.skipped.append(Entry(rel, "", local_size=st.st_size, why=kind))
                 continue
-            out[rel] = LocalFile(st.st_size, st.st_mtime)
+            out[rel] = LocalFile(st.st_size, st.st_mtime, Identity.of(st))
     return out
 
 
@@ -230,7 +235,8 @@ def _errname(exc: OSError) -> str:
 def compare(local_root: str | os.PathLike, store: Any, prefix: str = "", *, by: str = "checksum",
             source: str = "local", include: Iterable[str] = (), exclude: Iterable[str] = (),
             workers: int = 16, walk_threads: int = 16, known: Callable[[Entry], bool] | None = None,
-            progress: ProgressArg = False, local: Mapping[str, LocalFile] | None = None) -> Comparison:
+            progress: ProgressArg = False, local: Mapping[str, LocalFile] | None = None,
+            memo: bool | str | os.PathLike = True) -> Comparison:
     """Compare the files under ``local_root`` with the objects under ``prefix`` of ``store``.
 
     ``store``: a :class:`manyfiles.s3.store.Store` (one bucket; :func:`~manyfiles.s3.store.store_for`).
@@ -243,7 +249,10 @@ def compare(local_root: str | os.PathLike, store: Any, prefix: str = "", *, by: 
     (``known(entry)`` True: this file is that object's version, unchanged since) is the same
     without being hashed (``why="recorded"``).  ``local``: the files under ``local_root`` when the
     caller walked it already (:func:`local_files`' form, filtered by the same rules): it is not
-    walked again (s3push --sync).
+    walked again (s3push --sync).  ``memo`` (``checksum`` only): the checksum memo of
+    ``local_root`` (:mod:`manyfiles._core.checksum_memo`: a file whose stat identity is unchanged
+    since it was hashed is not read again; docs/s3push.md says what it trusts); True: kept in
+    ``$XDG_STATE_HOME/manyfiles/checksums``, a path: kept in that folder, False: every file is read.
 
     Raises NotFound / WrongKind for a ``local_root`` that is missing or no folder, and the
     listing's TransferError (no bucket, credentials refused); per-file problems are failures of
@@ -255,6 +264,9 @@ def compare(local_root: str | os.PathLike, store: Any, prefix: str = "", *, by: 
     keep = make_filter(tuple(include), tuple(exclude))
     report = Comparison(local_root=os.path.abspath(local_root), url=f"s3://{store.bucket}/{prefix}", by=by,
                         source=source)
+    memo_of = None
+    if by == "checksum" and memo is not False:
+        memo_of = ChecksumMemo.open(report.local_root, None if memo is True else memo)
     with progress_for(progress, "compare", unit="names") as shown_progress:
         files = dict(local) if local is not None else local_files(local_root, keep=keep, threads=walk_threads,
                                                                    report=report)
@@ -285,6 +297,9 @@ def compare(local_root: str | os.PathLike, store: Any, prefix: str = "", *, by: 
                 report.same.append(_with(entry, RECORDED))
             elif by == "size-mtime":
                 _by_mtime(entry, source, report)
+            elif memo_of is not None and _memo_says_same(memo_of, entry, local.identity):
+                report.memo_hits += 1
+                report.same.append(_with(entry, "md5"))
             else:
                 pending.append((entry, local))
         shown_progress.add(len(files))
@@ -292,7 +307,9 @@ def compare(local_root: str | os.PathLike, store: Any, prefix: str = "", *, by: 
             report.missing_remote.append(Entry(rel, prefix + rel, local.size, None, local.mtime, None, None,
                                                MISSING_REMOTE))
         if pending:
-            _by_checksum(pending, report.local_root, store, report, workers)
+            _by_checksum(pending, report.local_root, store, report, workers, memo_of)
+    if memo_of is not None:
+        memo_of.save(carry=None if keep is None else (lambda rel: not keep(rel)))
     for name in ("missing_remote", "missing_local", "differing", "same", "skipped"):
         getattr(report, name).sort(key=lambda e: e.path)
     report.seconds = time.monotonic() - t0
@@ -327,26 +344,35 @@ def _by_mtime(entry: Entry, source: str, report: Comparison) -> None:
         report.same.append(_with(entry, "size-mtime"))
 
 
+def _memo_says_same(memo: ChecksumMemo, entry: Entry, identity: Identity | None) -> bool:
+    """Whether the memo holds the file's MD5 and it is the listed ETag (the fast path: no thread,
+    no HEAD; anything else goes to :func:`_by_checksum`).  A memoized MD5 is the value of an MD5
+    claim the file passed, so an ETag equal to it is that claim's again (no need to make it)."""
+    if identity is None or not entry.etag or len(entry.etag) != 32:
+        return False
+    return memo.get(entry.path, identity, "md5") == entry.etag
+
+
 def _by_checksum(pending: list[tuple[Entry, LocalFile]], root: str, store: Any, report: Comparison,
-                 workers: int) -> None:
+                 workers: int, memo: ChecksumMemo | None = None) -> None:
     """Hash each file against its object's check, ``workers`` at once."""
     lock = threading.Lock()
 
     def one(item: tuple[Entry, LocalFile]) -> None:
-        entry = item[0]
+        entry, identity = item[0], item[1].identity
         heads = hashed = 0
         try:
             claim = _listed_claim(entry)
             if claim is None:
                 claim = _head_claim(store, entry)
                 heads += 1
-            ok, hashed = _matches(root, entry, claim)
+            ok, hashed = _matches(root, entry, claim, memo, identity)
             if not ok and claim.method == "md5":
                 head = _head_claim(store, entry)      # an SSE-KMS ETag is no MD5: the server decides
                 heads += 1
                 if head.method != "md5":
                     claim = head
-                    ok, more = _matches(root, entry, claim)
+                    ok, more = _matches(root, entry, claim, memo, identity)
                     hashed += more
             result = ("same" if ok else "differing", _with(entry, _label(claim)))
         except (IntegrityError, TransferError, ManyfilesError, OSError) as exc:
@@ -388,20 +414,33 @@ def _label(claim: Claim) -> str:
     return claim.kind
 
 
-def _matches(root: str, entry: Entry, claim: Claim) -> tuple[bool, int]:
+def _matches(root: str, entry: Entry, claim: Claim, memo: ChecksumMemo | None = None,
+             identity: Identity | None = None) -> tuple[bool, int]:
     """Whether the local file passes ``claim``, and the bytes read; a file that changed size
-    since it was listed raises (it is a failure, not a difference)."""
+    since it was listed raises (it is a failure, not a difference).  With a ``memo`` and the
+    file's listed ``identity``, a whole-object checksum is taken from the memo when it holds it,
+    and memoized when the file passes (the value is then the claim's)."""
     if claim.method == SIZE_ONLY:
         return True, 0
+    whole = memo is not None and bool(claim.value) and not claim.parts and not claim.composite \
+        and not claim.layout_searched
+    if whole and identity is not None:
+        known = memo.get(entry.path, identity, claim.method)
+        if known is not None:
+            return known == claim.value, 0
     fd = os.open(os.path.join(root, entry.path), _READ_FLAGS)
     try:
         st = os.fstat(fd)
         if not _stat.S_ISREG(st.st_mode) or st.st_size != entry.local_size:
             raise ManyfilesError("changed while it was compared")
+        taken_ns = time.time_ns()
         try:
             rehash_file(fd, st.st_size, claim)
         except IntegrityError:
             return False, st.st_size
+        if whole:
+            memo.put(entry.path, Identity.of(st), Identity.of(os.fstat(fd)), taken_ns, claim.method,
+                     claim.value)
         return True, st.st_size
     finally:
         os.close(fd)

@@ -55,13 +55,14 @@ def pull_sync(source: str, dest: str | os.PathLike, *, compare_by: str = "checks
               max_delete: int | None = MAX_DELETE, include: Iterable[str] = (), exclude: Iterable[str] = (),
               dry_run: bool = False, settings: ClientSettings | None = None, progress: ProgressArg = False,
               on_event: Callable[[Any], None] | None = None, workers: int = 16,
-              **pull_options: Any) -> PullReport:
+              memo: bool | str | os.PathLike = True, **pull_options: Any) -> PullReport:
     """Mirror ``source`` (``s3://bucket/prefix/``: a folder) into ``dest``: fetch what is missing or
     differs, keep what is the same (``compare_by``: ``checksum``, ``size-mtime``, ``size``), and
     with ``delete`` remove files no object has (refused beyond ``max_delete``; None: no limit).
     ``dry_run``: the plan (a PullPlan; ``deletions`` the files that would go).  ``workers``: files
-    hashed at once.  The other keyword arguments go to :func:`manyfiles.s3.pull`.  See the module
-    docstring.
+    hashed at once; ``memo``: the checksum memo of DEST (False: every file is read; see
+    :func:`~manyfiles.mirror.compare`).  The other keyword arguments go to
+    :func:`manyfiles.s3.pull`.  See the module docstring.
 
     Example:
         >>> r = pull_sync("s3://bucket/data/", "/data", delete=True)     # doctest: +SKIP
@@ -81,7 +82,7 @@ def pull_sync(source: str, dest: str | os.PathLike, *, compare_by: str = "checks
     store = store_for(settings, url.bucket, retry=retry, verify=pull_options.get("verify", True),
                       checksum_mode=pull_options.get("checksum_mode", True))
     seen = _compare(root, store, url.prefix, compare_by, include, exclude, workers, progress,
-                    rehash=pull_options.get("verify_existing", False))
+                    rehash=pull_options.get("verify_existing", False), memo=memo)
     fetch = [ObjectInfo(e.key, e.remote_size, e.etag)
              for e in sorted([*seen.missing_local, *seen.differing, *(e for e in seen.skipped if e.key)],
                              key=lambda e: e.key)]
@@ -129,7 +130,7 @@ def _check(source: str, compare_by: str, max_delete: int | None, pull_options: d
 
 
 def _compare(root: str, store: Any, prefix: str, by: str, include: Iterable[str], exclude: Iterable[str],
-             workers: int, progress: ProgressArg, rehash: bool) -> Comparison:
+             workers: int, progress: ProgressArg, rehash: bool, memo: bool | str | os.PathLike) -> Comparison:
     """The comparison, with s3pull's state as the record of what it installed (``rehash``:
     ``--verify-existing``, every recorded file hashed against its recorded check)."""
     from manyfiles.s3.state import State
@@ -142,7 +143,7 @@ def _compare(root: str, store: Any, prefix: str, by: str, include: Iterable[str]
             return bool(state.done) and state.is_done(e.key, e.remote_size, e.etag, path, verify=rehash)
 
         return compare(root, store, prefix, by=by, source="remote", include=include, exclude=exclude,
-                       workers=workers, known=known, progress=progress)
+                       workers=workers, known=known, progress=progress, memo=False if rehash else memo)
     finally:
         state.release()
 

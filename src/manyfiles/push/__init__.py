@@ -76,7 +76,7 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
          state_dir: str | os.PathLike | None = None, sync: bool = False, compare_by: str = "checksum",
          delete: bool = False, max_delete: int | None = MAX_DELETE,
          files_from: str | os.PathLike | Iterable[str | bytes] | None = None,
-         cluster: object = None) -> PushReport:
+         cluster: object = None, memo: bool | str | os.PathLike = True) -> PushReport:
     """Upload every file under ``sources`` (files and folders; ``DIR/`` puts the folder's contents
     under the prefix, ``DIR`` keeps its name) to ``dest`` (``s3://bucket/prefix/``).
 
@@ -95,6 +95,8 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
     from their object (``compare_by``: ``checksum``, ``size-mtime`` or ``size``; the comparison of
     :func:`manyfiles.mirror.compare`) are uploaded; with ``delete`` the objects no file has are then
     removed (not after a run with failures), refused up front beyond ``max_delete`` (None: no limit).
+    ``memo``: the checksum memo of the folder (a file unchanged since it was hashed is not read
+    again; False: every file is read; a path: the memo's folder; see docs/s3push.md).
 
     ``files_from`` (one folder as the source): only the files named there, relative to it (a list
     file, ``"-"`` for stdin, one name a line or NUL-terminated, or an iterable of names); a name
@@ -172,7 +174,7 @@ def push(sources: str | os.PathLike | Iterable[str | os.PathLike], dest: str, *,
         listing = list(listing)     # the one walk: the comparison's local side and the uploads
         store = store_for(settings, bucket, retry=retry or RetryPolicy())
         wanted, deletions = _sync_plan(sources[0], listing, store, prefix, compare_by, include, exclude,
-                                       delete, max_delete, report)
+                                       delete, max_delete, report, memo)
     with progress_for(progress, "s3push (dry run)" if dry_run else "s3push", unit="files") as shown:
         if dry_run:
             for item in listing:
@@ -225,9 +227,10 @@ def _check_sync(sources: list[str], compare_by: str, max_delete: int | None) -> 
 
 def _sync_plan(source: str, listing: list, store: Any, prefix: str, compare_by: str, include: Iterable[str],
                exclude: Iterable[str], delete: bool, max_delete: int | None,
-               report: PushReport) -> tuple[set[str], list[str]]:
+               report: PushReport, memo: bool | str | os.PathLike = True) -> tuple[set[str], list[str]]:
     """The keys a sync uploads (missing or differing) and, with ``delete``, the keys it removes;
     the local side is the push's own ``listing`` (the folder is walked once)."""
+    from manyfiles._core.checksum_memo import Identity
     from manyfiles.mirror import compare  # (only a sync loads the comparison)
     from manyfiles.mirror.comparison import LocalFile as Walked
     from manyfiles.mirror.sync import check_deletions
@@ -241,9 +244,11 @@ def _sync_plan(source: str, listing: list, store: Any, prefix: str, compare_by: 
         if isinstance(item, LocalFile):
             rel = item.key[len(below):]
             if not rel.startswith(STATE_DIR + "/"):     # (s3pull's state folder: never compared)
-                walked[rel] = Walked(item.size, item.mtime_ns / 1e9)
+                walked[rel] = Walked(item.size, item.mtime_ns / 1e9,
+                                     Identity(item.dev, item.ino, item.size, item.mtime_ns, item.ctime_ns)
+                                     if item.ctime_ns else None)
     c = compare(root, store, below, by=compare_by, source="local", include=include, exclude=exclude,
-                local=walked)
+                local=walked, memo=memo)
     report.same = len(c.same)
     deletions = sorted(e.key for e in c.missing_local) if delete else []
     check_deletions(len(deletions), c.local_files, max_delete,

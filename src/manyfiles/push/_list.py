@@ -30,7 +30,8 @@ MAX_KEY_BYTES = 1024
 
 
 class LocalFile(NamedTuple):
-    """One file to push: its path (bytes, as listed), its key, and its identity when listed."""
+    """One file to push: its path (bytes, as listed), its key, and its identity when listed
+    (``ctime_ns``: 0 when not known; a sync's checksum memo then never trusts it)."""
 
     path: bytes
     key: str
@@ -38,6 +39,7 @@ class LocalFile(NamedTuple):
     mtime_ns: int
     dev: int
     ino: int
+    ctime_ns: int = 0
 
 
 class Refusal(NamedTuple):
@@ -69,7 +71,7 @@ def _key_of(prefix: str, rel: bytes, path: bytes) -> str | Refusal:
 
 
 def _file(path: bytes, st: os.stat_result, key: str) -> LocalFile:
-    return LocalFile(path, key, st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
+    return LocalFile(path, key, st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def list_files(sources: Iterable[str | os.PathLike], prefix: str, *,
