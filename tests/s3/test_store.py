@@ -7,6 +7,7 @@ import base64
 import contextlib
 import hashlib
 import os
+import zlib
 
 import pytest
 from s3util import blob
@@ -93,6 +94,25 @@ def test_put_if_none_match_never_replaces(store):
     with pytest.raises(ObjectExists):
         store.put("n/x", b"second", if_none_match=True)
     assert store.get("n/x") == b"first"
+
+
+@pytest.mark.parametrize("given", ["checksum", "md5 of the body"])
+def test_a_conditional_put_whose_answer_was_lost_is_not_taken_for_another_writer(store, proxy, given):
+    """The server stored the PUT, then the kept-alive connection closed before its answer: the PUT is
+    tried again as a failed request (not resent unseen), its 412 asks a HEAD, and the object there is
+    this PUT's own: done, not ObjectExists.  Another writer's bytes there are still ObjectExists."""
+    store.put("n/warm", b"x")                       # (a connection kept alive for the next PUT)
+    body = b"conditional body"
+    crc = ("crc32", base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode())
+    proxy.faults.append((lambda m, path, headers: m == "PUT" and path.endswith("/n/y"), "drop-after"))
+    result = store.put("n/y", body, if_none_match=True, checksum=crc if given == "checksum" else None)
+    assert proxy.applied == ["drop-after"]
+    assert [m for m, p, _ in proxy.requests if p.partition("?")[0].endswith("/n/y")] == ["PUT", "PUT", "HEAD"]
+    assert result.etag == hashlib.md5(body).hexdigest() and store.get("n/y") == body
+    proxy.faults.append((lambda m, path, headers: m == "PUT" and path.endswith("/n/y"), "drop-after"))
+    with pytest.raises(ObjectExists):             # its second try finds another body: not this PUT's
+        store.put("n/y", b"other body", if_none_match=True)
+    assert store.get("n/y") == body
 
 
 def test_multipart_upload_resumed_from_its_parts(store):

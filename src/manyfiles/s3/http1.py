@@ -6,10 +6,10 @@ Everything a request to S3 decides, whichever shell does the I/O (the blocking s
 endpoint; the response head (repeated headers kept); S3's error documents turned into errors (the
 error table is :func:`manyfiles.s3.retry.s3_error`); a region redirect followed once (the route
 moves, the request is signed again); a keep-alive connection the server closed while idle sent
-again once on a new one (not a POST: it is not idempotent, and the server may have done it before
-it closed; that is a retryable error, for the caller's retry to see); the server's clock taken
-after a RequestTimeTooSkewed; the endpoint recorded as having answered; and what a failed request's
-exception means (:func:`request_error`).
+again once on a new one (not a POST nor a conditional PUT: they are not idempotent, and the server
+may have done them before it closed; that is a retryable error, for the caller's retry to see); the
+server's clock taken after a RequestTimeTooSkewed; the endpoint recorded as having answered; and
+what a failed request's exception means (:func:`request_error`).
 
 :func:`exchange` is that logic as a generator: it yields what the shell must do (:class:`Send`:
 send these bytes on a connection to this endpoint and return the response head;
@@ -291,10 +291,10 @@ def exchange(route: Route, method: str, path: str, extra: list[tuple[str, str]],
             rest_body = None
         reply = yield Send(ep, data, rest_body, False)
         if reply is None:
-            if method == "POST":
-                # not idempotent (a CreateMultipartUpload sent twice makes two uploads), and the
-                # server may have done it before it closed: the caller's retry sends it again, and
-                # knows (its on_retry hears of it)
+            if method == "POST" or (method == "PUT" and any(k == "if-none-match" for k, _ in extra)):
+                # not idempotent (a CreateMultipartUpload sent twice makes two uploads; a conditional
+                # PUT sent twice finds its own object), and the server may have done it before it
+                # closed: the caller's retry sends it again, and knows (its on_retry hears of it)
                 raise TransferError("the connection closed before the answer (the server may have "
                                     "done the request)", retryable=True)
             # the server closed an idle keep-alive connection: not a failure, send it again

@@ -676,14 +676,21 @@ class S3Store:
         if content_type:
             extra.append(("content-type", content_type))
         size = body.size if isinstance(body, FileBody) else len(body)
+        tries = 0
 
         def attempt() -> PutResult:
+            nonlocal tries
+            tries += 1
             t0 = time.monotonic_ns()
             try:
                 answer = self.transport.request("PUT", self._path(key), "", extra, body=body)
             except ObjectChanged as err:
                 _trace("s3.put", self.bucket, key, 0, size, t0, 412)
                 if if_none_match:
+                    # a try after one whose answer was lost may find the object that try wrote
+                    mine = self._put_found(key, body, checksum, content_md5) if tries > 1 else None
+                    if mine is not None:
+                        return mine
                     raise ObjectExists(f"s3://{self.bucket}/{key}: the object already exists") from err
                 raise
             except TransferError as err:
@@ -693,6 +700,27 @@ class S3Store:
             return _put_result(answer.headers)
 
         return self._retrying(attempt)
+
+    def _put_found(self, key: str, body: Body, checksum: tuple[str, str] | None,
+                   content_md5: bytes | None) -> PutResult | None:
+        """The object under ``key`` as a HEAD shows it, when it is ``body`` (its checksum ours, asked
+        for; else its ETag the MD5 of ``body``); None when it is not, or cannot be told."""
+        try:
+            head = self.head_headers(key)
+        except TransferError:
+            return None
+        found = _put_result(head)
+        if checksum is not None:
+            said = found.checksums.get(_algorithm(checksum[0]))
+            if said is not None:
+                return found if said == checksum[1] else None
+        md5 = content_md5
+        if md5 is None and not isinstance(body, FileBody):
+            h = new_hash("md5")
+            h.update(body)
+            md5 = h.digest()
+        etag = (found.etag or "").lower()
+        return found if md5 is not None and etag == md5.hex() else None
 
     def create_multipart(self, key: str, *, checksum_algorithm: str | None = None,
                          full_object: bool = True, content_type: str | None = None) -> str:
