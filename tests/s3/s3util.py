@@ -870,7 +870,7 @@ class SilentServer:
 
     def __init__(self, *, reset: bool = False) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.url = never_answered(f"http://127.0.0.1:{self.sock.getsockname()[1]}")
         self.reset = reset
         self.accepted: list[socket.socket] = []
         self.thread = threading.Thread(target=self._accept, name="silent-server", daemon=True)
@@ -912,4 +912,15 @@ def nth_get(n: int):
 
 def refused_url() -> str:
     """An http:// URL on 127.0.0.1 where nothing listens (connections are refused)."""
-    return f"http://127.0.0.1:{free_port()}"
+    return never_answered(f"http://127.0.0.1:{free_port()}")
+
+
+def never_answered(url: str) -> str:
+    """``url``, a new endpoint on a port the kernel gave: forgotten by this process's record of the
+    endpoints that answered (``manyfiles.s3.retry``), where an earlier test's server on the same
+    port may have left it (ports are reused in a long run); its errors are then a first contact's,
+    as for any endpoint a process never heard from."""
+    from manyfiles.s3 import retry
+
+    retry._answered.discard(retry.endpoint_name(url))
+    return url
