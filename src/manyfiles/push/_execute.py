@@ -333,7 +333,7 @@ class Pusher:
         finally:
             os.close(fd)
         wrong = _wrong(result, body)
-        if wrong is not None and not self._stored_is(file.key, body):
+        if wrong is not None and not self._stored(file, body):
             self._remove(file)
             raise Wrong(f"{wrong}; the object was removed")
         self._put_done(file, st)
@@ -342,23 +342,10 @@ class Pusher:
         reached("push-put", (file.path,))
         self._done(file, st, "put", 1)
 
-    def _stored_is(self, key: str, body: _Body) -> bool:
-        """Whether the object under ``key`` is the body sent, as a HEAD says (its checksum, asked
-        for, is ours; its ETag, where an MD5, ours; at least one of them said).  Asked when a PUT's
-        answer named other bytes: the server checked the body against our checksum before it
-        stored it, so a wrong answer is most likely the answer's fault, not the object's."""
-        md5, checksum = body.md5, body.checksum
-        try:
-            head = self.store.head_headers(key)
-        except TransferError:
-            return False
-        etag = (head.get("etag") or "").strip('"').lower()
-        said = head.get(f"x-amz-checksum-{checksum[0]}") if checksum is not None else None
-        if _MD5_ETAG.match(etag) and etag != md5.hex():
-            return False
-        if checksum is not None and said is not None:
-            return said == checksum[1]
-        return _MD5_ETAG.match(etag) is not None
+    def _stored(self, file: LocalFile, body: _Body) -> bool:
+        """Whether the object is the body sent, as one HEAD says (asked when a PUT's answer named
+        other bytes: more likely the answer's fault than the object's)."""
+        return self.store.holds(file.key, body.data, checksum=body.checksum, content_md5=body.md5) is not None
 
     def _body(self, file: LocalFile, fd: int, st: os.stat_result) -> _Body:
         """The whole file as read from ``fd`` (``st``: its fstat when opened), checked unchanged."""
@@ -419,7 +406,7 @@ class Pusher:
 
     def _wrong_put(self, file: LocalFile, wrong: str, body: _Body) -> None:
         """A small file's PUT answered for other bytes (on the pool): what was stored decides."""
-        if self._stored_is(file.key, body):
+        if self._stored(file, body):
             self._put_done(file, body.st)
             return
         self._remove(file)

@@ -688,7 +688,8 @@ class S3Store:
                 _trace("s3.put", self.bucket, key, 0, size, t0, 412)
                 if if_none_match:
                     # a try after one whose answer was lost may find the object that try wrote
-                    mine = self._put_found(key, body, checksum, content_md5) if tries > 1 else None
+                    mine = (self.holds(key, body, checksum=checksum, content_md5=content_md5)
+                            if tries > 1 else None)
                     if mine is not None:
                         return mine
                     raise ObjectExists(f"s3://{self.bucket}/{key}: the object already exists") from err
@@ -701,10 +702,12 @@ class S3Store:
 
         return self._retrying(attempt)
 
-    def _put_found(self, key: str, body: Body, checksum: tuple[str, str] | None,
-                   content_md5: bytes | None) -> PutResult | None:
-        """The object under ``key`` as a HEAD shows it, when it is ``body`` (its checksum ours, asked
-        for; else its ETag the MD5 of ``body``); None when it is not, or cannot be told."""
+    def holds(self, key: str, body: Body, *, checksum: tuple[str, str] | None = None,
+              content_md5: bytes | None = None) -> PutResult | None:
+        """The object under ``key`` as one HEAD shows it, when it is ``body`` (its ``checksum``'s value
+        ours, asked for; else its ETag ``body``'s MD5, ``content_md5`` when given); None when it is
+        not, or cannot be told.  Asked when a write's answer was lost or named other bytes: the
+        server checked the body against our checksum before it stored it."""
         try:
             head = self.head_headers(key)
         except TransferError:
