@@ -218,26 +218,6 @@ def test_a_flipping_lying_link_never_yields_wrong_bytes_nor_keeps_them(s3, cache
     assert {s.key: s.data for s in clean} == objs, "wrong bytes kept in the cache"
 
 
-def _fork_reads(ds, indexes: list[int], out) -> None:
-    out.put([hashlib.sha256(s.data).hexdigest() for s in ds.__getitems__(indexes)])
-
-
-def test_a_worker_forked_after_the_dataset_fetched_makes_its_own_fetcher(s3, cache):
-    """A DataLoader worker forked from a process whose dataset already fetched (its fetcher's loop
-    thread running) must not use that fetcher: the thread is not in the child, nothing would answer."""
-    objs = _seed(s3, 12)
-    ds = mf.Dataset(s3.url("train/"), cache=cache, settings=s3.settings)
-    assert [s.data for s in ds.__getitems__([0, 1])] == [objs[k] for k in ds.keys[:2]]   # fetched
-    ctx = mp.get_context("fork")
-    out = ctx.SimpleQueue()
-    child = ctx.Process(target=_fork_reads, args=(ds, list(range(2, 8)), out))
-    child.start()
-    child.join(60)
-    assert child.exitcode == 0
-    assert out.get() == [hashlib.sha256(objs[k]).hexdigest() for k in ds.keys[2:8]]
-    assert [s.data for s in ds.__getitems__([8, 9])] == [objs[k] for k in ds.keys[8:10]], "the parent's own"
-
-
 def test_a_dataset_dropped_ends_its_fetchers_threads(s3, cache):
     """A notebook makes datasets again and again: each one's fetcher (its connections and threads)
     ends when the dataset is collected, not with the process."""
