@@ -199,10 +199,14 @@ def test_sigkilled_process_leaves_a_readable_trace_up_to_its_last_flush(tmp_path
     proc = subprocess.Popen([sys.executable, "-c", KILLED_CHILD, str(path)], stdout=subprocess.PIPE)
     try:
         assert proc.stdout.readline() == b"flushed\n"
-        # wait for at least one periodic flush after the explicit one, then kill: no clean-up
-        size_at_flush = path.stat().st_size
+        # wait until a periodic flush after the explicit one has landed whole (a record of the
+        # second loop reads back: a size change alone may be a block still being written), then
+        # kill: no clean-up
+        def unlinks_landed() -> bool:
+            return any(r.op == "unlink" for r in trace.load([path]).records())
+
         deadline = time.monotonic() + 60
-        while path.stat().st_size == size_at_flush and time.monotonic() < deadline:
+        while not unlinks_landed() and time.monotonic() < deadline:
             time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
     finally:
